@@ -1,0 +1,1 @@
+"""One ComponentResource per layer or product of the platform."""

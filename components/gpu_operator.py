@@ -1,0 +1,162 @@
+"""NVIDIA GPU Operator: driver, container toolkit, device plugin, DCGM exporter, GPU Feature
+Discovery and MIG Manager, from the official chart.
+
+Installed as a `helm.v3.Release` rather than a v4 `Chart`: the chart relies on Helm hooks (CRD
+upgrade and cleanup jobs) that a v4 Chart omits. Drivers are per pool: the chart's default driver
+is switched to `NVIDIADriver` resources (`driver.nvidiaDriverCRD`), one per pool, selected by the
+pool label, so pools of different GPU generations can run different driver branches.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from components._common import (
+    POOL_LABEL,
+    FactoryComponent,
+    helm_release,
+    labels,
+    namespace,
+)
+from factory.catalog import ChartSource
+from factory.config import DriverSettings, RegistryCredentials
+
+TOKEN = "ai-factory:accelerators:GpuOperator"
+
+NODE_TAINT_KEYS = ("nvidia.com/gpu", "ai-factory.io/trust-domain", "ai-factory.io/dedicated")
+"""Taints the platform puts on GPU nodes; every GPU Operator and NFD daemon must tolerate them all."""
+
+TOOLKIT_ENV = (
+    # Unprivileged containers must not get GPUs by setting NVIDIA_VISIBLE_DEVICES themselves.
+    {"name": "ACCEPT_NVIDIA_VISIBLE_DEVICES_ENVVAR_WHEN_UNPRIVILEGED", "value": "false"},
+    {"name": "ACCEPT_NVIDIA_VISIBLE_DEVICES_AS_VOLUME_MOUNTS", "value": "true"},
+    # NVIDIAScape (CVE-2025-23266): the cuda-compat hook honoured LD_PRELOAD from the image.
+    {"name": "NVIDIA_CONTAINER_TOOLKIT_OPT_IN_FEATURES", "value": "disable-cuda-compat-lib-hook"},
+)
+DEVICE_PLUGIN_ENV = ({"name": "DEVICE_LIST_STRATEGY", "value": "volume-mounts"},)
+
+
+@dataclass(frozen=True)
+class PoolDriver:
+    """The driver one pool gets."""
+
+    pool: str
+    settings: DriverSettings
+
+
+@dataclass(frozen=True)
+class GpuOperatorArgs:
+    chart: ChartSource
+    namespace: str
+    """Namespace of the operator and its operands (privileged: they load kernel modules)."""
+    drivers: tuple[PoolDriver, ...]
+    toolkit_version: str
+    """Container toolkit image tag (the config refuses versions older than v1.17.8)."""
+    mig: bool
+    """Some pool uses MIG: run MIG Manager with the `mixed` strategy (profiles become distinct resources)."""
+    dcgm_exporter: bool
+    registry: RegistryCredentials | None = None
+
+
+def tolerations() -> list[dict]:
+    return [{"key": key, "operator": "Exists", "effect": "NoSchedule"} for key in NODE_TAINT_KEYS]
+
+
+def chart_values(args: GpuOperatorArgs, pull_secret: str | None) -> dict:
+    """The chart values: a pure function of the arguments, so tests can read them directly."""
+    pull_secrets = [pull_secret] if pull_secret else []
+    values: dict = {
+        "daemonsets": {"tolerations": tolerations()},
+        "driver": {
+            "enabled": True,
+            # Per-pool NVIDIADriver resources replace the chart's single cluster-wide driver.
+            "nvidiaDriverCRD": {"enabled": True, "deployDefaultCR": False},
+        },
+        "toolkit": {"enabled": True, "version": args.toolkit_version, "env": list(TOOLKIT_ENV)},
+        "devicePlugin": {"enabled": True, "env": list(DEVICE_PLUGIN_ENV)},
+        "gfd": {"enabled": True},
+        "dcgmExporter": {"enabled": args.dcgm_exporter},
+        "migManager": {"enabled": args.mig},
+        "mig": {"strategy": "mixed" if args.mig else "single"},
+        "node-feature-discovery": {"worker": {"tolerations": tolerations()}},
+    }
+    if pull_secrets:
+        for operand in ("toolkit", "devicePlugin", "gfd", "migManager"):
+            values[operand]["imagePullSecrets"] = pull_secrets
+    return values
+
+
+class GpuOperator(FactoryComponent):
+    namespace: pulumi.Output[str]
+    release: pulumi.Output[str]
+
+    def __init__(self, name: str, args: GpuOperatorArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__(TOKEN, name, layer="gpu-operator", opts=opts)
+        ns = namespace(self, args.namespace, pod_security="privileged")
+        pull_secret = self._pull_secret(args, ns) if args.registry else None
+        release = helm_release(
+            self,
+            "gpu-operator",
+            args.chart,
+            namespace=ns.metadata.name,
+            values=chart_values(args, pull_secret.metadata.name if pull_secret else None),
+            depends_on=[ns] + ([pull_secret] if pull_secret else []),
+        )
+        for driver in args.drivers:
+            self._driver(driver, pull_secret, release)
+        self.namespace = ns.metadata.name
+        self.release = release.name
+        self.register_outputs({"namespace": self.namespace, "release": self.release})
+
+    def _pull_secret(self, args: GpuOperatorArgs, ns: k8s.core.v1.Namespace) -> k8s.core.v1.Secret:
+        registry = args.registry
+        docker_config = registry.password.output().apply(
+            lambda password: json.dumps(
+                {
+                    "auths": {
+                        registry.server: {
+                            "auth": base64.b64encode(f"{registry.username}:{password}".encode()).decode()
+                        }
+                    }
+                },
+                sort_keys=True,
+            )
+        )
+        return k8s.core.v1.Secret(
+            "gpu-operator-registry",
+            metadata=k8s.meta.v1.ObjectMetaArgs(
+                name="registry-credentials", namespace=ns.metadata.name, labels=labels(self.layer)
+            ),
+            type="kubernetes.io/dockerconfigjson",
+            string_data={".dockerconfigjson": docker_config},
+            opts=self.child(),
+        )
+
+    def _driver(self, driver: PoolDriver, pull_secret, release) -> None:
+        settings = driver.settings
+        spec: dict = {
+            "driverType": "gpu",
+            "default": False,
+            "repository": "nvcr.io/nvidia",
+            "image": "driver",
+            "version": settings.version,
+            "kernelModuleType": settings.kernel_module_type,
+            "usePrecompiled": settings.use_precompiled,
+            "nodeSelector": {POOL_LABEL: driver.pool},
+            "tolerations": tolerations(),
+        }
+        if pull_secret is not None:
+            spec["imagePullSecrets"] = [pull_secret.metadata.name]
+        k8s.apiextensions.CustomResource(
+            f"driver-{driver.pool}",
+            api_version="nvidia.com/v1alpha1",
+            kind="NVIDIADriver",
+            metadata=k8s.meta.v1.ObjectMetaArgs(name=f"driver-{driver.pool}", labels=labels(self.layer, extra={POOL_LABEL: driver.pool})),
+            spec=spec,
+            opts=self.child(depends_on=[release]),
+        )

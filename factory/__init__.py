@@ -1,0 +1,1 @@
+"""ai-factory: typed configuration, capacity planner, root component and offline tools."""

@@ -1,0 +1,76 @@
+"""Offline checks over a rendered environment.
+
+Each check is a function `(Rendered, Oracles) -> Iterable[Finding]` listed in `CHECKS`; later
+layers add theirs to the list. A finding names the check, the object and the tenants involved.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from factory.catalog import CHARTS, ChartSource
+from factory.oracles import Oracles
+from factory.render import Manifest, Rendered
+
+
+@dataclass(frozen=True, order=True)
+class Finding:
+    check: str
+    ref: str
+    message: str
+    tenants: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        who = f" [tenants: {', '.join(self.tenants)}]" if self.tenants else ""
+        return f"{self.check}: {self.ref}: {self.message}{who}"
+
+
+Check = Callable[[Rendered, Oracles], Iterable[Finding]]
+
+
+def schema(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
+    """Core kinds against the Kubernetes schema of the target version (strict); custom resources,
+    Flux objects included, against their upstream CRD."""
+    for m in rendered.manifests:
+        for error in oracles.validate_object(m.obj, rendered.kubernetes_version):
+            # The oracle's message names the object too; the finding names it once.
+            yield Finding("schema", m.ref, error.removeprefix(f"{m.ref}: "), _tenants(m))
+
+
+def helm_values(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
+    """Every HelmRelease installs a catalog chart at its pinned source, with values the chart knows."""
+    sources = {m.name: m.obj for m in rendered.manifests if m.kind in ("HelmRepository", "OCIRepository")}
+    for m in rendered.manifests:
+        if m.kind != "HelmRelease":
+            continue
+        pin = chart_of(m, sources)
+        if pin is None:
+            yield Finding("helm-values", m.ref, "installs a chart that is not in the catalog (factory/catalog.py)", _tenants(m))
+            continue
+        for error in oracles.validate_values(pin.oracle_dir, m.obj["spec"].get("values") or {}):
+            yield Finding("helm-values", m.ref, error, _tenants(m))
+
+
+def chart_of(release: Manifest, sources: dict[str, dict]) -> ChartSource | None:
+    spec = release.obj.get("spec") or {}
+    if "chartRef" in spec:
+        url = ((sources.get(spec["chartRef"].get("name")) or {}).get("spec") or {}).get("url", "")
+        return next((c for c in CHARTS.values() if c.is_oci and c.oci_url == url), None)
+    chart_spec = ((spec.get("chart") or {}).get("spec")) or {}
+    url = ((sources.get((chart_spec.get("sourceRef") or {}).get("name")) or {}).get("spec") or {}).get("url", "")
+    return next(
+        (c for c in CHARTS.values() if c.name == chart_spec.get("chart") and c.repository.rstrip("/") == url.rstrip("/")),
+        None,
+    )
+
+
+def _tenants(m: Manifest) -> tuple[str, ...]:
+    return (m.tenant,) if m.tenant else ()
+
+
+CHECKS: list[Check] = [schema, helm_values]
+
+
+def run_checks(rendered: Rendered, oracles: Oracles) -> list[Finding]:
+    return sorted({f for check in CHECKS for f in check(rendered, oracles)})

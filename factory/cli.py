@@ -1,0 +1,69 @@
+"""`python -m factory render|check|plan ...`: the offline tools."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from factory.loading import ConfigError, stack_file, stack_name
+
+EXIT_FINDINGS = 1
+EXIT_CONFIG = 2
+EXIT_NO_ORACLES = 3
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m factory", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    render = commands.add_parser("render", help="render an environment to manifests, a Flux bundle and an inventory")
+    render.add_argument("env", help="environment name (reads Pulumi.<env>.yaml) or a stack file's path")
+    render.add_argument("--out", type=Path, help="output directory (default: build/<env>)")
+
+    check = commands.add_parser("check", help="validate an environment (or a rendered directory) against the upstream oracles")
+    check.add_argument("target", help="environment name, a stack file's path, or a directory written by `render`")
+    check.add_argument("--upstream", type=Path, help="oracle directory (default: $FACTORY_UPSTREAM_DIR or ../shared/upstream)")
+
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "render":
+            return _render(args.env, args.out or Path("build") / stack_name(stack_file(args.env)))
+        return _check(args.target, args.upstream)
+    except ConfigError as err:
+        print(err.render(), file=sys.stderr)
+        return EXIT_CONFIG
+
+
+def _render(env: str, out: Path) -> int:
+    from factory.render import render_env
+
+    started = time.perf_counter()
+    rendered = render_env(env)
+    rendered.write(out)
+    print(f"rendered {env} in {time.perf_counter() - started:.2f}s to {out}/")
+    print(rendered.summary())
+    return 0
+
+
+def _check(target: str, upstream: Path | None) -> int:
+    from factory.check import run_checks
+    from factory.oracles import OracleError, Oracles, locate_upstream_dir
+    from factory.render import load_rendered, render_env
+
+    try:
+        root = upstream or locate_upstream_dir()
+    except OracleError as err:
+        print(f"check: {err}", file=sys.stderr)
+        return EXIT_NO_ORACLES
+    if root is None or not root.is_dir():
+        print("check: no upstream oracle directory (set FACTORY_UPSTREAM_DIR or pass --upstream)", file=sys.stderr)
+        return EXIT_NO_ORACLES
+    path = Path(target)
+    rendered = load_rendered(path) if path.is_dir() else render_env(target)
+    findings = run_checks(rendered, Oracles(root))
+    for finding in findings:
+        print(finding)
+    print(f"checked {len(rendered.manifests)} objects against {root}: {len(findings)} finding(s)")
+    return EXIT_FINDINGS if findings else 0

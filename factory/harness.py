@@ -1,0 +1,184 @@
+"""Run a Pulumi program in-process under the SDK's mock monitor and record what it registers.
+
+This is how `factory render|check` work without a CLI or cluster, and how the tests inspect the
+real program. The mock monitor hides parents and resource options and silently overwrites
+duplicates, so `RecordingMonitor` reads the full `RegisterResourceRequest` and refuses a second
+resource with the same type and name (the engine would fail on the duplicate URN).
+
+This module is the one place that touches SDK internals (protobuf request fields); `pulumi` is
+pinned exactly in requirements.txt for that reason.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import pulumi
+from pulumi.runtime import mocks as pulumi_mocks
+from pulumi.runtime import rpc
+
+from factory.secrets import REDACTED
+
+COMPONENT_LAYER_KEY = "aiFactoryLayer"
+COMPONENT_TENANT_KEY = "aiFactoryTenant"
+
+
+@dataclass
+class Resource:
+    """One registered resource, with what the engine would see of it."""
+
+    type: str
+    name: str
+    urn: str
+    custom: bool
+    remote: bool
+    inputs: dict[str, Any]
+    """Inputs as the provider receives them (camelCase keys); secrets replaced by `[secret]`."""
+    parent_urn: str
+    protect: bool
+    retain_on_delete: bool
+    dependency_urns: list[str]
+    secret_paths: list[str]
+    """Where secret values sat in the inputs (dotted paths)."""
+    parent: Resource | None = None
+    dependencies: list[Resource] = field(default_factory=list)
+
+    @property
+    def key(self) -> str:
+        return f"{self.type}::{self.name}"
+
+    def ancestors(self):
+        node = self.parent
+        while node is not None:
+            yield node
+            node = node.parent
+
+    @property
+    def layer(self) -> str:
+        return next((a.inputs[COMPONENT_LAYER_KEY] for a in [self, *self.ancestors()] if COMPONENT_LAYER_KEY in a.inputs), "platform")
+
+    @property
+    def tenant(self) -> str | None:
+        return next((a.inputs[COMPONENT_TENANT_KEY] for a in [self, *self.ancestors()] if COMPONENT_TENANT_KEY in a.inputs), None)
+
+
+class DuplicateResourceError(Exception):
+    pass
+
+
+class Graph:
+    """Every resource a program registered, linked to its parent and dependencies."""
+
+    def __init__(self, resources: list[Resource]):
+        self.resources = resources
+        by_urn = {r.urn: r for r in resources}
+        for r in resources:
+            r.parent = by_urn.get(r.parent_urn)
+            r.dependencies = [by_urn[u] for u in r.dependency_urns if u in by_urn]
+
+    def of_type(self, type_: str) -> list[Resource]:
+        return [r for r in self.resources if r.type == type_]
+
+    def named(self, type_: str, name: str) -> Resource:
+        matches = [r for r in self.resources if r.type == type_ and r.name == name]
+        if not matches:
+            raise KeyError(f"no {type_} named {name!r}")
+        return matches[0]
+
+    def children(self, component: Resource) -> list[Resource]:
+        return [r for r in self.resources if component in r.ancestors()]
+
+
+class RecordingMocks(pulumi.runtime.Mocks):
+    """Kubernetes-aware echo mocks: outputs are the inputs, with the provider's defaults that code may read."""
+
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs):
+        outputs = dict(args.inputs)
+        if args.typ.startswith("kubernetes:") and "metadata" in outputs:
+            metadata = dict(outputs.get("metadata") or {})
+            metadata.setdefault("name", args.name)
+            outputs["metadata"] = metadata
+        return f"{args.name}-id", outputs
+
+    def call(self, args: pulumi.runtime.MockCallArgs):
+        return {}
+
+
+class RecordingMonitor(pulumi_mocks.MockMonitor):
+    def __init__(self, mocks: pulumi.runtime.Mocks):
+        super().__init__(mocks)
+        self.recorded: dict[str, Resource] = {}
+        self._lock = threading.Lock()
+
+    def make_urn(self, parent: str, type_: str, name: str) -> str:
+        # The SDK's mock URN keeps only the immediate parent's type; use the whole chain as the engine does.
+        if parent:
+            chain = parent.split("::")[2]
+            type_ = f"{chain}${type_}"
+        return "urn:pulumi:" + "::".join([pulumi.get_stack(), pulumi.get_project(), type_, name])
+
+    def RegisterResource(self, request):
+        if request.type != "pulumi:pulumi:Stack":
+            self._record(request)
+        return super().RegisterResource(request)
+
+    def _record(self, request) -> None:
+        raw = rpc.deserialize_properties(request.object, keep_unknowns=True)
+        secret_paths: list[str] = []
+        inputs = _redact(raw, "", secret_paths)
+        resource = Resource(
+            type=request.type,
+            name=request.name,
+            urn=self.make_urn(request.parent, request.type, request.name),
+            custom=bool(request.custom),
+            remote=bool(request.remote),
+            inputs=inputs,
+            parent_urn=request.parent,
+            protect=bool(request.protect),
+            retain_on_delete=bool(request.retainOnDelete),
+            dependency_urns=sorted(request.dependencies),
+            secret_paths=secret_paths,
+        )
+        key = resource.key
+        with self._lock:
+            if key in self.recorded:
+                raise DuplicateResourceError(f"two resources are named {request.name!r} with type {request.type}")
+            self.recorded[key] = resource
+
+
+def _redact(value: Any, path: str, secret_paths: list[str], inside_secret: bool = False) -> Any:
+    """Replace every secret scalar by `[secret]`, keeping the shape of secret maps and lists (a
+    Secret's `stringData` keeps its keys) so rendered objects stay schema-valid."""
+    if rpc.is_rpc_secret(value):
+        return _redact(rpc.unwrap_rpc_secret(value), path, secret_paths, inside_secret=True)
+    if isinstance(value, dict):
+        return {k: _redact(v, f"{path}.{k}" if path else k, secret_paths, inside_secret) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_redact(v, f"{path}[{i}]", secret_paths, inside_secret) for i, v in enumerate(value)]
+    if inside_secret and value is not None:
+        secret_paths.append(path or ".")
+        return REDACTED
+    return value
+
+
+def run_program(
+    program: Callable[[], Any],
+    *,
+    project: str,
+    stack: str,
+    config: dict[str, str] | None = None,
+    secret_keys: list[str] | None = None,
+    preview: bool = False,
+    monitor: RecordingMonitor | None = None,
+) -> Graph:
+    """Run `program` as `pulumi up` would (without an engine) and return everything it registered.
+
+    Exceptions raised by the program (including inside applies) propagate; pass a `monitor` to see
+    what was registered before one was raised."""
+    monitor = monitor or RecordingMonitor(RecordingMocks())
+    pulumi.runtime.set_mocks(monitor.mocks, project=project, stack=stack, preview=preview, monitor=monitor)
+    pulumi.runtime.set_all_config(config or {}, secret_keys or [])
+    pulumi.runtime.test(program)()
+    return Graph(sorted(monitor.recorded.values(), key=lambda r: r.urn))

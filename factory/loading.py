@@ -1,0 +1,329 @@
+"""Reading and validating an environment's configuration.
+
+Two entry points produce the same `FactoryConfig`:
+- `load_stack_file(env)`: offline, from `Pulumi.<env>.yaml` (what `factory render|check|plan` use);
+- `load_pulumi_config()`: inside `pulumi up`, through `pulumi.Config("ai-factory")`.
+
+Both go through `validate()`, which reports every problem at once (field errors of every section
+plus the cross-references between sections) as a `ConfigError`, before anything is registered.
+"""
+
+from __future__ import annotations
+
+import difflib
+import types
+import typing
+from collections import Counter
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from factory.config import SECTIONS, FactoryConfig
+from factory.gpus import GPU_MODELS
+from factory.secrets import offline_placeholder
+
+NAMESPACE = "ai-factory"
+PROJECT_DIR = Path(__file__).resolve().parent.parent
+
+
+class ConfigError(Exception):
+    """Invalid configuration. `problems` holds one `path: message` line per problem, sorted."""
+
+    def __init__(self, problems: Iterable[str], source: str = "configuration"):
+        self.problems = sorted(set(problems))
+        self.source = source
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        lines = [f"{self.source} is invalid ({len(self.problems)} problem{'s' if len(self.problems) != 1 else ''}):"]
+        lines += [f"  - {p}" for p in self.problems]
+        return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- entry points
+
+
+def stack_file(env: str, project_dir: Path = PROJECT_DIR) -> Path:
+    """`Pulumi.<env>.yaml` of the project, or `env` itself when it names a stack file."""
+    if env.endswith((".yaml", ".yml")):
+        return Path(env)
+    return project_dir / f"Pulumi.{env}.yaml"
+
+
+def stack_name(path: Path) -> str:
+    return path.name.removeprefix("Pulumi.").rsplit(".", 1)[0]
+
+
+def read_stack_file(path: Path) -> tuple[dict[str, Any], set[str]]:
+    """The raw `ai-factory:` sections of a stack file, with `secure:` values turned into placeholders.
+
+    Returns the sections and the names of those holding a secret (they are seeded as secret config)."""
+    if not path.is_file():
+        raise ConfigError([f"{path.name}: no such stack file"], source=str(path))
+    try:
+        document = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError([f"{path.name}: not valid YAML: {err}"], source=str(path)) from None
+    if not isinstance(document, dict) or not isinstance(document.get("config", {}), dict):
+        raise ConfigError([f"{path.name}: `config:` must be a mapping"], source=str(path))
+    raw: dict[str, Any] = {}
+    problems = []
+    secret_sections: set[str] = set()
+    for key, value in (document.get("config") or {}).items():
+        namespace, _, section = str(key).partition(":")
+        if namespace != NAMESPACE:
+            continue  # provider settings such as kubernetes:context belong to their providers
+        if section not in SECTIONS:
+            problems.append(f"{section}: unknown key{_did_you_mean(section, SECTIONS)}")
+            continue
+        raw[section], has_secret = _replace_secure(value, section)
+        if has_secret:
+            secret_sections.add(section)
+    if problems:
+        raise ConfigError(problems, source=str(path))
+    return raw, secret_sections
+
+
+def load_stack_file(env: str, project_dir: Path = PROJECT_DIR) -> FactoryConfig:
+    path = stack_file(env, project_dir)
+    raw, _ = read_stack_file(path)
+    return validate(raw, source=str(path))
+
+
+def load_pulumi_config() -> FactoryConfig:
+    """The environment as `pulumi up` sees it: decrypted config, secret sections known to the engine."""
+    import pulumi
+    from pulumi.runtime.config import is_config_secret
+
+    config = pulumi.Config(NAMESPACE)
+    raw = {section: value for section in SECTIONS if (value := config.get_object(section)) is not None}
+    decrypted = {section for section in raw if is_config_secret(f"{NAMESPACE}:{section}")}
+    return validate(raw, decrypted_secret_sections=decrypted, source=f"stack {pulumi.get_stack()}")
+
+
+def validate(raw: dict[str, Any], decrypted_secret_sections: set[str] = frozenset(), source: str = "configuration") -> FactoryConfig:
+    """Validate every section separately (so one bad section hides no problem of another), then the
+    cross-references between them; raise one `ConfigError` listing all problems.
+
+    Secret fields take `SecretValue`s (offline placeholders of `secure:` entries). Plain strings are
+    accepted there only inside `decrypted_secret_sections`: the config keys the engine decrypted."""
+    problems: list[str] = []
+    validated: dict[str, Any] = {}
+    for section, field in FactoryConfig.model_fields.items():
+        if section not in raw:
+            if field.is_required():
+                problems.append(f"{section}: required")
+            continue
+        try:
+            validated[section] = TypeAdapter(field.annotation).validate_python(
+                raw[section], context={"plaintext_is_secret": section in decrypted_secret_sections}
+            )
+        except ValidationError as err:
+            problems += [_format_error(section, e) for e in err.errors()]
+    problems += cross_check(raw)
+    if problems:
+        raise ConfigError(problems, source=source)
+    return FactoryConfig.model_validate(validated)
+
+
+# --------------------------------------------------------------------------- cross-references
+
+
+def cross_check(raw: dict[str, Any]) -> list[str]:
+    """Rules that relate parts of the config. Written over the raw data (guarding every access) so
+    they run even where a section has field errors, and every problem shows up in one report."""
+    problems: list[str] = []
+    fleet = _as_dict(raw.get("fleet"))
+    sites = _as_list(fleet.get("sites"))
+    pools = _as_list(fleet.get("pools"))
+    tenants = _as_list(raw.get("tenants"))
+
+    problems += _duplicates("fleet.sites", sites)
+    problems += _duplicates("fleet.pools", pools)
+    problems += _duplicates("tenants", tenants)
+
+    site_names = {s.get("name") for s in map(_as_dict, sites)}
+    pools_by_name: dict[str, dict] = {}
+    node_names: Counter[str] = Counter()
+    for i, pool in enumerate(map(_as_dict, pools)):
+        path = f"fleet.pools[{i}]"
+        if isinstance(pool.get("name"), str):
+            pools_by_name.setdefault(pool["name"], pool)
+        if "site" in pool and pool["site"] not in site_names:
+            problems.append(f"{path}.site: unknown site {pool['site']!r}{_did_you_mean(pool['site'], site_names)}")
+        model = _as_dict(pool.get("gpu")).get("model")
+        if isinstance(model, str) and model not in GPU_MODELS:
+            problems.append(f"{path}.gpu.model: unknown GPU model {model!r}{_did_you_mean(model, GPU_MODELS)}")
+        elif pool.get("sharing") == "mig" and isinstance(model, str) and not GPU_MODELS[model].mig_capable:
+            problems.append(f"{path}.sharing: {model} has no MIG; use exclusive, time-slicing, hami or dra")
+        if (pool.get("nodes") is None) == (pool.get("node_list") is None):
+            problems.append(f"{path}: give exactly one of `nodes` (a count) or `node_list`")
+        for node in map(_as_dict, _as_list(pool.get("node_list"))):
+            if isinstance(node.get("name"), str):
+                node_names[node["name"]] += 1
+        per_node = _as_dict(pool.get("gpu")).get("per_node")
+        for j, numa in enumerate(map(_as_dict, _as_list(_as_dict(pool.get("topology")).get("numa")))):
+            for gpu in _as_list(numa.get("gpus")):
+                if isinstance(gpu, int) and isinstance(per_node, int) and not 0 <= gpu < per_node:
+                    problems.append(f"{path}.topology.numa[{j}].gpus: GPU index {gpu} is outside 0..{per_node - 1}")
+    problems += [f"fleet.pools: node {name!r} is listed {n} times" for name, n in node_names.items() if n > 1]
+
+    domains: dict[str, list[tuple[str, str]]] = {}
+    for i, tenant in enumerate(map(_as_dict, tenants)):
+        name = tenant.get("name")
+        domain = tenant.get("trust_domain") or name
+        if isinstance(domain, str) and isinstance(name, str):
+            domains.setdefault(domain, []).append((name, tenant.get("trust")))
+        if tenant.get("trust") == "low" and tenant.get("isolation") == "namespace":
+            problems.append(f"tenants[{i}].isolation: a low-trust tenant needs its own control plane (vcluster)")
+        for j, demand in enumerate(map(_as_dict, _as_list(tenant.get("gpus")))):
+            problems += _check_demand(f"tenants[{i}].gpus[{j}]", demand, pools_by_name, tenant.get("trust"))
+    for domain, members in sorted(domains.items()):
+        if len(members) > 1 and any(trust == "low" for _, trust in members):
+            names = ", ".join(sorted(n for n, _ in members))
+            problems.append(f"tenants: trust domain {domain!r} mixes a low-trust tenant with others ({names}); a low-trust tenant is a domain of its own")
+    return problems
+
+
+def _check_demand(path: str, demand: dict, pools: dict[str, dict], trust: Any) -> list[str]:
+    pool_name = demand.get("pool")
+    if not isinstance(pool_name, str):
+        return []
+    pool = pools.get(pool_name)
+    if pool is None:
+        return [f"{path}.pool: unknown pool {pool_name!r}{_did_you_mean(pool_name, pools)}"]
+    sharing = pool.get("sharing", "exclusive")
+    problems = []
+    if trust == "low" and sharing not in ("exclusive", "dra"):
+        problems.append(f"{path}.pool: low-trust tenants get whole GPUs only; pool {pool_name!r} shares GPUs ({sharing})")
+    given = {k for k in ("count", "mig", "memory_mib", "cores_percent") if demand.get(k) not in (None, {}, [])}
+    expected = {"mig": {"mig"}, "hami": {"count", "memory_mib", "cores_percent"}}.get(sharing, {"count"})
+    for key in sorted(given - expected):
+        problems.append(f"{path}.{key}: not used by {sharing} pool {pool_name!r} (it takes {', '.join(sorted(expected))})")
+    for key in sorted(expected - given):
+        problems.append(f"{path}.{key}: required by {sharing} pool {pool_name!r}")
+    if demand.get("oversubscribe_memory") and sharing != "hami":
+        problems.append(f"{path}.oversubscribe_memory: only HAMi pools can oversubscribe GPU memory")
+    model = GPU_MODELS.get(_as_dict(pool.get("gpu")).get("model"))
+    if sharing == "mig" and model is not None:
+        profiles = {p.name for p in model.mig_profiles}
+        for profile in _as_dict(demand.get("mig")):
+            if profile not in profiles:
+                problems.append(f"{path}.mig.{profile}: not a MIG profile of {model.name}{_did_you_mean(str(profile), profiles)}")
+    return problems
+
+
+def _duplicates(path: str, items: list) -> list[str]:
+    names = Counter(item.get("name") for item in map(_as_dict, items) if isinstance(item.get("name"), str))
+    return [
+        f"{path}[{i}].name: duplicate name {item['name']!r}"
+        for i, item in enumerate(map(_as_dict, items))
+        if names.get(item.get("name"), 0) > 1 and i != _first_index(items, item["name"])
+    ]
+
+
+def _first_index(items: list, name: str) -> int:
+    return next(i for i, item in enumerate(map(_as_dict, items)) if item.get("name") == name)
+
+
+def _as_dict(value: Any) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def _as_list(value: Any) -> list:
+    return value if isinstance(value, list) else []
+
+
+# --------------------------------------------------------------------------- messages
+
+
+def _replace_secure(value: Any, path: str) -> tuple[Any, bool]:
+    if isinstance(value, dict):
+        if set(value) == {"secure"}:
+            return offline_placeholder(path), True
+        pairs = {k: _replace_secure(v, f"{path}.{k}") for k, v in value.items()}
+        return {k: v for k, (v, _) in pairs.items()}, any(s for _, s in pairs.values())
+    if isinstance(value, list):
+        pairs = [_replace_secure(v, f"{path}[{i}]") for i, v in enumerate(value)]
+        return [v for v, _ in pairs], any(s for _, s in pairs)
+    return value, False
+
+
+def _format_path(section: str, loc: tuple) -> str:
+    path = section
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return path
+
+
+def _format_error(section: str, error: dict) -> str:
+    loc = tuple(p for p in error["loc"] if not (isinstance(p, str) and ("[" in p or p.startswith("function-"))))
+    path = _format_path(section, loc)
+    kind, ctx = error["type"], error.get("ctx") or {}
+    if kind == "extra_forbidden":
+        allowed = _allowed_keys(section, loc[:-1])
+        return f"{path}: unknown key{_did_you_mean(str(loc[-1]), allowed)}"
+    messages = {
+        "missing": "required",
+        "greater_than_equal": f"must be >= {ctx.get('ge')}",
+        "greater_than": f"must be > {ctx.get('gt')}",
+        "less_than_equal": f"must be <= {ctx.get('le')}",
+        "too_short": f"must have at least {ctx.get('min_length')} item(s)",
+        "string_pattern_mismatch": f"{error['input']!r} does not match {ctx.get('pattern')}",
+        "literal_error": f"must be one of {ctx.get('expected')}",
+        "int_type": "must be an integer",
+        "int_parsing": "must be an integer",
+        "bool_type": "must be true or false",
+        "bool_parsing": "must be true or false",
+        "string_type": "must be a string",
+        "list_type": "must be a list",
+        "dict_type": "must be a mapping",
+        "model_type": "must be a mapping",
+        "model_attributes_type": "must be a mapping",
+    }
+    message = messages.get(kind, error["msg"].removeprefix("Value error, "))
+    return f"{path}: {message}"
+
+
+def _allowed_keys(section: str, loc: tuple) -> list[str]:
+    """The keys a mapping at `section` + `loc` accepts, for "did you mean" hints."""
+    annotation: Any = FactoryConfig.model_fields[section].annotation
+    for part in loc:
+        annotation = _unwrap(annotation, want_item=isinstance(part, int))
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel) and isinstance(part, str):
+            field = annotation.model_fields.get(part)
+            annotation = field.annotation if field else None
+        elif isinstance(part, str):
+            annotation = _unwrap(annotation, want_item=True)
+    annotation = _unwrap(annotation, want_item=False)
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return list(annotation.model_fields)
+    return []
+
+
+def _unwrap(annotation: Any, want_item: bool) -> Any:
+    """Strip Optional/Annotated; with `want_item`, step into a list's items or a dict's values."""
+    while True:
+        origin = typing.get_origin(annotation)
+        args = typing.get_args(annotation)
+        if origin is typing.Annotated:
+            annotation = args[0]
+        elif origin in (typing.Union, types.UnionType):
+            annotation = next((a for a in args if a is not type(None)), None)
+        elif want_item and origin in (list, dict):
+            annotation = args[-1]
+            want_item = False
+        else:
+            return annotation
+
+
+def _did_you_mean(word: str, choices: Iterable[str]) -> str:
+    choices = sorted(c for c in choices if isinstance(c, str))
+    close = difflib.get_close_matches(word, choices, n=1)
+    if close:
+        return f" (did you mean {close[0]!r}?)"
+    if 0 < len(choices) <= 12:
+        return f" (expected one of: {', '.join(choices)})"
+    return ""

@@ -1,0 +1,60 @@
+"""Shared fixtures: the dev environment, renders of (modified) configs, and the oracles."""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from factory.loading import read_stack_file, stack_file, validate
+from factory.oracles import Oracles, locate_upstream_dir
+from factory.render import Rendered, render_raw
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def dev_raw() -> tuple[dict[str, Any], set[str]]:
+    return read_stack_file(stack_file("dev", REPO))
+
+
+@pytest.fixture
+def raw(dev_raw) -> dict[str, Any]:
+    """A private deep copy of the dev config's sections, for tests that break it."""
+    return copy.deepcopy(dev_raw[0])
+
+
+def render(raw: dict[str, Any], secret_sections: set[str] = frozenset(), stack: str = "dev") -> Rendered:
+    cfg = validate(raw)
+    return render_raw(raw, secret_sections, cfg, stack=stack)
+
+
+@pytest.fixture(scope="session")
+def dev(dev_raw) -> Rendered:
+    return render(*dev_raw)
+
+
+@pytest.fixture(scope="session")
+def oracles() -> Oracles:
+    root = locate_upstream_dir()
+    if root is None:
+        if os.environ.get("FACTORY_REQUIRE_UPSTREAM"):
+            pytest.fail("FACTORY_REQUIRE_UPSTREAM is set but no oracle directory was found")
+        pytest.skip("no upstream oracle directory (../shared/upstream or $FACTORY_UPSTREAM_DIR)")
+    return Oracles(root)
+
+
+def objects(rendered: Rendered, kind: str) -> list[dict]:
+    return [m.obj for m in rendered.manifests if m.kind == kind]
+
+
+def one(rendered: Rendered, kind: str, name: str) -> dict:
+    matches = [m.obj for m in rendered.manifests if m.kind == kind and m.name == name]
+    assert len(matches) == 1, f"expected one {kind}/{name}, found {len(matches)}"
+    return matches[0]
+
+
+Edit = Callable[[dict[str, Any]], None]

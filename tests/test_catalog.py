@@ -1,0 +1,21 @@
+"""The chart pins agree with the oracles' records of the published versions."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from factory.catalog import CHARTS
+
+
+@pytest.mark.parametrize("product", sorted(CHARTS))
+def test_pin_is_a_published_version_recorded_upstream(product, oracles):
+    pin = CHARTS[product]
+    folder = oracles.root / pin.oracle_dir.split("/")[0]
+    source = (folder / "SOURCE.yaml").read_text()
+    assert pin.version in source, f"{product} {pin.version} is not recorded in SOURCE.yaml"
+    assert pin.repository.rstrip("/") in source.replace("/ ", " "), f"{product} repository {pin.repository} not in SOURCE.yaml"
+    assert not pin.version.startswith(("0.0.0", "v0.0.0")) and "-dev" not in pin.version
+    chart = yaml.safe_load((oracles.root / pin.oracle_dir / "Chart.yaml").read_text())
+    assert chart["name"] == pin.name
+    assert (oracles.root / pin.oracle_dir / "values.yaml").is_file()

@@ -1,0 +1,100 @@
+"""The offline render: the real program under mocks, written as a GitOps bundle and an inventory."""
+
+from __future__ import annotations
+
+import filecmp
+import json
+import subprocess
+import sys
+
+import pulumi
+import pulumi_kubernetes as k8s
+import pytest
+
+from factory.harness import DuplicateResourceError, run_program
+from tests.conftest import REPO, objects, one, render
+
+
+def test_render_is_deterministic(dev_raw, dev):
+    again = render(*dev_raw)
+    assert again.files() == dev.files()
+
+
+def test_render_is_byte_identical_across_processes(tmp_path):
+    for out in ("a", "b"):
+        subprocess.run([sys.executable, "-m", "factory", "render", "dev", "--out", str(tmp_path / out)], cwd=REPO, check=True, capture_output=True, timeout=120)
+    comparison = filecmp.dircmp(tmp_path / "a", tmp_path / "b")
+    files = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*") if p.is_file())
+    assert files and not comparison.diff_files and not comparison.left_only and not comparison.right_only
+    mismatch, errors = filecmp.cmpfiles(tmp_path / "a", tmp_path / "b", [str(f) for f in files], shallow=False)[1:]
+    assert mismatch == [] and errors == []
+
+
+def test_every_helm_release_becomes_a_flux_release_with_its_source(dev):
+    releases = objects(dev, "HelmRelease")
+    assert releases, "the dev environment installs charts"
+    sources = {(m.kind, m.namespace, m.name) for m in dev.manifests}
+    for release in releases:
+        spec, ns = release["spec"], release["metadata"]["namespace"]
+        ref = spec.get("chartRef") or spec["chart"]["spec"]["sourceRef"]
+        assert (ref["kind"], ns, ref["name"]) in sources
+
+
+def test_layout_is_one_object_per_file_by_layer_and_namespace(dev):
+    files = dev.files()
+    assert "manifests/gpu-operator/gpu-operator/helmrelease-gpu-operator.yaml" in files
+    assert "manifests/gpu-operator/_cluster/namespace-gpu-operator.yaml" in files
+    assert "manifests/fleet/_cluster/node-gpu-h100-01.yaml" in files
+    assert "inventory.json" in files
+
+
+def test_inventory_lists_every_resource_with_parent_layer_and_options(dev):
+    inventory = json.loads(dev.files()["inventory.json"])["resources"]
+    assert len(inventory) == len(dev.graph.resources)
+    by_name = {(e["type"], e["name"]): e for e in inventory}
+    release = by_name[("kubernetes:helm.sh/v3:Release", "gpu-operator")]
+    assert release["layer"] == "gpu-operator"
+    assert release["parent"] == "ai-factory:accelerators:GpuOperator::gpu-operator"
+    assert "kubernetes:core/v1:Namespace::gpu-operator-namespace" in release["dependsOn"]
+    assert {"protect", "retainOnDelete", "dependsOn", "tenant"} <= set(release)
+
+
+def test_every_resource_descends_from_the_platform_component(dev):
+    roots = [r for r in dev.graph.resources if r.parent is None]
+    assert [(r.type, r.name) for r in roots] == [("ai-factory:index:Platform", "ai-factory")]
+
+
+def test_duplicate_resource_names_are_refused():
+    def program():
+        k8s.core.v1.Namespace("same", metadata={"name": "a"})
+        k8s.core.v1.Namespace("same", metadata={"name": "b"})
+
+    with pytest.raises(DuplicateResourceError, match="'same'"):
+        run_program(program, project="p", stack="s")
+
+
+def test_secret_values_never_reach_the_output(raw):
+    needle = "s3cr3t-ngc-api-key-value"
+    from factory.loading import validate
+    from factory.render import render_raw
+    from factory.secrets import SecretValue
+
+    # As inside `pulumi up`: the engine hands the program the decrypted value of a secret key.
+    raw["layers"]["gpu_operator"]["registry"]["password"] = needle
+    cfg = validate(raw, decrypted_secret_sections={"layers"})
+    assert isinstance(cfg.layers.gpu_operator.registry.password, SecretValue)
+    rendered = render_raw(raw, {"layers"}, cfg, stack="dev")
+    secret = one(rendered, "Secret", "registry-credentials")
+    assert secret["stringData"] == {".dockerconfigjson": "[secret]"}
+    assert secret["metadata"]["annotations"]["kustomize.toolkit.fluxcd.io/reconcile"] == "disabled"
+    assert all(needle not in text for text in rendered.files().values())
+    assert needle not in rendered.summary()
+    entry = next(e for e in rendered.inventory if e["name"] == "gpu-operator-registry")
+    assert entry["secretInputs"] == ["stringData..dockerconfigjson"]
+
+
+def test_render_prints_a_summary_per_layer(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "factory", "render", "dev", "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert f"to {tmp_path}/" in proc.stdout
+    assert "layer gpu-operator" in proc.stdout and "layer fleet" in proc.stdout
