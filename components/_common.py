@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Protocol
 
 import pulumi
 import pulumi_kubernetes as k8s
 
 from factory.catalog import ChartSource
 from factory.harness import COMPONENT_LAYER_KEY, COMPONENT_TENANT_KEY
-from factory.tenancy import LABEL_PREFIX, TENANT_LABEL
+from factory.config import Tenant
+from factory.tenancy import LABEL_PREFIX, TENANT_LABEL, TenantNames
 
 POOL_LABEL = f"{LABEL_PREFIX}/pool"
 SITE_LABEL = f"{LABEL_PREFIX}/site"
@@ -96,3 +97,18 @@ def helm_release(
         max_history=10,
         opts=component.child(**options),
     )
+
+
+class TenantHook(Protocol):
+    """Per-tenant objects a platform layer adds to every tenant environment.
+
+    A layer that needs objects per tenant (its queue, its identity group, its secret store, ...)
+    returns a hook: plain data built from the config and the plan, so a tenant stack run on its own
+    (Automation API, one stack per tenant) can rebuild it without the platform's resources.
+    `TenantStack` calls `attach` once per tenant; every resource it creates must be parented to
+    `stack` (use `stack.child(...)`) so the tenant's objects live, and go, with the tenant.
+    """
+
+    layer: str
+
+    def attach(self, stack: FactoryComponent, tenant: Tenant, names: TenantNames) -> None: ...

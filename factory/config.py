@@ -234,8 +234,9 @@ class GpuDemand(Model):
     mig: dict[str, Annotated[int, Field(ge=1)]] = {}
     memory_mib: int | None = Field(default=None, ge=256)
     cores_percent: int | None = Field(default=None, ge=1, le=100)
-    oversubscribe_memory: bool = False
-    """HAMi only: allow device-memory oversubscription on this tenant's GPUs (off by default)."""
+    memory_oversubscription: float = Field(default=1.0, ge=1.0, le=4.0)
+    """HAMi only: device-memory scaling on this tenant's GPUs (HAMi `deviceMemoryScaling`). 1 = no
+    oversubscription, the default; above 1 the tenant opts in to sharing memory that may not be there."""
 
 
 class Tenant(Model):

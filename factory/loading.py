@@ -204,8 +204,8 @@ def _check_demand(path: str, demand: dict, pools: dict[str, dict], trust: Any) -
         problems.append(f"{path}.{key}: not used by {sharing} pool {pool_name!r} (it takes {', '.join(sorted(expected))})")
     for key in sorted(expected - given):
         problems.append(f"{path}.{key}: required by {sharing} pool {pool_name!r}")
-    if demand.get("oversubscribe_memory") and sharing != "hami":
-        problems.append(f"{path}.oversubscribe_memory: only HAMi pools can oversubscribe GPU memory")
+    if demand.get("memory_oversubscription", 1.0) != 1.0 and sharing != "hami":
+        problems.append(f"{path}.memory_oversubscription: only HAMi pools can oversubscribe GPU memory")
     model = GPU_MODELS.get(_as_dict(pool.get("gpu")).get("model"))
     if sharing == "mig" and model is not None:
         profiles = {p.name for p in model.mig_profiles}

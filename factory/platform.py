@@ -8,6 +8,7 @@ from components._common import FactoryComponent
 from components.fleet import Fleet, FleetArgs
 from components.gpu_operator import GpuOperator, GpuOperatorArgs, PoolDriver
 from factory.config import FactoryConfig
+from factory.planner import Plan
 
 TOKEN = "ai-factory:index:Platform"
 
@@ -28,7 +29,7 @@ def gpu_operator_args(cfg: FactoryConfig) -> GpuOperatorArgs:
 class Platform(FactoryComponent):
     """Everything one environment runs: the fleet's node labels, then each enabled layer."""
 
-    def __init__(self, name: str, cfg: FactoryConfig, opts: pulumi.ResourceOptions | None = None):
+    def __init__(self, name: str, cfg: FactoryConfig, plan: Plan, opts: pulumi.ResourceOptions | None = None):
         super().__init__(TOKEN, name, layer="platform", opts=opts)
         fleet = Fleet("fleet", FleetArgs.from_config(cfg), opts=self.child())
         if cfg.layers.gpu_operator.enabled:

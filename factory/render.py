@@ -24,6 +24,7 @@ import yaml
 
 from factory.config import FactoryConfig
 from factory.harness import Graph, Resource, run_program
+from factory.planning import plan_for
 from factory.loading import NAMESPACE, read_stack_file, stack_file, stack_name, validate
 
 FLUX_INTERVAL = "1h"
@@ -115,6 +116,7 @@ def render_env(env: str) -> Rendered:
     path = stack_file(env)
     raw, secret_sections = read_stack_file(path)
     cfg = validate(raw, source=str(path))
+    plan_for(cfg)  # demands that do not fit are reported here, before anything is registered
     return render_raw(raw, secret_sections, cfg, stack=stack_name(path))
 
 

@@ -1,0 +1,228 @@
+"""From the plan to what the cluster enforces: node labels and taints, offerings (the Kueue
+flavors), and what each tenant is granted on which offering.
+
+Pure functions of the `Plan`; every layer that pins work to GPUs reads them here:
+- the fleet layer labels and taints the nodes (`node_placements`);
+- the scheduling layer makes one flavor per `Offering` and one quota per `Grant`;
+- the tenant stack writes quotas and placement rules from the `TenantAllocation`.
+
+Trust is enforced at the node: a node whose GPUs are shared (MIG, HAMi, time-slicing) belongs to
+one trust domain and is tainted for it; a node of a low-trust tenant is dedicated to it and
+tainted for it; a node of a shared pool that the plan gives to nobody is tainted `unassigned`.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Literal
+
+from factory.gpus import GPU_MODELS
+from factory.planner import Plan, PoolPlan
+from factory.tenancy import LABEL_PREFIX, TRUST_DOMAIN_LABEL
+
+POOL_LABEL = f"{LABEL_PREFIX}/pool"
+DEDICATED_LABEL = f"{LABEL_PREFIX}/dedicated"
+HAMI_LABEL = f"{LABEL_PREFIX}/hami"
+HAMI_CHART_NODE_LABEL = ("gpu", "on")
+"""The HAMi chart's device plugin selects `gpu=on` by default, and Helm merges maps, so that key
+stays in its node selector whatever we set: HAMi nodes carry it too (the chart's install docs)."""
+DRA_LABEL = f"{LABEL_PREFIX}/dra"
+UNASSIGNED = "unassigned"
+MIG_CONFIG_LABEL = "nvidia.com/mig.config"
+"""MIG Manager applies the mig-parted config this label names."""
+DEVICE_PLUGIN_CONFIG_LABEL = "nvidia.com/device-plugin.config"
+"""The NVIDIA device plugin picks its per-node config (time-slicing) by this label."""
+DEVICE_PLUGIN_DEPLOY_LABEL = "nvidia.com/gpu.deploy.device-plugin"
+"""GPU Operator: `false` keeps the NVIDIA device plugin off a node (HAMi's plugin or the DRA
+driver serves its GPUs; two allocators on one GPU would hand it out twice)."""
+MIG_DISABLED_CONFIG = "all-disabled"
+SHARED_GPU = "nvidia.com/gpu.shared"
+"""What the device plugin advertises time-sliced replicas as (`renameByDefault: true`), so a pod
+asking for a whole `nvidia.com/gpu` can never get a replica."""
+SHARED_SHARING = ("mig", "hami", "time-slicing")
+
+OfferingKind = Literal["whole", "mig", "hami", "time-sliced"]
+
+
+@dataclass(frozen=True)
+class Taint:
+    key: str
+    value: str
+    effect: str = "NoSchedule"
+
+    def toleration(self) -> dict[str, str]:
+        return {"key": self.key, "operator": "Equal", "value": self.value, "effect": self.effect}
+
+    def as_dict(self) -> dict[str, str]:
+        return {"key": self.key, "value": self.value, "effect": self.effect}
+
+
+@dataclass(frozen=True)
+class NodePlacement:
+    node: str
+    pool: str
+    labels: dict[str, str]
+    """Labels the plan puts on the node, beyond the fleet's pool/topology labels."""
+    taints: tuple[Taint, ...]
+
+
+@dataclass(frozen=True)
+class Offering:
+    """One tenant-facing GPU offering: a pool's GPUs, shared one way, for one trust domain.
+    It is one Kueue `ResourceFlavor`; it never spans two trust domains."""
+
+    name: str
+    pool: str
+    gpu_model: str
+    kind: OfferingKind
+    trust_domain: str
+    node_labels: dict[str, str]
+    """Selects exactly the nodes whose GPUs the offering covers."""
+    tolerations: tuple[Taint, ...]
+    nodes: tuple[str, ...]
+    supply: dict[str, int]
+    """What the plan physically created for the domain here, per resource name."""
+
+
+@dataclass(frozen=True)
+class Grant:
+    offering: str
+    pool: str
+    resource: str
+    amount: int
+
+
+@dataclass(frozen=True)
+class TenantAllocation:
+    """What one tenant may use: its grants per offering, and the nodes dedicated to it (low trust)."""
+
+    tenant: str
+    grants: tuple[Grant, ...] = ()
+    dedicated_nodes: tuple[str, ...] = field(default=())
+
+    @property
+    def offerings(self) -> tuple[str, ...]:
+        return tuple(sorted({g.offering for g in self.grants}))
+
+    @property
+    def resources(self) -> dict[str, int]:
+        """Total grant per resource name, across offerings."""
+        totals: dict[str, int] = defaultdict(int)
+        for g in self.grants:
+            totals[g.resource] += g.amount
+        return dict(sorted(totals.items()))
+
+
+def offering_kind(pool: PoolPlan) -> OfferingKind:
+    return {"mig": "mig", "hami": "hami", "time-slicing": "time-sliced"}.get(pool.sharing, "whole")
+
+
+def offering_name(pool: str, trust_domain: str) -> str:
+    return f"{pool}-{trust_domain}"
+
+
+def time_slicing_config(replicas: int) -> str:
+    return f"time-sliced-{replicas}"
+
+
+def node_placements(plan: Plan) -> list[NodePlacement]:
+    placements = []
+    for pool in plan.pools:
+        shared = pool.sharing in SHARED_SHARING
+        for node in pool.nodes:
+            labels: dict[str, str] = {}
+            taints: list[Taint] = []
+            if node.dedicated_tenant:
+                labels[DEDICATED_LABEL] = node.dedicated_tenant
+                taints.append(Taint(DEDICATED_LABEL, node.dedicated_tenant))
+            if node.trust_domain and (shared or node.dedicated_tenant):
+                labels[TRUST_DOMAIN_LABEL] = node.trust_domain
+                if shared:
+                    taints.append(Taint(TRUST_DOMAIN_LABEL, node.trust_domain))
+            elif shared:
+                labels[TRUST_DOMAIN_LABEL] = UNASSIGNED
+                taints.append(Taint(TRUST_DOMAIN_LABEL, UNASSIGNED))
+            if pool.sharing == "mig":
+                labels[MIG_CONFIG_LABEL] = node.mig_config or MIG_DISABLED_CONFIG
+            elif pool.sharing == "hami":
+                labels[HAMI_LABEL] = "enabled"
+                labels[HAMI_CHART_NODE_LABEL[0]] = HAMI_CHART_NODE_LABEL[1]
+                labels[DEVICE_PLUGIN_DEPLOY_LABEL] = "false"
+            elif pool.sharing == "dra":
+                labels[DRA_LABEL] = "enabled"
+                labels[DEVICE_PLUGIN_DEPLOY_LABEL] = "false"
+            elif pool.sharing == "time-slicing":
+                labels[DEVICE_PLUGIN_CONFIG_LABEL] = time_slicing_config(pool.time_slicing_replicas)
+            placements.append(NodePlacement(node.name, pool.name, labels, tuple(taints)))
+    return placements
+
+
+def offerings(plan: Plan) -> list[Offering]:
+    """One offering per (pool, trust domain) that the plan gives GPUs to, in name order."""
+    result = []
+    for pool in plan.pools:
+        domains = sorted({g.trust_domain for n in pool.nodes for g in n.gpus if g.trust_domain and g.mode != "idle"})
+        for domain in domains:
+            nodes = [n for n in pool.nodes if any(g.trust_domain == domain and g.mode != "idle" for g in n.gpus)]
+            dedicated = sorted({n.dedicated_tenant for n in nodes if n.dedicated_tenant})
+            labels = {POOL_LABEL: pool.name}
+            tolerations: tuple[Taint, ...] = ()
+            if dedicated:
+                # A low-trust tenant is its own trust domain, so one tenant per dedicated offering.
+                labels[DEDICATED_LABEL] = dedicated[0]
+                tolerations = (Taint(DEDICATED_LABEL, dedicated[0]),)
+            elif pool.sharing in SHARED_SHARING:
+                labels[TRUST_DOMAIN_LABEL] = domain
+                tolerations = (Taint(TRUST_DOMAIN_LABEL, domain),)
+            result.append(
+                Offering(
+                    name=offering_name(pool.name, domain),
+                    pool=pool.name,
+                    gpu_model=pool.gpu_model,
+                    kind=offering_kind(pool),
+                    trust_domain=domain,
+                    node_labels=labels,
+                    tolerations=tolerations,
+                    nodes=tuple(n.name for n in nodes),
+                    supply={advertised_name(pool, r): n for r, n in plan.supply(pool.name, domain).items()},
+                )
+            )
+    return result
+
+
+def allocations(plan: Plan, tenant_domains: dict[str, str]) -> dict[str, TenantAllocation]:
+    """Per tenant (name → trust domain), its grants on the offerings of its domain."""
+    dedicated: dict[str, list[str]] = defaultdict(list)
+    for pool in plan.pools:
+        for node in pool.nodes:
+            if node.dedicated_tenant:
+                dedicated[node.dedicated_tenant].append(node.name)
+    result = {}
+    for tenant, domain in sorted(tenant_domains.items()):
+        grants = tuple(
+            Grant(offering_name(pool, domain), pool, advertised_name(plan.pool(pool), resource), amount)
+            for (pool, resource), amount in sorted(plan.tenant_capacity(tenant).items())
+        )
+        result[tenant] = TenantAllocation(tenant, grants, tuple(sorted(dedicated[tenant])))
+    return result
+
+
+def advertised_resources(plan: Plan) -> tuple[str, ...]:
+    """Every GPU resource name the platform's nodes can advertise (whole GPUs, each MIG profile of
+    every MIG pool's model, HAMi memory and cores, time-sliced replicas): what tenant quotas must cover."""
+    names = {"nvidia.com/gpu"}
+    for pool in plan.pools:
+        if pool.sharing == "mig":
+            names |= {p.resource_name for p in GPU_MODELS[pool.gpu_model].mig_profiles}
+        elif pool.sharing == "hami":
+            names |= {"nvidia.com/gpumem", "nvidia.com/gpucores"}
+        elif pool.sharing == "time-slicing":
+            names.add(SHARED_GPU)
+    return tuple(sorted(names))
+
+
+def advertised_name(pool: PoolPlan, resource: str) -> str:
+    """The name nodes advertise a planned resource under: the plan counts time-sliced replicas as
+    `nvidia.com/gpu`, the device plugin renames them."""
+    return SHARED_GPU if pool.sharing == "time-slicing" and resource == "nvidia.com/gpu" else resource

@@ -1,0 +1,73 @@
+"""From the environment's configuration to the capacity plan (and back to config errors).
+
+The planner itself (`factory.planner`) is pure and knows nothing of the config model; this module
+is the adapter. A previous plan, when the environment has one in `plans/<env>.json`, is passed to
+the planner so that re-planning keeps existing tenants' GPUs (a MIG geometry change drains a node).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from factory.config import FactoryConfig, GpuDemand, Pool, Tenant
+from factory.loading import PROJECT_DIR, ConfigError
+from factory.planner import Demand, HamiSlice, Plan, PlanError, PoolSpec, TenantSpec, plan
+
+PLANS_DIR = "plans"
+
+
+def pool_spec(pool: Pool) -> PoolSpec:
+    return PoolSpec(
+        name=pool.name,
+        gpu_model=pool.gpu.model,
+        gpus_per_node=pool.gpu.per_node,
+        nodes=tuple(sorted(n.name for n in pool.node_specs())),
+        sharing=pool.sharing,
+        time_slicing_replicas=pool.time_slicing.replicas,
+        hami_split_count=pool.hami.split_count,
+    )
+
+
+def demand(d: GpuDemand, pool: Pool) -> Demand:
+    if pool.sharing == "mig":
+        return Demand(pool=d.pool, mig=tuple(sorted(d.mig.items())))
+    if pool.sharing == "hami":
+        return Demand(
+            pool=d.pool,
+            hami=(HamiSlice(count=d.count, memory_mib=d.memory_mib, cores_percent=d.cores_percent),),
+            hami_oversubscribe=d.memory_oversubscription > 1.0,
+            hami_memory_scaling=d.memory_oversubscription,
+        )
+    if pool.sharing == "time-slicing":
+        return Demand(pool=d.pool, time_sliced_replicas=d.count)
+    return Demand(pool=d.pool, whole_gpus=d.count)
+
+
+def tenant_spec(tenant: Tenant, cfg: FactoryConfig) -> TenantSpec:
+    return TenantSpec(
+        name=tenant.name,
+        trust=tenant.trust,
+        trust_domain=tenant.domain,
+        demands=tuple(demand(d, cfg.pool(d.pool)) for d in tenant.gpus),
+    )
+
+
+def plan_path(env: str, project_dir: Path = PROJECT_DIR) -> Path:
+    return project_dir / PLANS_DIR / f"{env}.json"
+
+
+def previous_plan(env: str, project_dir: Path = PROJECT_DIR) -> Plan | None:
+    path = plan_path(env, project_dir)
+    return Plan.from_json(path.read_text()) if path.is_file() else None
+
+
+def plan_for(cfg: FactoryConfig, previous: Plan | None = None) -> Plan:
+    """The capacity plan of an environment; demands that do not fit are configuration errors."""
+    try:
+        return plan(
+            [pool_spec(p) for p in cfg.fleet.pools],
+            [tenant_spec(t, cfg) for t in cfg.tenants],
+            previous=previous,
+        )
+    except PlanError as err:
+        raise ConfigError([f"plan: {p}" for p in err.problems]) from None
