@@ -56,6 +56,7 @@ def namespace(
     *,
     pod_security: str,
     extra_labels: Mapping[str, str] | None = None,
+    annotations: Mapping[str, str] | None = None,
     **options: Any,
 ) -> k8s.core.v1.Namespace:
     """A namespace with Pod Security admission enforced (and audited/warned at the same level)."""
@@ -65,7 +66,7 @@ def namespace(
         ns_labels[f"pod-security.kubernetes.io/{mode}"] = pod_security
     return k8s.core.v1.Namespace(
         f"{name}-namespace",
-        metadata=k8s.meta.v1.ObjectMetaArgs(name=name, labels=ns_labels),
+        metadata=k8s.meta.v1.ObjectMetaArgs(name=name, labels=ns_labels, annotations=dict(annotations) if annotations else None),
         opts=component.child(**options),
     )
 

@@ -1,8 +1,15 @@
-"""The fleet as Kubernetes sees it: every GPU node labelled with its pool, site and topology.
+"""The fleet as Kubernetes sees it: every GPU node labelled with its pool, site and topology, and
+labelled and tainted as the capacity plan assigns it.
 
 Node objects belong to the provisioning layer; this component only server-side-applies the labels
-the platform selects on (`NodePatch`), so drivers, flavors and policies can target a pool or a
-topology domain without a second source of truth.
+and taints the platform selects on (`NodePatch`), so drivers, flavors and policies can target a
+pool or a topology domain without a second source of truth, and a trust domain's shared GPUs (or a
+low-trust tenant's dedicated node) take no one else's pods. The plan's part comes from
+`factory.placement.node_placements`: trust-domain and dedicated labels and taints, the MIG and
+device-plugin configs each node selects, and the labels that hand a node to HAMi or DRA.
+
+`spec.taints` is an atomic list under server-side apply: the patch owns the whole list, so taints
+another manager put on a node conflict with it (they show up at `pulumi up`, they are not erased).
 """
 
 from __future__ import annotations
@@ -23,6 +30,8 @@ from components._common import (
     FactoryComponent,
 )
 from factory.config import FactoryConfig, Pool
+from factory.placement import NodePlacement, node_placements
+from factory.planner import Plan
 
 TOKEN = "ai-factory:fleet:Fleet"
 
@@ -30,10 +39,12 @@ TOKEN = "ai-factory:fleet:Fleet"
 @dataclass(frozen=True)
 class FleetArgs:
     pools: tuple[Pool, ...]
+    placements: tuple[NodePlacement, ...]
+    """The plan's labels and taints per node (`factory.placement.node_placements`)."""
 
     @classmethod
-    def from_config(cls, cfg: FactoryConfig) -> FleetArgs:
-        return cls(pools=tuple(cfg.fleet.pools))
+    def from_config(cls, cfg: FactoryConfig, plan: Plan) -> FleetArgs:
+        return cls(pools=tuple(cfg.fleet.pools), placements=tuple(node_placements(plan)))
 
 
 def node_labels(pool: Pool) -> dict[str, dict[str, str]]:
@@ -59,12 +70,20 @@ class Fleet(FactoryComponent):
 
     def __init__(self, name: str, args: FleetArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__(TOKEN, name, layer="fleet", opts=opts)
+        placements = {p.node: p for p in args.placements}
         names = []
         for pool in args.pools:
-            for node, node_labels_ in node_labels(pool).items():
+            for node, topology_labels in node_labels(pool).items():
+                placement = placements[node]
+                spec = None
+                if placement.taints:  # only tainted nodes claim `spec.taints` (atomic under server-side apply)
+                    spec = k8s.core.v1.NodeSpecPatchArgs(
+                        taints=[k8s.core.v1.TaintPatchArgs(key=t.key, value=t.value, effect=t.effect) for t in placement.taints]
+                    )
                 k8s.core.v1.NodePatch(
                     f"node-{node}",
-                    metadata=k8s.meta.v1.ObjectMetaPatchArgs(name=node, labels=node_labels_),
+                    metadata=k8s.meta.v1.ObjectMetaPatchArgs(name=node, labels={**topology_labels, **placement.labels}),
+                    spec=spec,
                     opts=self.child(),
                 )
                 names.append(node)

@@ -5,6 +5,20 @@ Installed as a `helm.v3.Release` rather than a v4 `Chart`: the chart relies on H
 upgrade and cleanup jobs) that a v4 Chart omits. Drivers are per pool: the chart's default driver
 is switched to `NVIDIADriver` resources (`driver.nvidiaDriverCRD`), one per pool, selected by the
 pool label, so pools of different GPU generations can run different driver branches.
+
+The plan configures the device layer through the chart's own ConfigMaps:
+- MIG Manager gets one mig-parted config per distinct node layout (`Plan.mig_configs()`, each entry
+  restricted by `device-filter` to its GPU model) plus `all-disabled`; each node selects its config
+  with the `nvidia.com/mig.config` label the fleet layer sets. The `mixed` strategy is used whenever
+  a pool uses MIG: the plan mixes profiles and MIG-disabled GPUs on a node, and per-profile
+  resources are what tenant quotas count.
+- The device plugin gets one time-slicing config per replica count of the time-sliced pools,
+  selected by the `nvidia.com/device-plugin.config` node label. Replicas are renamed
+  `nvidia.com/gpu.shared` (`renameByDefault`), so a pod asking for a whole GPU never gets a replica
+  and metering (OpenCost) can tell them apart; `failRequestsGreaterThanOne` refuses a request for
+  several replicas, which would buy no more of the GPU than one (they may all be the same GPU).
+- HAMi and DRA nodes carry `nvidia.com/gpu.deploy.device-plugin=false`: the operator runs no
+  NVIDIA device plugin where another allocator owns the GPUs.
 """
 
 from __future__ import annotations
@@ -12,9 +26,11 @@ from __future__ import annotations
 import base64
 import json
 from dataclasses import dataclass
+from typing import Any
 
 import pulumi
 import pulumi_kubernetes as k8s
+import yaml
 
 from components._common import (
     POOL_LABEL,
@@ -25,6 +41,7 @@ from components._common import (
 )
 from factory.catalog import ChartSource
 from factory.config import DriverSettings, RegistryCredentials
+from factory.placement import MIG_DISABLED_CONFIG, time_slicing_config
 
 TOKEN = "ai-factory:accelerators:GpuOperator"
 
@@ -39,6 +56,10 @@ TOOLKIT_ENV = (
     {"name": "NVIDIA_CONTAINER_TOOLKIT_OPT_IN_FEATURES", "value": "disable-cuda-compat-lib-hook"},
 )
 DEVICE_PLUGIN_ENV = ({"name": "DEVICE_LIST_STRATEGY", "value": "volume-mounts"},)
+MIG_PARTED_CONFIGMAP = "ai-factory-mig-parted"
+DEVICE_PLUGIN_CONFIGMAP = "ai-factory-device-plugin"
+DEVICE_PLUGIN_DEFAULT_CONFIG = "default"
+"""Device-plugin config of every node without a `nvidia.com/device-plugin.config` label: no sharing."""
 
 
 @dataclass(frozen=True)
@@ -57,10 +78,18 @@ class GpuOperatorArgs:
     drivers: tuple[PoolDriver, ...]
     toolkit_version: str
     """Container toolkit image tag (the config refuses versions older than v1.17.8)."""
-    mig: bool
-    """Some pool uses MIG: run MIG Manager with the `mixed` strategy (profiles become distinct resources)."""
+    mig_configs: dict[str, list[dict[str, Any]]]
+    """mig-parted `mig-configs` entries per config name, one per distinct node layout of the plan
+    (`Plan.mig_configs()`). Empty when no pool uses MIG; otherwise MIG Manager runs with them."""
+    time_slicing_replicas: tuple[int, ...]
+    """Replica counts of the time-sliced pools (one device-plugin config each); empty without any."""
     dcgm_exporter: bool
     registry: RegistryCredentials | None = None
+
+    @property
+    def mig(self) -> bool:
+        """Some pool uses MIG: run MIG Manager with the `mixed` strategy (profiles become distinct resources)."""
+        return bool(self.mig_configs)
 
 
 def tolerations() -> list[dict]:
@@ -85,10 +114,47 @@ def chart_values(args: GpuOperatorArgs, pull_secret: str | None) -> dict:
         "mig": {"strategy": "mixed" if args.mig else "single"},
         "node-feature-discovery": {"worker": {"tolerations": tolerations()}},
     }
+    if args.mig:
+        values["migManager"]["config"] = {
+            "create": True,
+            "name": MIG_PARTED_CONFIGMAP,
+            "default": MIG_DISABLED_CONFIG,
+            "data": {"config.yaml": mig_parted_config(args.mig_configs)},
+        }
+    if args.time_slicing_replicas:
+        values["devicePlugin"]["config"] = {
+            "create": True,
+            "name": DEVICE_PLUGIN_CONFIGMAP,
+            "default": DEVICE_PLUGIN_DEFAULT_CONFIG,
+            "data": device_plugin_configs(values["mig"]["strategy"], args.time_slicing_replicas),
+        }
     if pull_secrets:
         for operand in ("toolkit", "devicePlugin", "gfd", "migManager"):
             values[operand]["imagePullSecrets"] = pull_secrets
     return values
+
+
+def mig_parted_config(mig_configs: dict[str, list[dict[str, Any]]]) -> str:
+    """The mig-parted file (`version: v1`) MIG Manager reads: the plan's configs plus `all-disabled`,
+    the chart's default for nodes the plan does not label. A custom file replaces the configs MIG
+    Manager would generate, so `all-disabled` must be in it."""
+    configs = {MIG_DISABLED_CONFIG: [{"devices": "all", "mig-enabled": False}], **mig_configs}
+    return yaml.safe_dump({"version": "v1", "mig-configs": configs}, sort_keys=True, default_flow_style=False)
+
+
+def device_plugin_configs(mig_strategy: str, time_slicing_replicas: tuple[int, ...]) -> dict[str, str]:
+    """Named device-plugin configs (k8s-device-plugin `version: v1`): `default` shares nothing, and
+    one time-slicing config per replica count, named as the fleet labels its nodes."""
+    default = {"version": "v1", "flags": {"migStrategy": mig_strategy}}
+    configs = {DEVICE_PLUGIN_DEFAULT_CONFIG: default}
+    for replicas in sorted(set(time_slicing_replicas)):
+        time_slicing = {
+            "renameByDefault": True,
+            "failRequestsGreaterThanOne": True,
+            "resources": [{"name": "nvidia.com/gpu", "replicas": replicas}],
+        }
+        configs[time_slicing_config(replicas)] = {**default, "sharing": {"timeSlicing": time_slicing}}
+    return {name: yaml.safe_dump(config, sort_keys=True, default_flow_style=False) for name, config in configs.items()}
 
 
 class GpuOperator(FactoryComponent):

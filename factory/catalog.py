@@ -40,4 +40,99 @@ CHARTS: dict[str, ChartSource] = {
         version="v26.7.0",
         oracle_dir="gpu-operator/chart",
     ),
+    # SOURCE.yaml: release v0.19.2; main's values.yaml differs from the tag only in image tags.
+    "kueue": ChartSource(
+        name="kueue",
+        repository="oci://registry.k8s.io/kueue/charts",
+        version="0.19.2",
+        oracle_dir="kueue/chart",
+    ),
+    # Moved from NVIDIA/ to kai-scheduler/KAI-Scheduler; the published chart version is the git tag
+    # (the repository's Chart.yaml says 0.0.0). values.yaml differs from v0.17.0 by 3 lines.
+    "kai-scheduler": ChartSource(
+        name="kai-scheduler",
+        repository="oci://ghcr.io/kai-scheduler/kai-scheduler",
+        version="v0.17.0",
+        oracle_dir="kai-scheduler/chart",
+    ),
+    # master's chart has diverged from the release; chart-release/ is the published 1.15.1.
+    "volcano": ChartSource(
+        name="volcano",
+        repository="https://volcano-sh.github.io/helm-charts",
+        version="1.15.1",
+        oracle_dir="volcano/chart-release",
+    ),
+    # The repository's master is the v2.10.0 release commit (SOURCE.yaml); no values schema.
+    "hami": ChartSource(
+        name="hami",
+        repository="https://project-hami.github.io/HAMi/",
+        version="2.10.0",
+        oracle_dir="hami/chart",
+    ),
+    # Moved to kubernetes-sigs/dra-driver-nvidia-gpu and renamed from nvidia-dra-driver-gpu; main's
+    # 0.5.0-dev is unpublished, so the pin is the latest release, whose values are in chart-release/.
+    "dra-driver-nvidia-gpu": ChartSource(
+        name="dra-driver-nvidia-gpu",
+        repository="oci://registry.k8s.io/dra-driver-nvidia/charts",
+        version="0.4.1",
+        oracle_dir="nvidia-dra-driver-gpu/chart-release",
+    ),
+    # main's Chart.yaml says 0.0.1 (placeholder, 0.37 in development); the latest stable release
+    # v0.36.1 is published as chart 0.36.1, its values and strict schema are in chart-release/.
+    "vcluster": ChartSource(
+        name="vcluster",
+        repository="https://charts.loft.sh",
+        version="0.36.1",
+        oracle_dir="vcluster/chart-release",
+    ),
+    # The published chart package (cilium/charts, v1.20.0); the CRDs come from a main commit two weeks
+    # older (SOURCE.yaml), the same API for the policies we emit.
+    "cilium": ChartSource(
+        name="cilium",
+        repository="https://helm.cilium.io/",
+        version="1.20.0",
+        oracle_dir="cilium/chart",
+    ),
+    # codecentric's keycloakx (Quarkus Keycloak 26.5.6), tag keycloakx-7.1.11; with a values schema.
+    "keycloak": ChartSource(
+        name="keycloakx",
+        repository="https://codecentric.github.io/helm-charts",
+        version="7.1.11",
+        oracle_dir="keycloak/chart",
+    ),
+    # openbao-helm main = tag openbao-0.29.2 (OpenBao v2.6.2); with a values schema.
+    "openbao": ChartSource(
+        name="openbao",
+        repository="https://openbao.github.io/openbao-helm",
+        version="0.29.2",
+        oracle_dir="openbao/chart",
+    ),
+    # main = helm-chart-2.9.0 (v2.9.0); with a values schema.
+    "external-secrets": ChartSource(
+        name="external-secrets",
+        repository="https://charts.external-secrets.io",
+        version="2.9.0",
+        oracle_dir="external-secrets/chart",
+    ),
+    # Tag kyverno-chart-3.9.0 (Kyverno v1.19.0): main carries the placeholder v0.0.0. No values schema.
+    "kyverno": ChartSource(
+        name="kyverno",
+        repository="https://kyverno.github.io/kyverno/",
+        version="3.9.0",
+        oracle_dir="kyverno/chart",
+    ),
+    # falcosecurity/charts master = tag falco-9.1.0 (Falco 0.44.1). No values schema.
+    "falco": ChartSource(
+        name="falco",
+        repository="https://falcosecurity.github.io/charts",
+        version="9.1.0",
+        oracle_dir="falco/chart",
+    ),
+    # Chart 0.34.0 = operator v0.32.0 (main HEAD). No values schema.
+    "trivy-operator": ChartSource(
+        name="trivy-operator",
+        repository="https://aquasecurity.github.io/helm-charts/",
+        version="0.34.0",
+        oracle_dir="trivy-operator/chart",
+    ),
 }

@@ -6,24 +6,13 @@ layers add theirs to the list. A finding names the check, the object and the ten
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable, Iterable
 
+from factory import checks_scheduling, isolation, policy_check
 from factory.catalog import CHARTS, ChartSource
+from factory.findings import Finding
 from factory.oracles import Oracles
 from factory.render import Manifest, Rendered
-
-
-@dataclass(frozen=True, order=True)
-class Finding:
-    check: str
-    ref: str
-    message: str
-    tenants: tuple[str, ...] = ()
-
-    def __str__(self) -> str:
-        who = f" [tenants: {', '.join(self.tenants)}]" if self.tenants else ""
-        return f"{self.check}: {self.ref}: {self.message}{who}"
 
 
 Check = Callable[[Rendered, Oracles], Iterable[Finding]]
@@ -69,7 +58,7 @@ def _tenants(m: Manifest) -> tuple[str, ...]:
     return (m.tenant,) if m.tenant else ()
 
 
-CHECKS: list[Check] = [schema, helm_values]
+CHECKS: list[Check] = [schema, helm_values, *isolation.CHECKS, *checks_scheduling.CHECKS, policy_check.policies]
 
 
 def run_checks(rendered: Rendered, oracles: Oracles) -> list[Finding]:

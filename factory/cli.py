@@ -1,4 +1,4 @@
-"""`python -m factory render|check|plan ...`: the offline tools."""
+"""`python -m factory render|check|plan|diff ...`: the offline tools."""
 
 from __future__ import annotations
 
@@ -26,10 +26,27 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("target", help="environment name, a stack file's path, or a directory written by `render`")
     check.add_argument("--upstream", type=Path, help="oracle directory (default: $FACTORY_UPSTREAM_DIR or ../shared/upstream)")
 
+    plan = commands.add_parser("plan", help="print the capacity plan of an environment and write it as JSON")
+    plan.add_argument("env", help="environment name (reads Pulumi.<env>.yaml) or a stack file's path")
+    plan.add_argument("--out", type=Path, help="plan JSON file (default: build/<env>/plan.json)")
+    plan.add_argument(
+        "--lock",
+        action="store_true",
+        help="also write plans/<env>.json next to the stack file: later plans and `pulumi up` start from it",
+    )
+
+    diff = commands.add_parser("diff", help="list what removing a tenant would change (only its own objects, or exit 1)")
+    diff.add_argument("env", help="environment name (reads Pulumi.<env>.yaml) or a stack file's path")
+    diff.add_argument("--without-tenant", required=True, metavar="NAME", help="the tenant to remove")
+
     args = parser.parse_args(argv)
     try:
         if args.command == "render":
             return _render(args.env, args.out or Path("build") / stack_name(stack_file(args.env)))
+        if args.command == "plan":
+            return _plan(args.env, args.out or Path("build") / stack_name(stack_file(args.env)) / "plan.json", args.lock)
+        if args.command == "diff":
+            return _diff(args.env, args.without_tenant)
         return _check(args.target, args.upstream)
     except ConfigError as err:
         print(err.render(), file=sys.stderr)
@@ -45,6 +62,32 @@ def _render(env: str, out: Path) -> int:
     print(f"rendered {env} in {time.perf_counter() - started:.2f}s to {out}/")
     print(rendered.summary())
     return 0
+
+
+def _plan(env: str, out: Path, lock: bool) -> int:
+    """Plan from the locked plan when there is one (as `pulumi up` does), so re-planning keeps
+    existing tenants' GPUs; the output is a function of the config and the lock only."""
+    from factory.loading import load_stack_file
+    from factory.planning import plan_for, plan_path, previous_plan
+
+    path = stack_file(env)
+    cfg = load_stack_file(env)
+    project_dir, stack = path.resolve().parent, stack_name(path)
+    plan = plan_for(cfg, previous_plan(stack, project_dir))
+    print(plan.render_table(), end="")
+    for target in [out, plan_path(stack, project_dir)] if lock else [out]:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(plan.to_json() + "\n")
+        print(f"wrote {target}")
+    return 0
+
+
+def _diff(env: str, tenant: str) -> int:
+    from factory.diff import without_tenant
+
+    removal = without_tenant(env, tenant)
+    print(removal.render(env))
+    return EXIT_FINDINGS if removal.unexpected else 0
 
 
 def _check(target: str, upstream: Path | None) -> int:

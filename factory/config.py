@@ -42,6 +42,9 @@ class KubernetesSpec(Model):
     version: Literal[SUPPORTED_KUBERNETES] = "1.34"  # type: ignore[valid-type]
     """Target Kubernetes minor version. Objects are validated against its schema; 1.34 is the first
     release with DRA (resource.k8s.io/v1) generally available."""
+    api_server: Annotated[str, StringConstraints(pattern=r"^https://[^\s/]+(/[^\s]*)?$")] | None = None
+    """The host cluster's API server as tenants and their tools reach it, e.g.
+    `https://api.par1.example.com:6443`; published to tenant stacks in the platform contract."""
 
 
 # --------------------------------------------------------------------------- fleet
@@ -211,8 +214,286 @@ class GpuOperatorLayer(Model):
     """Credentials for the operator's images, when they come from a private registry."""
 
 
+class KueueLayer(Model):
+    """Kueue: admission and quotas. Every tenant workload, GPU or not, waits in the tenant's queue
+    until its quota admits it; flavors, cohorts and quotas come from the plan."""
+
+    enabled: bool = True
+    """Off only when KAI Scheduler or Volcano holds the quotas, and no pool uses HAMi."""
+    chart: Chart = Chart.pinned("kueue")
+    namespace: DnsLabel = "kueue-system"
+
+
+class KaiSchedulerLayer(Model):
+    """KAI Scheduler: gang and topology-aware scheduling with hierarchical queues (organisation ->
+    trust domain -> tenant) whose quotas come from the plan. With Kueue on, Kueue admits and KAI
+    places; without, KAI's queues are the quotas."""
+
+    enabled: bool = False
+    chart: Chart = Chart.pinned("kai-scheduler")
+    namespace: DnsLabel = "kai-scheduler"
+
+
+class VolcanoLayer(Model):
+    """Volcano: batch gang scheduling with one queue per tenant capped at the plan. Exclusive with
+    KAI Scheduler: two schedulers placing pods on the same GPUs would each see them free."""
+
+    enabled: bool = False
+    chart: Chart = Chart.pinned("volcano")
+    namespace: DnsLabel = "volcano-system"
+
+
+class HamiLayer(Model):
+    """HAMi soft slicing (device plugin, scheduler extender, webhook). Installed only when a pool's
+    sharing is `hami`, and then only on that pool's nodes; scheduling binpacks, split counts and
+    memory scaling come from the plan."""
+
+    enabled: bool = True
+    """Off is refused while a pool uses `hami` sharing: nothing else would serve those GPUs."""
+    chart: Chart = Chart.pinned("hami")
+    namespace: DnsLabel = "hami-system"
+    """Namespace of the HAMi scheduler and device plugin (privileged: the plugin injects its CUDA shim)."""
+
+
+class DraLayer(Model):
+    """The NVIDIA DRA driver (`gpu.nvidia.com`). Installed only when a pool's sharing is `dra`, its
+    kubelet plugin only on that pool's nodes; DeviceClasses per GPU model and per-tenant
+    ResourceClaimTemplates come from the plan. Needs Kubernetes >= 1.34 (resource.k8s.io/v1)."""
+
+    enabled: bool = True
+    """Off is refused while a pool uses `dra` sharing: nothing else would serve those GPUs."""
+    chart: Chart = Chart.pinned("dra-driver-nvidia-gpu")
+    namespace: DnsLabel = "dra-driver-nvidia-gpu"
+    """Namespace of the driver's controller and kubelet plugin (privileged: the plugin prepares devices)."""
+
+
+LabelKey = Annotated[str, StringConstraints(pattern=r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$", max_length=253)]
+LabelValue = Annotated[str, StringConstraints(pattern=r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$", max_length=63)]
+
+
+class FlowPort(Model):
+    port: int = Field(ge=1, le=65535)
+    protocol: Literal["TCP", "UDP"] = "TCP"
+
+
+class PlatformFlow(Model):
+    """One connection allowed between every tenant's pods and one platform service. Tenant
+    namespaces deny everything else in both directions (DNS to kube-dns excepted)."""
+
+    name: DnsLabel
+    direction: Literal["egress", "ingress"] = "egress"
+    """`egress`: tenant pods connect to the service (an inference gateway); `ingress`: the service
+    connects to tenant pods (an ingress gateway, a metrics scraper)."""
+    namespace: DnsLabel
+    """The platform namespace of the service; never a tenant namespace."""
+    pod_labels: dict[LabelKey, LabelValue] = Field(min_length=1)
+    """Labels of the service's pods: a flow names its peers, never a whole namespace."""
+    ports: list[FlowPort] = Field(min_length=1)
+    """Ports on the receiving side."""
+
+
+class PodSecurityException(Model):
+    """A reviewed exception to Pod Security `restricted` for one tenant's namespace."""
+
+    tenant: DnsLabel
+    level: Literal["baseline"]
+    """The only level a tenant can be granted; `privileged` is for platform namespaces only."""
+    reason: Annotated[str, StringConstraints(min_length=10)]
+    """Why the tenant's workloads cannot run restricted (kept with the config for review)."""
+    approved_by: Annotated[str, StringConstraints(min_length=1)]
+
+
+class TenancyLayer(Model):
+    """Tenant environments (`components/tenant_stack.py`): one per entry of `tenants`, always on."""
+
+    chart: Chart = Chart.pinned("vcluster")
+    """vCluster, the control plane of tenants whose `isolation` is `vcluster`."""
+    platform_flows: list[PlatformFlow] = []
+    """The platform services tenant pods may talk to, or be reached from, besides DNS."""
+    pod_security_exceptions: list[PodSecurityException] = []
+    """Tenants whose namespaces enforce `baseline` instead of `restricted` (never a low-trust tenant)."""
+
+
+# --------------------------------------------------------------------------- security layers
+
+
+class CiliumLayer(Model):
+    """Cilium: the CNI and network-policy engine, with Hubble flow visibility, plus the cluster-wide
+    baseline policies every tenant relies on (`components/cilium.py`). Runs in kube-system."""
+
+    enabled: bool = True
+    chart: Chart = Chart.pinned("cilium")
+    hubble_ui: bool = True
+    """Hubble UI for platform operators (Hubble and its relay are always on)."""
+    encryption: Literal["wireguard", "none"] = "wireguard"
+    """Transparent encryption of pod traffic between nodes, so tenants' flows are not readable on
+    shared links."""
+
+
+class KeycloakDatabase(Model):
+    """The PostgreSQL database Keycloak keeps realms, users and sessions in. It runs outside this
+    library (a managed database or a database operator's cluster): no PostgreSQL chart is pinned."""
+
+    host: Annotated[str, StringConstraints(min_length=1)]
+    port: int = Field(default=5432, ge=1, le=65535)
+    name: DnsLabel = "keycloak"
+    username: Annotated[str, StringConstraints(min_length=1)] = "keycloak"
+    password: SecretValue
+
+
+class KeycloakRedirects(Model):
+    """Where each platform client may send a user back after sign-in."""
+
+    kubernetes: list[str] = ["http://localhost:8000", "http://localhost:18000"]
+    """kubectl's OIDC login plugin (kubelogin) listens there; shared by every tenant's vCluster client."""
+    litellm: list[str] = []
+    """The LiteLLM UI's callback; empty until the gateway is exposed."""
+    dashboards: list[str] = []
+    """The dashboards' callback; empty until they are exposed."""
+
+
+class KeycloakLayer(Model):
+    """Keycloak (codecentric `keycloakx` chart): the OIDC issuer of `identity`, serving its platform
+    realm. Needs `identity`, `admin_password` and `database` while enabled."""
+
+    enabled: bool = True
+    chart: Chart = Chart.pinned("keycloak")
+    namespace: DnsLabel = "keycloak"
+    replicas: int = Field(default=2, ge=2)
+    """Keycloak pods (a cluster sharing sessions through Infinispan); at least 2 so sign-in survives a node."""
+    admin_password: SecretValue | None = None
+    """Password of the bootstrap administrator (`admin`, master realm): Keycloak creates it on first
+    start, and Pulumi manages the tenants' identity objects with it."""
+    database: KeycloakDatabase | None = None
+    redirect_uris: KeycloakRedirects = KeycloakRedirects()
+
+
+class OpenBaoLayer(Model):
+    """OpenBao: HA with integrated Raft storage, on volumes that outlive the release. Tenants read
+    their secrets through External Secrets (`layers.external_secrets`)."""
+
+    enabled: bool = True
+    chart: Chart = Chart.pinned("openbao")
+    namespace: DnsLabel = "openbao"
+    replicas: Literal[3, 5] = 3
+    """Raft voters: an odd number, so a majority survives the loss of one (or two) pods."""
+    storage_size: Annotated[str, StringConstraints(pattern=r"^\d+(Gi|Ti)$")] = "10Gi"
+    """Raft volume per pod."""
+    storage_provisioner: Annotated[str, StringConstraints(min_length=1)] | None = None
+    """CSI driver of the `Retain` StorageClass the Raft volumes come from (the cluster's block
+    storage, e.g. `rook-ceph.rbd.csi.ceph.com`). Required while the layer is enabled."""
+    kv_mount: DnsLabel = "secret"
+    """The KV v2 engine tenants' secrets live in, each tenant under `tenants/<name>/`."""
+    api_address: Annotated[str, StringConstraints(pattern=r"^https?://[^\s/]+$")] | None = None
+    """Where Pulumi reaches OpenBao's API; defaults to the in-cluster service (run Pulumi in the
+    cluster, or set a port-forward or ingress address)."""
+    admin_token: SecretValue | None = None
+    """Token Pulumi configures OpenBao with (KV engine, Kubernetes auth, one policy and role per
+    tenant). Unset on the first deployment: OpenBao is installed, the operator initialises and
+    unseals it, sets this, and the next `pulumi up` wires the tenants' secret stores."""
+
+
+class ExternalSecretsLayer(Model):
+    """External Secrets Operator: tenants' `ExternalSecret`s read OpenBao through a `SecretStore` in
+    their own namespace. Cluster-wide stores, secrets and generators are not served at all."""
+
+    enabled: bool = True
+    chart: Chart = Chart.pinned("external-secrets")
+    namespace: DnsLabel = "external-secrets"
+
+
+class RuntimeClasses(Model):
+    """The RuntimeClasses pods of each trust level may name (none named is always allowed)."""
+
+    high: list[DnsLabel] = ["nvidia"]
+    medium: list[DnsLabel] = ["nvidia"]
+    low: list[DnsLabel] = ["nvidia"]
+
+
+class KyvernoLayer(Model):
+    """Kyverno: admission policies in Enforce mode that back tenant isolation (Pod Security
+    restricted, queues, GPU escapes, GPU resources and runtime classes by tenant, registries, no
+    NodePort or external IPs)."""
+
+    enabled: bool = True
+    chart: Chart = Chart.pinned("kyverno")
+    namespace: DnsLabel = "kyverno"
+    admission_replicas: int = Field(default=3, ge=3)
+    """Admission controller pods: webhooks fail closed, so at least 3 keep the API usable."""
+    allowed_registries: list[Annotated[str, StringConstraints(pattern=r"^[a-z0-9][-a-z0-9.:]*[a-z0-9](/[^\s|]*)?$")]] = Field(
+        default=["nvcr.io/nvidia/*", "registry.k8s.io/*"], min_length=1
+    )
+    """Image patterns tenant pods may run (Kyverno wildcards), e.g. `registry.example.com/team-*/*`."""
+    runtime_classes: RuntimeClasses = RuntimeClasses()
+
+
+class FalcoLayer(Model):
+    """Falco (modern eBPF) on every node, GPU nodes included, with GPU-host rules."""
+
+    enabled: bool = True
+    chart: Chart = Chart.pinned("falco")
+    namespace: DnsLabel = "falco"
+
+
+class TrivyLayer(Model):
+    """Trivy Operator: vulnerability, configuration and exposed-secret reports for every workload,
+    written next to it (tenant reports land in the tenant's namespace)."""
+
+    enabled: bool = True
+    chart: Chart = Chart.pinned("trivy-operator")
+    namespace: DnsLabel = "trivy-system"
+
+
 class Layers(Model):
     gpu_operator: GpuOperatorLayer = GpuOperatorLayer()
+    kueue: KueueLayer = KueueLayer()
+    kai_scheduler: KaiSchedulerLayer = KaiSchedulerLayer()
+    volcano: VolcanoLayer = VolcanoLayer()
+    hami: HamiLayer = HamiLayer()
+    dra: DraLayer = DraLayer()
+    tenancy: TenancyLayer = TenancyLayer()
+    cilium: CiliumLayer = CiliumLayer()
+    keycloak: KeycloakLayer = KeycloakLayer()
+    openbao: OpenBaoLayer = OpenBaoLayer()
+    external_secrets: ExternalSecretsLayer = ExternalSecretsLayer()
+    kyverno: KyvernoLayer = KyvernoLayer()
+    falco: FalcoLayer = FalcoLayer()
+    trivy: TrivyLayer = TrivyLayer()
+
+
+# --------------------------------------------------------------------------- identity
+
+
+class Identity(Model):
+    """The OIDC provider users sign in with. Every API server the platform runs for tenants (each
+    vCluster) trusts it, with usernames and groups prefixed `oidc:` (`factory.tenancy.OIDC_PREFIX`)."""
+
+    issuer_url: Annotated[str, StringConstraints(pattern=r"^https://[^\s/]+(/[^\s]*)?$")]
+    """The issuer (for Keycloak, `https://<host>/realms/<realm>`); API servers fetch its discovery document."""
+    client_id: Annotated[str, StringConstraints(min_length=1)] = "kubernetes"
+    """The audience tokens must carry."""
+    username_claim: Annotated[str, StringConstraints(min_length=1)] = "email"
+    groups_claim: Annotated[str, StringConstraints(min_length=1)] = "groups"
+    litellm_client_id: DnsLabel = "litellm"
+    """Client of the LiteLLM gateway (its UI sign-in and the JWTs it accepts)."""
+    dashboards_client_id: DnsLabel = "dashboards"
+    """Client of the platform dashboards (Grafana, Hubble UI behind an OIDC proxy)."""
+
+    @property
+    def realm(self) -> str | None:
+        """The Keycloak realm named by the issuer (`.../realms/<realm>`), None for another issuer."""
+        head, _, realm = self.issuer_url.rstrip("/").rpartition("/realms/")
+        return realm if head and realm and "/" not in realm else None
+
+    @property
+    def server_url(self) -> str:
+        """The issuer without its `/realms/<realm>` suffix: Keycloak's public URL."""
+        return self.issuer_url.rstrip("/").rpartition("/realms/")[0]
+
+    def vcluster_client_id(self, tenant: str) -> str:
+        """The client a tenant's vCluster API server accepts (`--oidc-client-id`): one per tenant, so
+        a token issued for one tenant's API server is refused by every other."""
+        return f"{self.client_id}-{tenant}"
 
 
 # --------------------------------------------------------------------------- tenants
@@ -239,6 +520,46 @@ class GpuDemand(Model):
     oversubscription, the default; above 1 the tenant opts in to sharing memory that may not be there."""
 
 
+Quantity = Annotated[str, StringConstraints(pattern=r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")]
+"""A Kubernetes resource quantity, e.g. `64`, `500m`, `512Gi`."""
+
+
+class TenantQuota(Model):
+    """The tenant's ResourceQuota beyond GPUs (GPU lines come from the plan). NodePorts are always 0."""
+
+    cpu: Quantity = "64"
+    """`requests.cpu`."""
+    memory: Quantity = "512Gi"
+    """`requests.memory` and `limits.memory`."""
+    storage: Quantity = "10Ti"
+    """`requests.storage` (persistent volume claims)."""
+    ephemeral_storage: Quantity = "500Gi"
+    """`requests.ephemeral-storage`."""
+    pods: int = Field(default=200, ge=1)
+    persistent_volume_claims: int = Field(default=50, ge=0)
+    services: int = Field(default=50, ge=0)
+    load_balancers: int = Field(default=0, ge=0)
+    """`services.loadbalancers`; 0 by default: tenant services are reached through platform gateways."""
+    configmaps: int = Field(default=200, ge=0)
+    secrets: int = Field(default=200, ge=0)
+
+
+class Borrowing(Model):
+    """How the tenant's GPU quota is shared with the other tenants of its trust domain (never beyond
+    it: every GPU flavor belongs to one trust domain). The default is a guarantee: what the plan
+    gives the tenant is never lent away, and it may borrow whatever its domain leaves idle."""
+
+    lendable_percent: int = Field(default=0, ge=0, le=100)
+    """Share of each GPU quota that domain peers may borrow while the tenant leaves it idle (taken
+    back by preemption when the tenant needs it). 0 = a guaranteed share that is never lent."""
+    limit_percent: int | None = Field(default=None, ge=0)
+    """How far the tenant may go beyond each GPU quota by borrowing, as a percentage of that quota
+    (0 = never); None = as far as its trust domain has idle capacity."""
+    fair_share_weight: int = Field(default=1, ge=1, le=1000)
+    """The tenant's weight when domain peers compete for idle capacity (Kueue fair sharing, KAI
+    over-quota weight, Volcano queue weight)."""
+
+
 class Tenant(Model):
     name: DnsLabel
     trust: Trust
@@ -251,6 +572,16 @@ class Tenant(Model):
     Defaults by trust: `high` -> namespace, `medium`/`low` -> vcluster."""
     owners: Owners
     gpus: list[GpuDemand] = []
+    quota: TenantQuota = TenantQuota()
+    borrowing: Borrowing = Borrowing()
+    organisation: DnsLabel | None = None
+    """The organisation the tenant's trust domain belongs to: its Kueue cohort and KAI queue nest
+    under the organisation's, which shares fairly between its domains. All tenants of a trust
+    domain name the same organisation (or none)."""
+    managed_by: Literal["platform", "tenant-stack"] = "platform"
+    """Which stack builds the tenant's environment: the platform stack, or the tenant's own stack
+    (`stacks/tenants.py`, the tenant API), so that its changes and deletion never touch the
+    platform stack. Either way the platform plans the tenant with the others."""
 
     @property
     def domain(self) -> str:
@@ -268,6 +599,8 @@ class FactoryConfig(Model):
     kubernetes: KubernetesSpec = KubernetesSpec()
     fleet: Fleet
     layers: Layers = Layers()
+    identity: Identity | None = None
+    """Required as soon as a tenant has its own control plane (vCluster)."""
     tenants: list[Tenant] = []
 
     def pool(self, name: str) -> Pool:

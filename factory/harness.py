@@ -160,6 +160,9 @@ def _redact(value: Any, path: str, secret_paths: list[str], inside_secret: bool 
     if inside_secret and value is not None:
         secret_paths.append(path or ".")
         return REDACTED
+    if isinstance(value, float) and value.is_integer():
+        # The wire format carries every number as a double; the provider writes whole ones as integers.
+        return int(value)
     return value
 
 

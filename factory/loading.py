@@ -11,6 +11,7 @@ plus the cross-references between sections) as a `ConfigError`, before anything 
 from __future__ import annotations
 
 import difflib
+import re
 import types
 import typing
 from collections import Counter
@@ -20,7 +21,7 @@ from typing import Any, Iterable
 import yaml
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from factory.config import SECTIONS, FactoryConfig
+from factory.config import SECTIONS, FactoryConfig, KubernetesSpec, Tenant
 from factory.gpus import GPU_MODELS
 from factory.secrets import offline_placeholder
 
@@ -128,6 +129,23 @@ def validate(raw: dict[str, Any], decrypted_secret_sections: set[str] = frozense
     return FactoryConfig.model_validate(validated)
 
 
+def validate_tenant(raw: Any, source: str = "tenant") -> Tenant:
+    """One tenant on its own, as the Automation API takes it (`stacks.tenants`): the field rules of
+    a `tenants[]` entry and the rules a tenant obeys by itself, every problem at once with its path
+    from `tenant`, as one `ConfigError`. Rules against the platform (pools, registration) are the
+    platform contract's (`stacks.contract`)."""
+    problems: list[str] = []
+    tenant = None
+    try:
+        tenant = Tenant.model_validate(raw)
+    except ValidationError as err:
+        problems += [_format_error("tenant", e, root=Tenant) for e in err.errors()]
+    problems += _tenant_rules("tenant", _as_dict(raw))
+    if problems:
+        raise ConfigError(problems, source=source)
+    return tenant
+
+
 # --------------------------------------------------------------------------- cross-references
 
 
@@ -169,6 +187,11 @@ def cross_check(raw: dict[str, Any]) -> list[str]:
                 if isinstance(gpu, int) and isinstance(per_node, int) and not 0 <= gpu < per_node:
                     problems.append(f"{path}.topology.numa[{j}].gpus: GPU index {gpu} is outside 0..{per_node - 1}")
     problems += [f"fleet.pools: node {name!r} is listed {n} times" for name, n in node_names.items() if n > 1]
+    problems += _check_device_layers(raw, pools)
+    problems += _check_hami_memory_scaling(pools_by_name, tenants)
+    problems += _check_tenancy(raw, tenants)
+    problems += _check_security_layers(raw)
+    problems += _check_scheduling(raw, pools, tenants)
 
     domains: dict[str, list[tuple[str, str]]] = {}
     for i, tenant in enumerate(map(_as_dict, tenants)):
@@ -176,8 +199,7 @@ def cross_check(raw: dict[str, Any]) -> list[str]:
         domain = tenant.get("trust_domain") or name
         if isinstance(domain, str) and isinstance(name, str):
             domains.setdefault(domain, []).append((name, tenant.get("trust")))
-        if tenant.get("trust") == "low" and tenant.get("isolation") == "namespace":
-            problems.append(f"tenants[{i}].isolation: a low-trust tenant needs its own control plane (vcluster)")
+        problems += _tenant_rules(f"tenants[{i}]", tenant)
         for j, demand in enumerate(map(_as_dict, _as_list(tenant.get("gpus")))):
             problems += _check_demand(f"tenants[{i}].gpus[{j}]", demand, pools_by_name, tenant.get("trust"))
     for domain, members in sorted(domains.items()):
@@ -185,6 +207,162 @@ def cross_check(raw: dict[str, Any]) -> list[str]:
             names = ", ".join(sorted(n for n, _ in members))
             problems.append(f"tenants: trust domain {domain!r} mixes a low-trust tenant with others ({names}); a low-trust tenant is a domain of its own")
     return problems
+
+
+DRA_MIN_KUBERNETES = (1, 34)
+"""resource.k8s.io/v1 (DeviceClass, ResourceClaimTemplate) is served from Kubernetes 1.34."""
+LAYER_SHARING = ("hami", "dra")
+"""Pool sharing modes served by the platform layer of the same name (`layers.hami`, `layers.dra`)."""
+
+
+def _check_device_layers(raw: dict[str, Any], pools: list) -> list[str]:
+    """A pool's sharing mode needs its device layer, and DRA needs a Kubernetes that serves it."""
+    problems = []
+    version = _as_dict(raw.get("kubernetes")).get("version", KubernetesSpec().version)
+    minor = _minor_version(version) if isinstance(version, str) else ()
+    layers = _as_dict(raw.get("layers"))
+    for i, pool in enumerate(map(_as_dict, pools)):
+        sharing = pool.get("sharing")
+        if sharing in LAYER_SHARING and _as_dict(layers.get(sharing)).get("enabled", True) is False:
+            problems.append(f"fleet.pools[{i}].sharing: pool {pool.get('name')!r} uses {sharing} but layers.{sharing} is disabled")
+        if sharing == "dra" and minor and minor < DRA_MIN_KUBERNETES:
+            problems.append(
+                f"fleet.pools[{i}].sharing: dra needs Kubernetes >= 1.34 (resource.k8s.io/v1); kubernetes.version is {version}"
+            )
+    return problems
+
+
+KEYCLOAK_ISSUER = re.compile(r"^https://[^\s/]+(/[^\s]*)?/realms/[A-Za-z0-9._-]+/?$")
+"""Issuers Keycloak serves: its public URL, then `/realms/<realm>`."""
+
+
+def _check_security_layers(raw: dict[str, Any]) -> list[str]:
+    """Keycloak needs what cannot be defaulted (the realm it serves, its administrator, its
+    database); tenants' secret stores need OpenBao."""
+    problems = []
+    layers = _as_dict(raw.get("layers"))
+    keycloak = _as_dict(layers.get("keycloak"))
+    if keycloak.get("enabled", True) is not False:
+        issuer = _as_dict(raw.get("identity")).get("issuer_url")
+        if raw.get("identity") is None:
+            problems.append("identity: required by layers.keycloak (the issuer of the realm it serves)")
+        elif isinstance(issuer, str) and not KEYCLOAK_ISSUER.match(issuer):
+            problems.append(f"identity.issuer_url: Keycloak issuers end in /realms/<realm>, got {issuer!r}")
+        for key in ("admin_password", "database"):
+            if keycloak.get(key) is None:
+                problems.append(f"layers.keycloak.{key}: required while the layer is enabled")
+        # Tokens carry group names, not paths: one name in two tenants would open both to its members.
+        owners: dict[str, str] = {}
+        for i, tenant in enumerate(map(_as_dict, _as_list(raw.get("tenants")))):
+            for group in _as_list(_as_dict(tenant.get("owners")).get("groups")):
+                if isinstance(group, str) and owners.setdefault(group, str(tenant.get("name"))) != tenant.get("name"):
+                    problems.append(f"tenants[{i}].owners.groups: group {group!r} already owns tenant {owners[group]!r}; an identity group administers one tenant")
+    openbao = _as_dict(layers.get("openbao"))
+    if openbao.get("enabled", True) is not False and openbao.get("storage_provisioner") is None:
+        problems.append("layers.openbao.storage_provisioner: required while the layer is enabled (the CSI driver of its Retain StorageClass)")
+    if _as_dict(layers.get("external_secrets")).get("enabled", True) is not False and openbao.get("enabled", True) is False:
+        problems.append("layers.external_secrets.enabled: tenants' secret stores read OpenBao; enable layers.openbao or disable this layer")
+    return problems
+
+
+RESERVED_NAMESPACE_PREFIX = "tenant-"
+"""Tenant namespaces are `tenant-<name>` (`factory.tenancy`); no platform flow may point into one."""
+
+
+def _check_tenancy(raw: dict[str, Any], tenants: list) -> list[str]:
+    """vCluster API servers need the OIDC issuer; Pod Security exceptions and platform flows must
+    name real tenants and platform namespaces."""
+    problems = []
+    trust = {t.get("name"): t.get("trust") for t in map(_as_dict, tenants) if isinstance(t.get("name"), str)}
+    if raw.get("identity") is None:
+        for i, tenant in enumerate(map(_as_dict, tenants)):
+            if tenant.get("isolation", "namespace" if tenant.get("trust") == "high" else "vcluster") == "vcluster":
+                problems.append(f"tenants[{i}].isolation: a vCluster signs users in with OIDC; set `identity` (the issuer)")
+    tenancy = _as_dict(_as_dict(raw.get("layers")).get("tenancy"))
+    exceptions = _as_list(tenancy.get("pod_security_exceptions"))
+    seen: Counter[str] = Counter()
+    for i, exception in enumerate(map(_as_dict, exceptions)):
+        path, name = f"layers.tenancy.pod_security_exceptions[{i}].tenant", exception.get("tenant")
+        if not isinstance(name, str):
+            continue
+        seen[name] += 1
+        if name not in trust:
+            problems.append(f"{path}: unknown tenant {name!r}{_did_you_mean(name, trust)}")
+        elif trust[name] == "low":
+            problems.append(f"{path}: a low-trust tenant runs Pod Security restricted, without exception")
+        if seen[name] == 2:
+            problems.append(f"{path}: tenant {name!r} has more than one exception")
+    flows = _as_list(tenancy.get("platform_flows"))
+    problems += _duplicates("layers.tenancy.platform_flows", flows)
+    for i, flow in enumerate(map(_as_dict, flows)):
+        namespace = flow.get("namespace")
+        if isinstance(namespace, str) and namespace.startswith(RESERVED_NAMESPACE_PREFIX):
+            problems.append(f"layers.tenancy.platform_flows[{i}].namespace: {namespace!r} is a tenant namespace; flows go to platform services only")
+    return problems
+
+
+def _check_scheduling(raw: dict[str, Any], pools: list, tenants: list) -> list[str]:
+    """Every GPU passes through a queue: some scheduling layer is on when tenants demand GPUs, HAMi
+    slices go through Kueue (KAI and Volcano cannot meter them), time slices too under KAI, KAI and
+    Volcano never both place pods, and a trust domain's cohort and queue have one organisation."""
+    problems = []
+    layers = _as_dict(raw.get("layers"))
+    kueue = _as_dict(layers.get("kueue")).get("enabled", True) is not False
+    kai = _as_dict(layers.get("kai_scheduler")).get("enabled", False) is True
+    volcano = _as_dict(layers.get("volcano")).get("enabled", False) is True
+    if kai and volcano:
+        problems.append("layers.volcano.enabled: KAI Scheduler and Volcano cannot both place pods on the GPU nodes (each sees the GPUs the other gave away as free); enable one")
+    if not (kueue or kai or volcano) and any(_as_list(t.get("gpus")) for t in map(_as_dict, tenants)):
+        problems.append("layers.kueue.enabled: tenants demand GPUs but no scheduling layer is on (kueue, kai_scheduler or volcano); every GPU must pass through a queue")
+    if not kueue:
+        for i, pool in enumerate(map(_as_dict, pools)):
+            if pool.get("sharing") == "hami":
+                problems.append(f"fleet.pools[{i}].sharing: HAMi slices are admitted and metered by Kueue only (KAI Scheduler and Volcano cannot); enable layers.kueue")
+            elif pool.get("sharing") == "time-slicing" and kai:
+                problems.append(f"fleet.pools[{i}].sharing: KAI Scheduler does not count time-sliced replicas (nvidia.com/gpu.shared) against queues; enable layers.kueue")
+    organisations: dict[str, set[str]] = {}
+    for tenant in map(_as_dict, tenants):
+        domain = tenant.get("trust_domain") or tenant.get("name")
+        if isinstance(domain, str):
+            organisations.setdefault(domain, set()).add(str(tenant.get("organisation") or "(none)"))
+    for domain, names in sorted(organisations.items()):
+        if len(names) > 1:
+            problems.append(f"tenants: trust domain {domain!r} spans organisations ({', '.join(sorted(names))}); a trust domain belongs to one organisation")
+    return problems
+
+
+def _check_hami_memory_scaling(pools: dict[str, dict], tenants: list) -> list[str]:
+    """HAMi scales device memory per node, and a HAMi node serves its whole trust domain: tenants of
+    one domain on one HAMi pool must agree on `memory_oversubscription`, or a tenant that did not
+    opt in could be placed in memory that is not there."""
+    scalings: dict[tuple[str, str], dict[str, Any]] = {}
+    for tenant in map(_as_dict, tenants):
+        domain = tenant.get("trust_domain") or tenant.get("name")
+        for demand in map(_as_dict, _as_list(tenant.get("gpus"))):
+            pool = demand.get("pool")
+            if isinstance(pool, str) and isinstance(domain, str) and _as_dict(pools.get(pool)).get("sharing") == "hami":
+                scalings.setdefault((pool, domain), {})[str(tenant.get("name"))] = demand.get("memory_oversubscription", 1.0)
+    return [
+        f"tenants: trust domain {domain!r} asks for different HAMi memory oversubscription on pool {pool!r} "
+        f"({', '.join(f'{name}: {value}' for name, value in sorted(by_tenant.items()))}); HAMi sets it per node "
+        "and a node serves its whole trust domain, so the domain's tenants must agree"
+        for (pool, domain), by_tenant in sorted(scalings.items())
+        if len({float(v) for v in by_tenant.values() if isinstance(v, (int, float))}) > 1  # others are field errors
+    ]
+
+
+def _minor_version(version: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in version.split("."))
+    except ValueError:
+        return ()  # not a version: the field check of kubernetes.version reports it
+
+
+def _tenant_rules(path: str, tenant: dict) -> list[str]:
+    """Rules a tenant obeys on its own, whatever the rest of the config says."""
+    if tenant.get("trust") == "low" and tenant.get("isolation") == "namespace":
+        return [f"{path}.isolation: a low-trust tenant needs its own control plane (vcluster)"]
+    return []
 
 
 def _check_demand(path: str, demand: dict, pools: dict[str, dict], trust: Any) -> list[str]:
@@ -258,12 +436,14 @@ def _format_path(section: str, loc: tuple) -> str:
     return path
 
 
-def _format_error(section: str, error: dict) -> str:
+def _format_error(section: str, error: dict, root: Any = None) -> str:
+    """One pydantic error as `path: message`; `root` is the model at `section` when it is not a
+    section of `FactoryConfig` (a lone tenant)."""
     loc = tuple(p for p in error["loc"] if not (isinstance(p, str) and ("[" in p or p.startswith("function-"))))
     path = _format_path(section, loc)
     kind, ctx = error["type"], error.get("ctx") or {}
     if kind == "extra_forbidden":
-        allowed = _allowed_keys(section, loc[:-1])
+        allowed = _allowed_keys(section, loc[:-1], root)
         return f"{path}: unknown key{_did_you_mean(str(loc[-1]), allowed)}"
     messages = {
         "missing": "required",
@@ -287,9 +467,9 @@ def _format_error(section: str, error: dict) -> str:
     return f"{path}: {message}"
 
 
-def _allowed_keys(section: str, loc: tuple) -> list[str]:
+def _allowed_keys(section: str, loc: tuple, root: Any = None) -> list[str]:
     """The keys a mapping at `section` + `loc` accepts, for "did you mean" hints."""
-    annotation: Any = FactoryConfig.model_fields[section].annotation
+    annotation: Any = root if root is not None else FactoryConfig.model_fields[section].annotation
     for part in loc:
         annotation = _unwrap(annotation, want_item=isinstance(part, int))
         if isinstance(annotation, type) and issubclass(annotation, BaseModel) and isinstance(part, str):

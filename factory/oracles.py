@@ -545,6 +545,11 @@ class _DeclaredKeys:
             if isinstance(node.get("additionalProperties"), Mapping):
                 declared = True
                 children.append(node["additionalProperties"])
+            elif node.get("type") == "object" and not {"properties", "patternProperties", "additionalProperties"} & node.keys():
+                # A free-form map (vCluster's `policies.resourceQuota.quota`, a securityContext):
+                # the chart takes any key there, even where its default shows a few.
+                declared = True
+                children.append({})
         if not declared:
             return None
         return [expanded for child in children for expanded in self.expand(child)]

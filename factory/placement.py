@@ -24,9 +24,10 @@ from factory.tenancy import LABEL_PREFIX, TRUST_DOMAIN_LABEL
 POOL_LABEL = f"{LABEL_PREFIX}/pool"
 DEDICATED_LABEL = f"{LABEL_PREFIX}/dedicated"
 HAMI_LABEL = f"{LABEL_PREFIX}/hami"
-HAMI_CHART_NODE_LABEL = ("gpu", "on")
-"""The HAMi chart's device plugin selects `gpu=on` by default, and Helm merges maps, so that key
-stays in its node selector whatever we set: HAMi nodes carry it too (the chart's install docs)."""
+HAMI_DEVICE_PLUGIN_LABEL = ("gpu", "hami")
+"""Selects the nodes HAMi's device plugin runs on. The chart fixes the selector's key (`gpu`; its
+default `gpu=on` is what HAMi's docs have users put on every GPU node), so the value is one only the
+fleet layer sets, and only on HAMi nodes."""
 DRA_LABEL = f"{LABEL_PREFIX}/dra"
 UNASSIGNED = "unassigned"
 MIG_CONFIG_LABEL = "nvidia.com/mig.config"
@@ -147,7 +148,7 @@ def node_placements(plan: Plan) -> list[NodePlacement]:
                 labels[MIG_CONFIG_LABEL] = node.mig_config or MIG_DISABLED_CONFIG
             elif pool.sharing == "hami":
                 labels[HAMI_LABEL] = "enabled"
-                labels[HAMI_CHART_NODE_LABEL[0]] = HAMI_CHART_NODE_LABEL[1]
+                labels[HAMI_DEVICE_PLUGIN_LABEL[0]] = HAMI_DEVICE_PLUGIN_LABEL[1]
                 labels[DEVICE_PLUGIN_DEPLOY_LABEL] = "false"
             elif pool.sharing == "dra":
                 labels[DRA_LABEL] = "enabled"

@@ -7,14 +7,22 @@ import pulumi
 
 from factory.loading import ConfigError, load_pulumi_config
 from factory.planning import plan_for, previous_plan
+from factory.planner import Plan
 from factory.platform import Platform
+from stacks.contract import CONTRACT_OUTPUT, CONTRACT_SECRETS_OUTPUT, platform_contract, platform_secrets
 
 
-def main() -> None:
+def main(plan: Plan | None = None) -> None:
+    """`plan`: deploy this capacity plan instead of planning from the recorded `plans/<stack>.json`
+    (`factory diff` renders a tenant's removal with the plan unchanged, then re-planned)."""
     try:
         cfg = load_pulumi_config()
-        plan = plan_for(cfg, previous_plan(pulumi.get_stack()))
+        plan = plan if plan is not None else plan_for(cfg, previous_plan(pulumi.get_stack()))
     except ConfigError as err:
         # A user mistake: a message, not a traceback, and nothing registered.
         raise pulumi.RunError(err.render()) from None
     Platform("ai-factory", cfg, plan)
+    # What tenant stacks read through a StackReference (stacks/contract.py): the contract in
+    # clear, the configuration's secret values as a secret.
+    pulumi.export(CONTRACT_OUTPUT, platform_contract(cfg, plan, pulumi.get_stack()).to_output())
+    pulumi.export(CONTRACT_SECRETS_OUTPUT, pulumi.Output.secret(platform_secrets(cfg)))

@@ -13,6 +13,7 @@ them by `[secret]`.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import shutil
@@ -24,7 +25,9 @@ import yaml
 
 from factory.config import FactoryConfig
 from factory.harness import Graph, Resource, run_program
+from factory.tenancy import TENANT_LABEL
 from factory.planning import plan_for
+from factory.planner import Plan
 from factory.loading import NAMESPACE, read_stack_file, stack_file, stack_name, validate
 
 FLUX_INTERVAL = "1h"
@@ -101,8 +104,18 @@ class Rendered:
         return "\n".join(lines)
 
 
+class _Dumper(yaml.SafeDumper):
+    """Multi-line strings (configs embedded in Helm values: mig-parted, device plugin) as `|` blocks,
+    readable in review; PyYAML falls back to quoting where a block cannot hold the string."""
+
+
+_Dumper.add_representer(
+    str, lambda dumper, text: dumper.represent_scalar("tag:yaml.org,2002:str", text, style="|" if "\n" in text else None)
+)
+
+
 def dump_yaml(obj: Any) -> str:
-    return yaml.safe_dump(obj, sort_keys=True, default_flow_style=False, allow_unicode=True, width=120)
+    return yaml.dump(obj, Dumper=_Dumper, sort_keys=True, default_flow_style=False, allow_unicode=True, width=120)
 
 
 # --------------------------------------------------------------------------- running the program
@@ -120,12 +133,13 @@ def render_env(env: str) -> Rendered:
     return render_raw(raw, secret_sections, cfg, stack=stack_name(path))
 
 
-def render_raw(raw: dict[str, Any], secret_sections: set[str], cfg: FactoryConfig, stack: str) -> Rendered:
+def render_raw(raw: dict[str, Any], secret_sections: set[str], cfg: FactoryConfig, stack: str, plan: Plan | None = None) -> Rendered:
+    """`plan`: deploy this plan instead of planning from the stack's recorded one (see `program.main`)."""
     from factory.program import main
 
     config = {f"{NAMESPACE}:{section}": json.dumps(value, default=_placeholder) for section, value in raw.items()}
     graph = run_program(
-        main,
+        functools.partial(main, plan),
         project="ai-factory",
         stack=stack,
         config=config,
@@ -179,11 +193,15 @@ def _mark_redacted(obj: dict[str, Any]) -> None:
 
 
 def _prune(value: Any) -> Any:
-    """Drop unset (None) fields, as the provider does before sending an object."""
+    """Drop unset (None) fields, as the provider does before sending an object, and give integers
+    back their type: the engine protocol carries every number as a double, and `500.0` is not an
+    int32 to the API server (a WorkloadPriorityClass value, a runAsUser)."""
     if isinstance(value, dict):
         return {k: _prune(v) for k, v in value.items() if v is not None}
     if isinstance(value, list):
         return [_prune(v) for v in value]
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
     return value
 
 
@@ -193,6 +211,9 @@ def helm_release_manifests(resource: Resource) -> list[Manifest]:
     release_name = inputs.get("name") or resource.name
     repo = (inputs.get("repositoryOpts") or {}).get("repo")
     meta = {"name": release_name, "namespace": namespace, "labels": {"app.kubernetes.io/part-of": "ai-factory"}}
+    if resource.tenant:
+        # A tenant's release carries its tenant label like every other object of the tenant.
+        meta["labels"][TENANT_LABEL] = resource.tenant
     if chart.startswith("oci://"):
         source = {
             "apiVersion": "source.toolkit.fluxcd.io/v1",

@@ -12,6 +12,7 @@ import pytest
 from factory.loading import read_stack_file, stack_file, validate
 from factory.oracles import Oracles, locate_upstream_dir
 from factory.render import Rendered, render_raw
+from factory.secrets import SecretValue
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -28,8 +29,19 @@ def raw(dev_raw) -> dict[str, Any]:
 
 
 def render(raw: dict[str, Any], secret_sections: set[str] = frozenset(), stack: str = "dev") -> Rendered:
+    """Render sections as the stack file would seed them: a section still holding a `secure:`
+    placeholder is a secret key, besides those named."""
     cfg = validate(raw)
-    return render_raw(raw, secret_sections, cfg, stack=stack)
+    holding_secrets = {section for section, value in raw.items() if _holds_secret(value)}
+    return render_raw(raw, set(secret_sections) | holding_secrets, cfg, stack=stack)
+
+
+def _holds_secret(value: Any) -> bool:
+    if isinstance(value, dict):
+        return any(_holds_secret(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_holds_secret(v) for v in value)
+    return isinstance(value, SecretValue)
 
 
 @pytest.fixture(scope="session")

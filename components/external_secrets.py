@@ -1,0 +1,175 @@
+"""External Secrets Operator: how tenants receive secrets from OpenBao, one namespace at a time.
+
+Cluster-wide kinds are not served: the chart installs no `ClusterSecretStore`,
+`ClusterExternalSecret`, `ClusterGenerator` or `ClusterPushSecret` CRD and the controller ignores
+them, so no tenant can reach a store shared with others.
+
+Per tenant (`TenantSecretsHook`, attached by the tenant's stack):
+- in OpenBao, through `pulumi-vault`: a policy reading only the tenant's prefix
+  `tenants/<name>/` of the KV engine, and a Kubernetes-auth role bound to the tenant's store
+  service account in the tenant's namespace, with that policy only;
+- in the tenant's namespace: that service account (no token mounted anywhere) and a `SecretStore`
+  logging in with it, its tokens bound to OpenBao's audience.
+
+A tenant's ExternalSecret names keys under its prefix (`tenants/<name>/db`); anything else is
+denied by OpenBao.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pulumi
+import pulumi_kubernetes as k8s
+import pulumi_vault as vault
+
+from components._common import FactoryComponent, helm_release, labels, namespace
+from components.openbao import KUBERNETES_AUTH_PATH, OpenBaoArgs, service_address
+from factory.catalog import ChartSource
+from factory.config import FactoryConfig, Tenant
+from factory.secrets import SecretValue
+from factory.tenancy import TenantNames
+
+TOKEN = "ai-factory:secrets:ExternalSecrets"
+RELEASE = "external-secrets"
+STORE_NAME = "openbao"
+STORE_SERVICE_ACCOUNT = "openbao-secret-store"
+OPENBAO_AUDIENCE = "openbao"
+"""Audience of the tokens a store logs in with: usable against OpenBao only."""
+ROLE_TOKEN_TTL = 900
+CLUSTER_WIDE_KINDS = ("ClusterSecretStore", "ClusterExternalSecret", "ClusterGenerator", "ClusterPushSecret")
+
+
+@dataclass(frozen=True)
+class ExternalSecretsArgs:
+    chart: ChartSource
+    namespace: str
+
+    @classmethod
+    def from_config(cls, cfg: FactoryConfig) -> ExternalSecretsArgs:
+        layer = cfg.layers.external_secrets
+        return cls(chart=layer.chart.source("external-secrets"), namespace=layer.namespace)
+
+
+def chart_values() -> dict[str, Any]:
+    return {
+        "installCRDs": True,
+        "crds": {f"create{kind}": False for kind in CLUSTER_WIDE_KINDS},
+        "processClusterStore": False,
+        "processClusterExternalSecret": False,
+        "processClusterGenerator": False,
+        "processClusterPushSecret": False,
+        "replicaCount": 2,
+        "leaderElect": True,
+        "podDisruptionBudget": {"enabled": True, "minAvailable": 1},
+        "webhook": {"replicaCount": 2, "podDisruptionBudget": {"enabled": True, "minAvailable": 1}},
+    }
+
+
+class ExternalSecrets(FactoryComponent):
+    namespace: pulumi.Output[str]
+
+    def __init__(self, name: str, args: ExternalSecretsArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__(TOKEN, name, layer="external-secrets", opts=opts)
+        ns = namespace(self, args.namespace, pod_security="restricted")
+        helm_release(self, RELEASE, args.chart, namespace=ns.metadata.name, values=chart_values(), depends_on=[ns])
+        self.namespace = ns.metadata.name
+        self.register_outputs({"namespace": self.namespace})
+
+
+def secret_prefix(names: TenantNames) -> str:
+    """The tenant's part of the KV engine."""
+    return f"tenants/{names.tenant}/"
+
+
+def tenant_policy(kv_mount: str, names: TenantNames) -> str:
+    """OpenBao policy (HCL): read and list under the tenant's prefix, nothing else."""
+    prefix = secret_prefix(names)
+    return (
+        f"# Tenant {names.tenant}: its own secrets, read-only.\n"
+        f'path "{kv_mount}/data/{prefix}*" {{\n  capabilities = ["read"]\n}}\n'
+        f'path "{kv_mount}/metadata/{prefix}*" {{\n  capabilities = ["read", "list"]\n}}\n'
+    )
+
+
+def secret_store_spec(server: str, kv_mount: str, names: TenantNames) -> dict[str, Any]:
+    return {
+        "provider": {
+            "vault": {
+                "server": server,
+                "path": kv_mount,
+                "version": "v2",
+                "auth": {
+                    "kubernetes": {
+                        "mountPath": KUBERNETES_AUTH_PATH,
+                        "role": names.namespace,
+                        "serviceAccountRef": {"name": STORE_SERVICE_ACCOUNT, "audiences": [OPENBAO_AUDIENCE]},
+                    }
+                },
+            }
+        }
+    }
+
+
+@dataclass(frozen=True)
+class TenantSecretsHook:
+    """A tenant's path, policy and role in OpenBao, and its namespaced store."""
+
+    server: str
+    """OpenBao's in-cluster address, as the store reaches it."""
+    api_address: str
+    """OpenBao's address as Pulumi reaches it."""
+    admin_token: SecretValue
+    kv_mount: str
+    layer: str = "external-secrets"
+
+    @classmethod
+    def from_config(cls, cfg: FactoryConfig) -> TenantSecretsHook | None:
+        """None until OpenBao's admin token is set (before, OpenBao is not initialised)."""
+        openbao = OpenBaoArgs.from_config(cfg)
+        if openbao.admin_token is None:
+            return None
+        return cls(
+            server=service_address(openbao.namespace),
+            api_address=openbao.pulumi_address,
+            admin_token=openbao.admin_token,
+            kv_mount=openbao.kv_mount,
+        )
+
+    def attach(self, stack: FactoryComponent, tenant: Tenant, names: TenantNames) -> None:
+        provider = vault.Provider(
+            f"{names.tenant}-openbao",
+            address=self.api_address,
+            token=self.admin_token.output(),
+            skip_child_token=True,
+            opts=stack.child(),
+        )
+        on_openbao = stack.child(provider=provider)
+        policy = vault.Policy(f"{names.tenant}-secrets-policy", name=names.namespace, policy=tenant_policy(self.kv_mount, names), opts=on_openbao)
+        vault.kubernetes.AuthBackendRole(
+            f"{names.tenant}-secrets-role",
+            backend=KUBERNETES_AUTH_PATH,
+            role_name=names.namespace,
+            bound_service_account_names=[STORE_SERVICE_ACCOUNT],
+            bound_service_account_namespaces=[names.namespace],
+            audience=OPENBAO_AUDIENCE,
+            token_policies=[policy.name],
+            token_ttl=ROLE_TOKEN_TTL,
+            opts=on_openbao,
+        )
+        object_labels = labels(stack.layer, tenant=names.tenant, extra=names.labels)
+        account = k8s.core.v1.ServiceAccount(
+            f"{names.tenant}-secret-store-account",
+            metadata=k8s.meta.v1.ObjectMetaArgs(name=STORE_SERVICE_ACCOUNT, namespace=names.namespace, labels=object_labels),
+            automount_service_account_token=False,
+            opts=stack.child(),
+        )
+        k8s.apiextensions.CustomResource(
+            f"{names.tenant}-secret-store",
+            api_version="external-secrets.io/v1",
+            kind="SecretStore",
+            metadata=k8s.meta.v1.ObjectMetaArgs(name=STORE_NAME, namespace=names.namespace, labels=object_labels),
+            spec=secret_store_spec(self.server, self.kv_mount, names),
+            opts=stack.child(depends_on=[account]),
+        )

@@ -1,0 +1,310 @@
+"""Kueue: admission and quotas, from the official chart, with queues and flavors from the plan.
+
+Nothing bypasses a queue: the manager manages jobs without a queue name (`manageJobsWithoutQueueName`)
+in every tenant namespace and only there (`managedJobsNamespaceSelector` on the tenant label, so
+platform namespaces are untouched), for every workload kind the platform's tenants run (see
+`FRAMEWORKS`), plain pods included. A workload without a queue name lands in the namespace's
+LocalQueue named `default` (Kueue's LocalQueue defaulting), which every tenant has.
+
+Platform-wide objects (this component): one `ResourceFlavor` per offering of the plan (pool x trust
+domain, pinned to its nodes by labels and tolerations, its supply in an annotation for
+`factory check`), the CPU/memory flavor, one `Cohort` per trust domain (under its organisation's
+cohort when the config names one), the `Topology` of the fleet attached to the whole-GPU flavors of
+pools with a GPU fabric, and the `WorkloadPriorityClass`es of the platform's tiers. Per-tenant
+objects (the ClusterQueue and LocalQueue) come from `KueueTenantHook`, attached by each tenant's
+stack. Quotas are computed in `factory.quotas`.
+
+Fair sharing is on. Preemption protects a tenant's guaranteed quota: other queues only reclaim
+what a queue borrowed beyond its nominal quota (`reclaimWithinCohort: Any` under fair sharing
+preempts only queues above their share), and inside its own queue a higher tier preempts a lower
+one (`withinClusterQueue: LowerPriority`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from importlib.metadata import version
+from typing import Any
+
+import pulumi
+import pulumi_kubernetes as k8s
+import yaml
+
+from components._common import GPU_MODEL_LABEL, POOL_LABEL, FactoryComponent, helm_release, labels, namespace
+from components._topology import SchedulingTopology, pool_topology
+from components.dra import whole_gpu_class
+from factory.catalog import ChartSource
+from factory.config import FactoryConfig, Tenant
+from factory.placement import Offering
+from factory.planner import WHOLE_GPU, Plan
+from factory.quotas import CPU_FLAVOR, SUPPLY_ANNOTATION, ClusterQueueSpec, CohortSpec, ResourceGroup, queue_plan
+from factory.tenancy import TENANT_LABEL, TRUST_DOMAIN_LABEL, TenantNames
+
+TOKEN = "ai-factory:scheduling:Kueue"
+API_VERSION = "kueue.x-k8s.io/v1beta2"
+
+FRAMEWORKS = (
+    "batch/job",  # training and evaluation jobs
+    "jobset.x-k8s.io/jobset",  # multi-node training gangs
+    "leaderworkerset.x-k8s.io/leaderworkerset",  # multi-node inference (vLLM, llm-d)
+    "ray.io/rayjob",  # Ray jobs; Kueue skips an integration whose CRD is not installed
+    "pod",  # plain pods, among them every pod a tenant's vCluster syncs to the host
+    "deployment",  # serving: vLLM and KServe raw deployments
+    "statefulset",
+)
+"""Kueue 0.19 integrations the platform's tenants use (examples/controller_manager_config.yaml)."""
+
+FABRICS_FOR_GANGS = ("infiniband", "roce")
+"""Pools whose whole GPUs run multi-node training: their flavors get the fleet's topology."""
+
+
+@dataclass(frozen=True)
+class PriorityTier:
+    name: str
+    value: int
+    description: str
+
+
+PRIORITY_TIERS = (
+    PriorityTier("production-inference", 1000, "Production inference: admitted first, preempts training and evaluation in its queue."),
+    PriorityTier("training", 500, "Training and fine-tuning: preempts evaluation in its queue."),
+    PriorityTier("evaluation", 100, "Evaluation and experiments: first to wait, first to be preempted."),
+)
+
+
+def manager_config(dra_device_classes: tuple[str, ...]) -> dict[str, Any]:
+    """The Kueue Configuration (config.kueue.x-k8s.io/v1beta2). The chart takes the whole file as a
+    string, so the upstream example's server settings are repeated as they are."""
+    config: dict[str, Any] = {
+        "apiVersion": "config.kueue.x-k8s.io/v1beta2",
+        "kind": "Configuration",
+        "health": {"healthProbeBindAddress": ":8081"},
+        "metrics": {"bindAddress": ":8443"},
+        "webhook": {"port": 9443},
+        "leaderElection": {"leaderElect": True, "resourceName": "c1f6bfd2.kueue.x-k8s.io"},
+        "controller": {
+            "groupKindConcurrency": {
+                "Job.batch": 5,
+                "Pod": 5,
+                "Workload.kueue.x-k8s.io": 10,
+                "LocalQueue.kueue.x-k8s.io": 5,
+                "Cohort.kueue.x-k8s.io": 1,
+                "ClusterQueue.kueue.x-k8s.io": 5,
+                "ResourceFlavor.kueue.x-k8s.io": 1,
+            }
+        },
+        "clientConnection": {"qps": 300, "burst": 500},
+        "manageJobsWithoutQueueName": True,
+        "managedJobsNamespaceSelector": {"matchExpressions": [{"key": TENANT_LABEL, "operator": "Exists"}]},
+        "integrations": {"frameworks": list(FRAMEWORKS)},
+        "fairSharing": {"preemptionStrategies": ["LessThanOrEqualToFinalShare", "LessThanInitialShare"]},
+    }
+    if dra_device_classes:
+        # A GPU claimed through DRA counts as one `nvidia.com/gpu`: the unit of the plan's supply
+        # on DRA pools. Kueue refuses a claim of a DeviceClass it has no mapping for.
+        config["resources"] = {"deviceClassMappings": [{"name": WHOLE_GPU, "deviceClassNames": list(dra_device_classes)}]}
+    return config
+
+
+def chart_values(args: KueueArgs) -> dict[str, Any]:
+    return {
+        # Kueue's webhooks fail closed: with one replica down, no tenant could create a job.
+        "controllerManager": {"replicas": 2, "podDisruptionBudget": {"enabled": True, "minAvailable": 1}},
+        "managerConfig": {"controllerManagerConfigYaml": yaml.safe_dump(manager_config(args.dra_device_classes), sort_keys=False)},
+    }
+
+
+@dataclass(frozen=True)
+class KueueArgs:
+    chart: ChartSource
+    namespace: str
+    flavors: tuple[Offering, ...]
+    """One per offering of the plan, in the order ClusterQueues list them."""
+    flavor_topologies: tuple[tuple[str, SchedulingTopology], ...]
+    """(flavor, topology) for the whole-GPU flavors of pools with a GPU fabric."""
+    cohorts: tuple[CohortSpec, ...]
+    dra_device_classes: tuple[str, ...]
+    """The whole-GPU DeviceClasses of the DRA pools (`components.dra`)."""
+
+    @classmethod
+    def from_config(cls, cfg: FactoryConfig, plan: Plan) -> KueueArgs:
+        layer = cfg.layers.kueue
+        queues = queue_plan(cfg, plan)
+        return cls(
+            chart=layer.chart.source("kueue"),
+            namespace=layer.namespace,
+            flavors=queues.flavors,
+            flavor_topologies=tuple(
+                (o.name, pool_topology(cfg.pool(o.pool)))
+                for o in queues.flavors
+                if o.kind == "whole" and cfg.pool(o.pool).topology.fabric in FABRICS_FOR_GANGS
+            ),
+            cohorts=queues.cohorts,
+            dra_device_classes=tuple(sorted({whole_gpu_class(p.gpu.model) for p in cfg.fleet.pools if p.sharing == "dra"})),
+        )
+
+
+def resource_groups(groups: tuple[ResourceGroup, ...]) -> list[dict[str, Any]]:
+    """`resourceGroups` of a ClusterQueue or Cohort."""
+    return [
+        {
+            "coveredResources": list(group.covered),
+            "flavors": [
+                {
+                    "name": flavor.flavor,
+                    "resources": [
+                        {
+                            "name": quota.resource,
+                            "nominalQuota": quota.nominal,
+                            **({"borrowingLimit": quota.borrowing_limit} if quota.borrowing_limit is not None else {}),
+                            **({"lendingLimit": quota.lending_limit} if quota.lending_limit is not None else {}),
+                        }
+                        for quota in flavor.quotas
+                    ],
+                }
+                for flavor in group.flavors
+            ],
+        }
+        for group in groups
+    ]
+
+
+def flavor_spec(offering: Offering, topology: str | None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"nodeLabels": dict(offering.node_labels)}
+    if offering.tolerations:
+        spec["tolerations"] = [t.toleration() for t in offering.tolerations]
+    if topology:
+        spec["topologyName"] = topology
+    return spec
+
+
+def cluster_queue_spec(queue: ClusterQueueSpec, names: TenantNames) -> dict[str, Any]:
+    return {
+        "cohortName": queue.cohort,
+        # Exactly the tenant's namespaces: the tenant label, which tenants cannot set on a namespace.
+        "namespaceSelector": {"matchLabels": {TENANT_LABEL: names.tenant}},
+        "fairSharing": {"weight": queue.fair_share_weight},
+        "preemption": {"reclaimWithinCohort": "Any", "withinClusterQueue": "LowerPriority"},
+        "resourceGroups": resource_groups(queue.groups),
+    }
+
+
+def custom_object(component: FactoryComponent, name: str, api_version: str, kind: str, body: dict[str, Any], **options: Any) -> pulumi.CustomResource:
+    """A custom resource whose fields sit beside `metadata` instead of under `spec` (a
+    WorkloadPriorityClass has top-level `value` and `description`), which the SDK's
+    `CustomResource` cannot express; the Kubernetes provider applies the object as given."""
+    return pulumi.CustomResource(
+        f"kubernetes:{api_version}:{kind}",
+        name,
+        {"apiVersion": api_version, "kind": kind, **body},
+        opts=component.child(version=version("pulumi_kubernetes"), **options),
+    )
+
+
+class Kueue(FactoryComponent):
+    namespace: pulumi.Output[str]
+    release: pulumi.Output[str]
+
+    def __init__(self, name: str, args: KueueArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__(TOKEN, name, layer="kueue", opts=opts)
+        ns = namespace(self, args.namespace, pod_security="restricted")
+        release = helm_release(self, "kueue", args.chart, namespace=ns.metadata.name, values=chart_values(args), depends_on=[ns])
+        after_release = {"depends_on": [release]}  # the chart installs the CRDs
+        topologies = dict(args.flavor_topologies)
+        for topology in sorted({t.name: t for t in topologies.values()}.values(), key=lambda t: t.name):
+            k8s.apiextensions.CustomResource(
+                f"kueue-topology-{topology.name}",
+                api_version=API_VERSION,
+                kind="Topology",
+                metadata={"name": topology.name, "labels": labels(self.layer)},
+                spec={"levels": [{"nodeLabel": label} for _, label in topology.levels]},
+                opts=self.child(**after_release),
+            )
+        k8s.apiextensions.CustomResource(
+            f"kueue-flavor-{CPU_FLAVOR}",
+            api_version=API_VERSION,
+            kind="ResourceFlavor",
+            metadata={"name": CPU_FLAVOR, "labels": labels(self.layer)},
+            spec={},
+            opts=self.child(**after_release),
+        )
+        for offering in args.flavors:
+            topology = topologies.get(offering.name)
+            k8s.apiextensions.CustomResource(
+                f"kueue-flavor-{offering.name}",
+                api_version=API_VERSION,
+                kind="ResourceFlavor",
+                metadata={
+                    "name": offering.name,
+                    "labels": labels(
+                        self.layer,
+                        extra={TRUST_DOMAIN_LABEL: offering.trust_domain, POOL_LABEL: offering.pool, GPU_MODEL_LABEL: offering.gpu_model},
+                    ),
+                    "annotations": {SUPPLY_ANNOTATION: json.dumps(offering.supply, sort_keys=True)},
+                },
+                spec=flavor_spec(offering, topology.name if topology else None),
+                opts=self.child(**after_release),
+            )
+        for cohort in args.cohorts:
+            spec: dict[str, Any] = {}
+            if cohort.parent:
+                spec["parentName"] = cohort.parent
+            if cohort.groups:
+                spec["resourceGroups"] = resource_groups(cohort.groups)
+            extra = {TRUST_DOMAIN_LABEL: cohort.trust_domain} if cohort.trust_domain else {}
+            k8s.apiextensions.CustomResource(
+                f"kueue-cohort-{cohort.name}",
+                api_version=API_VERSION,
+                kind="Cohort",
+                metadata={"name": cohort.name, "labels": labels(self.layer, extra=extra)},
+                spec=spec,
+                opts=self.child(**after_release),
+            )
+        for tier in PRIORITY_TIERS:
+            custom_object(
+                self,
+                f"kueue-priority-{tier.name}",
+                API_VERSION,
+                "WorkloadPriorityClass",
+                {"metadata": {"name": tier.name, "labels": labels(self.layer)}, "value": tier.value, "description": tier.description},
+                **after_release,
+            )
+        self.namespace = ns.metadata.name
+        self.release = release.name
+        self.register_outputs({"namespace": self.namespace, "release": self.release})
+
+
+@dataclass(frozen=True)
+class KueueTenantHook:
+    """A tenant's ClusterQueue (quotas from the plan, in its trust domain's cohort) and the
+    LocalQueue `default` in its namespace, which every workload of the tenant goes through."""
+
+    queues: tuple[ClusterQueueSpec, ...]
+    layer: str = "kueue"
+
+    @classmethod
+    def from_config(cls, cfg: FactoryConfig, plan: Plan) -> KueueTenantHook:
+        return cls(queue_plan(cfg, plan).cluster_queues)
+
+    def attach(self, stack: FactoryComponent, tenant: Tenant, names: TenantNames) -> None:
+        queue = next((q for q in self.queues if q.tenant == tenant.name), None)
+        if queue is None:
+            raise KeyError(f"no ClusterQueue planned for tenant {tenant.name!r}: the hook was built from another configuration")
+        object_labels = labels(self.layer, tenant=names.tenant, extra=names.labels)
+        cluster_queue = k8s.apiextensions.CustomResource(
+            f"{names.tenant}-cluster-queue",
+            api_version=API_VERSION,
+            kind="ClusterQueue",
+            metadata={"name": names.cluster_queue, "labels": object_labels},
+            spec=cluster_queue_spec(queue, names),
+            opts=stack.child(),
+        )
+        k8s.apiextensions.CustomResource(
+            f"{names.tenant}-local-queue",
+            api_version=API_VERSION,
+            kind="LocalQueue",
+            metadata={"name": names.local_queue, "namespace": names.namespace, "labels": object_labels},
+            spec={"clusterQueue": names.cluster_queue},
+            opts=stack.child(depends_on=[cluster_queue]),
+        )

@@ -1,0 +1,374 @@
+"""Kyverno: admission policies, in Enforce mode, that back tenant isolation.
+
+Written as `ClusterPolicy` (kyverno.io/v1): Kyverno 1.19 serves it alongside the CEL-based
+`policies.kyverno.io` kinds, and only it has the `podSecurity` sub-rule (the upstream Pod Security
+checks, kept current by Kyverno). Every rule sets `validate.failureAction: Enforce`; every policy
+fails closed (`failurePolicy: Fail`, webhook timeout 10 s) and scans existing objects in the
+background. They select tenant namespaces by the tenant label, which tenants cannot edit.
+
+Platform-wide policies (one each, whatever the tenants):
+- `tenant-gpu-queue`: a pod requesting a GPU resource carries a Kueue queue (`kueue.x-k8s.io/
+  queue-name`), unless a batch Job owns it, and then the Job carries it;
+- `tenant-gpu-escape-env`: no container sets the NVIDIA/HAMi variables that widen GPU access or
+  switch HAMi's limits off, nor `LD_PRELOAD`;
+- `tenant-gpu-device-mounts`: no mount of the device-list path, GPU device nodes, driver or HAMi
+  files, and no hostPath volume;
+- `tenant-image-registries`: images only from the configured registries (plus vCluster's own);
+- `tenant-service-exposure`: no NodePort Service, no `externalIPs` (CVE-2020-8554).
+
+Per tenant (`TenantAdmissionHook`, one `ClusterPolicy` per tenant, created by its stack):
+Pod Security at the tenant's level (restricted, or a reviewed baseline exception), only the GPU
+resource names the plan granted it, only the RuntimeClasses of its trust level.
+
+The webhooks exclude kube-system and Kyverno's namespace, and the admission controller runs at
+least 3 replicas (with a disruption budget), so a failing webhook cannot lock the cluster out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from components._common import FactoryComponent, helm_release, labels, namespace
+from factory.catalog import ChartSource
+from factory.config import FactoryConfig, RuntimeClasses, Tenant
+from factory.placement import advertised_resources, allocations
+from factory.planner import Plan
+from factory.tenancy import TENANT_LABEL, TenantNames
+
+TOKEN = "ai-factory:admission:Kyverno"
+RELEASE = "kyverno"
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+WEBHOOK_TIMEOUT_SECONDS = 10
+ESCAPE_VARIABLES = (
+    "NVIDIA_VISIBLE_DEVICES",  # picks GPUs outside the allocation (NVIDIA/gpu-operator#700)
+    "NVIDIA_DRIVER_CAPABILITIES",
+    "NVIDIA_MIG_CONFIG_DEVICES",
+    "NVIDIA_MIG_MONITOR_DEVICES",
+    "LD_PRELOAD",  # NVIDIAScape (CVE-2025-23266); also unloads HAMi's shim
+    "CUDA_DISABLE_CONTROL",  # switches HAMi's limits off (Project-HAMi/HAMi#636)
+    "CUDA_DEVICE_MEMORY_LIMIT*",
+    "CUDA_DEVICE_SM_LIMIT",
+    "CUDA_DEVICE_MEMORY_SHARED_CACHE",
+    "CUDA_OVERSUBSCRIBE",
+    "GPU_CORE_UTILIZATION_POLICY",
+)
+"""Environment variables no tenant container may set (Kyverno wildcards)."""
+FORBIDDEN_MOUNTS = (
+    "/var/run/nvidia-container-devices*",  # the device-list strategy `volume-mounts` reads GPUs from here
+    "/run/nvidia-container-devices*",
+    "/dev/nvidia*",
+    "/run/nvidia*",
+    "/usr/local/nvidia*",
+    "/etc/ld.so.preload",
+    "/usr/local/vgpu*",  # HAMi's shim
+)
+"""Mount paths no tenant container may use."""
+VCLUSTER_IMAGES = ("ghcr.io/loft-sh/*", "coredns/coredns:*")
+"""What a tenant's vCluster runs in its namespace: the control plane and its CoreDNS."""
+ALL_CONTAINERS = "request.object.spec.[ephemeralContainers, initContainers, containers][]"
+TENANT_NAMESPACES = {"matchExpressions": [{"key": TENANT_LABEL, "operator": "Exists"}]}
+NO_AUTOGEN = {"pod-policies.kyverno.io/autogen-controllers": "none"}
+
+
+@dataclass(frozen=True)
+class KyvernoArgs:
+    chart: ChartSource
+    namespace: str
+    admission_replicas: int
+    allowed_registries: tuple[str, ...]
+    gpu_resources: tuple[str, ...]
+    """Every GPU resource name the platform advertises (`placement.advertised_resources`)."""
+
+    @classmethod
+    def from_config(cls, cfg: FactoryConfig, plan: Plan) -> KyvernoArgs:
+        layer = cfg.layers.kyverno
+        return cls(
+            chart=layer.chart.source("kyverno"),
+            namespace=layer.namespace,
+            admission_replicas=layer.admission_replicas,
+            allowed_registries=tuple(layer.allowed_registries),
+            gpu_resources=advertised_resources(plan),
+        )
+
+
+def chart_values(args: KyvernoArgs) -> dict[str, Any]:
+    return {
+        "admissionController": {"replicas": args.admission_replicas},
+        "config": {
+            "excludeKyvernoNamespace": True,
+            "webhooks": {
+                "namespaceSelector": {
+                    "matchExpressions": [
+                        {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", args.namespace]}
+                    ]
+                }
+            },
+        },
+        # Fail closed: a policy the webhook cannot evaluate rejects the request.
+        "features": {"forceFailurePolicyIgnore": {"enabled": False}},
+    }
+
+
+def _in_tenants(*kinds: str) -> dict[str, Any]:
+    return {"any": [{"resources": {"kinds": list(kinds), "namespaceSelector": TENANT_NAMESPACES}}]}
+
+
+def _rule(name: str, match: dict[str, Any], message: str, check: dict[str, Any], preconditions: dict | None = None) -> dict[str, Any]:
+    rule: dict[str, Any] = {"name": name, "match": match, "validate": {"failureAction": "Enforce", "message": message, **check}}
+    if preconditions:
+        rule["preconditions"] = preconditions
+    return rule
+
+
+def _policy_spec(rules: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"background": True, "failurePolicy": "Fail", "webhookTimeoutSeconds": WEBHOOK_TIMEOUT_SECONDS, "rules": rules}
+
+
+def requested_resources(containers: str) -> str:
+    """JMESPath (in a Kyverno variable) of every resource name the containers request or limit."""
+    return f"{{{{ {containers}.resources.[limits, requests][] | [?@] | [].keys(@) | [] }}}}"
+
+
+def _any_of(patterns: tuple[str, ...] | list[str]) -> str:
+    return " | ".join(patterns)
+
+
+def platform_policies(args: KyvernoArgs) -> dict[str, tuple[dict[str, str], dict[str, Any]]]:
+    """Name -> (annotations, spec) of the policies that hold for every tenant."""
+    gpu = list(args.gpu_resources)
+    registries = _any_of([*args.allowed_registries, *VCLUSTER_IMAGES])
+    job_owned = "{{ length(request.object.metadata.ownerReferences[?kind=='Job'] || `[]`) }}"
+    not_owned = "{{ length(request.object.metadata.ownerReferences || `[]`) }}"
+    queued = {"pattern": {"metadata": {"labels": {QUEUE_LABEL: "?*"}}}}
+    return {
+        "tenant-gpu-queue": (
+            NO_AUTOGEN,
+            _policy_spec(
+                [
+                    _rule(
+                        "gpu-pods-carry-a-queue",
+                        _in_tenants("Pod"),
+                        f"A pod requesting a GPU must name its Kueue queue with the label {QUEUE_LABEL}.",
+                        queued,
+                        {
+                            "all": [
+                                {"key": requested_resources("request.object.spec.[initContainers, containers][]"), "operator": "AnyIn", "value": gpu},
+                                {"key": job_owned, "operator": "Equals", "value": 0},
+                            ]
+                        },
+                    ),
+                    _rule(
+                        "gpu-jobs-carry-a-queue",
+                        _in_tenants("Job"),
+                        f"A Job requesting a GPU must name its Kueue queue with the label {QUEUE_LABEL}.",
+                        queued,
+                        {
+                            "all": [
+                                {
+                                    "key": requested_resources("request.object.spec.template.spec.[initContainers, containers][]"),
+                                    "operator": "AnyIn",
+                                    "value": gpu,
+                                },
+                                {"key": not_owned, "operator": "Equals", "value": 0},
+                            ]
+                        },
+                    ),
+                ]
+            ),
+        ),
+        "tenant-gpu-escape-env": (
+            {},
+            _policy_spec(
+                [
+                    _rule(
+                        "no-gpu-escape-variables",
+                        _in_tenants("Pod"),
+                        "Containers may not set NVIDIA device-selection, HAMi control or preload variables: GPUs come from the device plugin only.",
+                        {
+                            "foreach": [
+                                {
+                                    "list": ALL_CONTAINERS,
+                                    "deny": {"conditions": {"any": [{"key": "{{ element.env[].name || `[]` }}", "operator": "AnyIn", "value": list(ESCAPE_VARIABLES)}]}},
+                                }
+                            ]
+                        },
+                    )
+                ]
+            ),
+        ),
+        "tenant-gpu-device-mounts": (
+            {},
+            _policy_spec(
+                [
+                    _rule(
+                        "no-gpu-device-mounts",
+                        _in_tenants("Pod"),
+                        "Containers may not mount the GPU device list, device nodes, driver or HAMi files.",
+                        {
+                            "foreach": [
+                                {
+                                    "list": ALL_CONTAINERS,
+                                    "deny": {
+                                        "conditions": {
+                                            "any": [{"key": "{{ element.volumeMounts[].mountPath || `[]` }}", "operator": "AnyIn", "value": list(FORBIDDEN_MOUNTS)}]
+                                        }
+                                    },
+                                }
+                            ]
+                        },
+                    ),
+                    _rule(
+                        "no-host-path",
+                        _in_tenants("Pod"),
+                        "hostPath volumes are not allowed in tenant namespaces.",
+                        {"pattern": {"spec": {"=(volumes)": [{"X(hostPath)": "null"}]}}},
+                    ),
+                ]
+            ),
+        ),
+        "tenant-image-registries": (
+            {},
+            _policy_spec(
+                [
+                    _rule(
+                        "allowed-registries",
+                        _in_tenants("Pod"),
+                        "Images must come from the platform's allowed registries.",
+                        {
+                            "pattern": {
+                                "spec": {
+                                    "=(ephemeralContainers)": [{"image": registries}],
+                                    "=(initContainers)": [{"image": registries}],
+                                    "containers": [{"image": registries}],
+                                }
+                            }
+                        },
+                    )
+                ]
+            ),
+        ),
+        "tenant-service-exposure": (
+            {},
+            _policy_spec(
+                [
+                    _rule("no-node-port", _in_tenants("Service"), "NodePort Services are not allowed for tenants.", {"pattern": {"spec": {"=(type)": "!NodePort"}}}),
+                    _rule(
+                        "no-external-ips",
+                        _in_tenants("Service"),
+                        "Services may not set externalIPs (CVE-2020-8554).",
+                        {"pattern": {"spec": {"X(externalIPs)": "null"}}},
+                    ),
+                ]
+            ),
+        ),
+    }
+
+
+class Kyverno(FactoryComponent):
+    namespace: pulumi.Output[str]
+
+    def __init__(self, name: str, args: KyvernoArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__(TOKEN, name, layer="kyverno", opts=opts)
+        ns = namespace(self, args.namespace, pod_security="restricted")
+        release = helm_release(self, RELEASE, args.chart, namespace=ns.metadata.name, values=chart_values(args), depends_on=[ns])
+        for policy, (annotations, spec) in platform_policies(args).items():
+            k8s.apiextensions.CustomResource(
+                policy,
+                api_version="kyverno.io/v1",
+                kind="ClusterPolicy",
+                metadata=k8s.meta.v1.ObjectMetaArgs(name=policy, labels=labels(self.layer), annotations=dict(annotations) or None),
+                spec=spec,
+                opts=self.child(depends_on=[release]),
+            )
+        self.namespace = ns.metadata.name
+        self.register_outputs({"namespace": self.namespace})
+
+
+def tenant_policy_spec(names: TenantNames, pod_security: str, forbidden_gpu: list[str], runtime_classes: list[str]) -> dict[str, Any]:
+    """The tenant's own admission rules."""
+    own = {"any": [{"resources": {"kinds": ["Pod"], "namespaces": [names.namespace]}}]}
+    rules = [
+        _rule(
+            "pod-security",
+            own,
+            f"Pods of tenant {names.tenant} must meet Pod Security {pod_security}.",
+            {"podSecurity": {"level": pod_security, "version": "latest"}},
+        )
+    ]
+    if forbidden_gpu:
+        rules.append(
+            _rule(
+                "granted-gpu-resources",
+                own,
+                f"Tenant {names.tenant} may only request the GPU resources the plan granted it.",
+                {
+                    "foreach": [
+                        {
+                            "list": ALL_CONTAINERS,
+                            "deny": {
+                                "conditions": {
+                                    "any": [
+                                        {"key": "{{ keys(element.resources.limits || `{}`) }}", "operator": "AnyIn", "value": forbidden_gpu},
+                                        {"key": "{{ keys(element.resources.requests || `{}`) }}", "operator": "AnyIn", "value": forbidden_gpu},
+                                    ]
+                                }
+                            },
+                        }
+                    ]
+                },
+            )
+        )
+    runtime = {"=(runtimeClassName)": _any_of(runtime_classes)} if runtime_classes else {"X(runtimeClassName)": "null"}
+    rules.append(
+        _rule(
+            "runtime-classes",
+            own,
+            f"Tenant {names.tenant} ({names.trust} trust) may only use the RuntimeClasses: {', '.join(runtime_classes) or 'none'}.",
+            {"pattern": {"spec": runtime}},
+        )
+    )
+    return _policy_spec(rules)
+
+
+@dataclass(frozen=True)
+class TenantAdmissionHook:
+    """A tenant's ClusterPolicy: cluster-scoped, so the tenant cannot delete it."""
+
+    gpu_resources: tuple[str, ...]
+    granted: Mapping[str, tuple[str, ...]]
+    """Tenant name -> the GPU resource names the plan granted it."""
+    runtime_classes: RuntimeClasses
+    baseline_tenants: frozenset[str]
+    """Tenants with a reviewed Pod Security `baseline` exception."""
+    layer: str = "kyverno"
+
+    @classmethod
+    def from_config(cls, cfg: FactoryConfig, plan: Plan) -> TenantAdmissionHook:
+        grants = allocations(plan, {t.name: t.domain for t in cfg.tenants})
+        return cls(
+            gpu_resources=advertised_resources(plan),
+            granted={name: tuple(a.resources) for name, a in grants.items()},
+            runtime_classes=cfg.layers.kyverno.runtime_classes,
+            baseline_tenants=frozenset(e.tenant for e in cfg.layers.tenancy.pod_security_exceptions),
+        )
+
+    def attach(self, stack: FactoryComponent, tenant: Tenant, names: TenantNames) -> None:
+        granted = set(self.granted.get(names.tenant, ()))
+        spec = tenant_policy_spec(
+            names,
+            "baseline" if names.tenant in self.baseline_tenants else "restricted",
+            [r for r in self.gpu_resources if r not in granted],
+            list(getattr(self.runtime_classes, names.trust)),
+        )
+        k8s.apiextensions.CustomResource(
+            f"{names.tenant}-admission",
+            api_version="kyverno.io/v1",
+            kind="ClusterPolicy",
+            metadata=k8s.meta.v1.ObjectMetaArgs(name=f"{names.namespace}-admission", labels=labels(stack.layer, tenant=names.tenant, extra=names.labels)),
+            spec=spec,
+            opts=stack.child(),
+        )

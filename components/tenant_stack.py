@@ -1,0 +1,451 @@
+"""One tenant in, one isolated environment out: `TenantStack`.
+
+Every tenant gets, on the host cluster:
+
+* its namespace (`tenant-<name>`), Pod Security `restricted` enforced (a reviewed exception may
+  lower it to `baseline`, never lower), its owners recorded on it, the default service account's
+  token automount off;
+* a control plane by trust: namespace mode (a `tenant-admin` Role bound to its OIDC groups and
+  users, namespaced, no wildcard, no write on quotas, RBAC, network policies or queues), or a
+  vCluster (the pinned chart, hardened: OIDC for its API server, Pod Security enforced by its
+  syncer, the stack's quota on its host namespace with every GPU resource, its network policy on,
+  no cluster-scoped object synced to the host) whose API server the tenant administers and which
+  has no host RBAC at all;
+* a `CiliumClusterwideNetworkPolicy`: cluster-scoped, so no tenant can delete it; default deny in
+  both directions, then its own namespace, DNS, the platform flows of the config and, for a
+  vCluster, the host API server its syncer needs; the cloud metadata address denied outright;
+* a ResourceQuota covering CPU, memory, storage, object counts, `services.nodeports: 0` and every
+  GPU resource name the platform advertises (0 where the plan granted nothing), and a LimitRange;
+* GPU placement consistent with trust, through two in-tree admission plugins the host API server
+  must enable (`PodNodeSelector`, `PodTolerationRestriction`), configured by namespace
+  annotations: a tenant may only tolerate the taints of the offerings the plan gave it (so it can
+  never reach another trust domain's shared GPUs or another tenant's dedicated nodes), and a
+  low-trust tenant's pods are pinned to, and tolerate only, the nodes dedicated to it. Kueue
+  flavors put the same selectors and tolerations on queued workloads; the quota backs both up.
+  With no dedicated node (no GPU granted), a low-trust tenant's pods stay pending: they never run
+  on shared nodes.
+
+Other layers add their per-tenant objects (queues, identity, secrets, ...) through `TenantHook`s;
+every child of the stack waits for the tenant's namespace.
+
+Deletion: the namespace (and with it the tenant's volumes) and the vCluster release are
+protected and retained, so removing a tenant from the config can never silently delete data; the
+objects that constrain what runs in the namespace (quota, limits, network policy, service account
+setting) are retained with it, so a namespace kept for off-boarding never runs unconfined. Access
+(RBAC) is revoked at once.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal, Sequence
+
+import pulumi
+import pulumi_kubernetes as k8s
+import yaml
+
+from components._common import FactoryComponent, TenantHook, helm_release, labels, namespace
+from factory.catalog import ChartSource
+from factory.config import FactoryConfig, Identity, PlatformFlow, Tenant, TenantQuota
+from factory.placement import DEDICATED_LABEL, Offering, Taint, TenantAllocation, advertised_resources, allocations, offerings
+from factory.planner import Plan
+from factory.tenancy import LABEL_PREFIX, OIDC_PREFIX, TenantNames, tenant_names
+
+TOKEN = "ai-factory:tenancy:TenantStack"
+
+OWNERS_ANNOTATION = f"{LABEL_PREFIX}/owners"
+"""JSON list of the RBAC subjects (`{"kind", "name"}`) that own the tenant: how an offline analysis
+tells whose subject a binding names. The tenant cannot edit its Namespace, so it cannot forge it."""
+POD_SECURITY_EXCEPTION_ANNOTATION = f"{LABEL_PREFIX}/pod-security-exception"
+"""On a namespace that enforces `baseline`: the reviewed reason and approver."""
+NODE_SELECTOR_ANNOTATION = "scheduler.alpha.kubernetes.io/node-selector"
+"""PodNodeSelector admission plugin: merged into every pod's nodeSelector (conflicts rejected)."""
+DEFAULT_TOLERATIONS_ANNOTATION = "scheduler.alpha.kubernetes.io/defaultTolerations"
+TOLERATIONS_WHITELIST_ANNOTATION = "scheduler.alpha.kubernetes.io/tolerationsWhitelist"
+"""PodTolerationRestriction admission plugin: a pod whose tolerations are not all in this list is
+rejected (an empty list would mean "anything", so the list always holds the node-lifecycle pair)."""
+NODE_LIFECYCLE_TOLERATIONS = (
+    # Added to every pod by DefaultTolerationSeconds; harmless (NoExecute on failing nodes).
+    {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute"},
+    {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"},
+)
+NAMESPACE_LABEL = "k8s:io.kubernetes.pod.namespace"
+"""The label Cilium gives every endpoint: the namespace of its pod."""
+CLOUD_METADATA_CIDRS = ("169.254.169.254/32", "fd00:ec2::254/128")
+"""Cloud instance metadata (IPv4, and AWS's IPv6 endpoint): node credentials live there."""
+KUBE_DNS = {NAMESPACE_LABEL: "kube-system", "k8s:k8s-app": "kube-dns"}
+
+READ = ("get", "list", "watch")
+WRITE = (*READ, "create", "update", "patch", "delete", "deletecollection")
+TENANT_ADMIN_RULES: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
+    # (API group, resources, verbs). Explicit lists only: what is not here is denied, notably
+    # resourcequotas/limitranges (read only), RBAC, NetworkPolicies (additive allow rules would
+    # widen the platform's policy), Kueue queues (read only) and every cluster-scoped resource.
+    ("", ("configmaps", "persistentvolumeclaims", "pods", "secrets", "serviceaccounts", "services"), WRITE),
+    ("", ("pods/attach", "pods/exec", "pods/portforward"), ("create", "get")),
+    ("", ("events", "limitranges", "pods/log", "resourcequotas"), READ),
+    ("apps", ("deployments", "deployments/scale", "replicasets", "statefulsets", "statefulsets/scale"), WRITE),
+    ("autoscaling", ("horizontalpodautoscalers",), WRITE),
+    ("batch", ("cronjobs", "jobs"), WRITE),
+    ("events.k8s.io", ("events",), READ),
+    ("kueue.x-k8s.io", ("localqueues", "workloads"), READ),
+    ("policy", ("poddisruptionbudgets",), WRITE),
+)
+
+DEFAULT_CONTAINER_REQUEST = {"cpu": "100m", "memory": "512Mi", "ephemeral-storage": "1Gi"}
+DEFAULT_CONTAINER_LIMIT = {"memory": "512Mi", "ephemeral-storage": "4Gi"}
+"""LimitRange defaults for containers that set none: the memory limit equals the request (no
+overcommit of memory); no default CPU limit (throttling hurts data loaders more than it protects)."""
+
+VCLUSTER_UID = 12345
+"""The non-root user vCluster's rootless mode runs its control plane as (the chart defaults to
+UID 0, which Pod Security `restricted` refuses)."""
+VCLUSTER_OSS_IMAGE = "loft-sh/vcluster-oss"
+"""The open-source build named by the chart's values (the default image carries the Pro modules)."""
+
+
+@dataclass(frozen=True)
+class VClusterControlPlane:
+    """A tenant's own API server: the pinned vCluster chart, trusting the platform's OIDC issuer."""
+
+    chart: ChartSource
+    identity: Identity
+
+
+@dataclass(frozen=True)
+class TenantStackArgs:
+    tenant: Tenant
+    names: TenantNames
+    allocation: TenantAllocation
+    offerings: tuple[Offering, ...]
+    """The offerings the tenant has grants on: their tolerations are the only ones it may use."""
+    advertised_resources: tuple[str, ...]
+    """Every GPU resource name the platform's nodes advertise: each gets a quota line."""
+    platform_flows: tuple[PlatformFlow, ...]
+    """Platform services the tenant's pods may reach or be reached from, besides DNS."""
+    kubernetes_version: str
+    """Pins the Pod Security standard version of the namespace."""
+    vcluster: VClusterControlPlane | None = None
+    """None: namespace mode (host RBAC for the owners)."""
+    pod_security_exception: str | None = None
+    """The reviewed reason (and approver) for enforcing `baseline`; None enforces `restricted`."""
+    hooks: tuple[TenantHook, ...] = ()
+    """Other layers' per-tenant objects (queues, identity, secrets, ...)."""
+
+    @property
+    def pod_security(self) -> Literal["restricted", "baseline"]:
+        return "baseline" if self.pod_security_exception else "restricted"
+
+
+def tenant_stack_args(cfg: FactoryConfig, plan: Plan, tenant: Tenant, hooks: Sequence[TenantHook]) -> TenantStackArgs:
+    allocation = allocations(plan, {tenant.name: tenant.domain})[tenant.name]
+    granted = set(allocation.offerings)
+    tenancy = cfg.layers.tenancy
+    exception = next((e for e in tenancy.pod_security_exceptions if e.tenant == tenant.name), None)
+    vcluster = None
+    if tenant.control_plane == "vcluster":
+        assert cfg.identity is not None, "validation requires `identity` for vCluster tenants"
+        vcluster = VClusterControlPlane(chart=tenancy.chart.source("vcluster"), identity=cfg.identity)
+    return TenantStackArgs(
+        tenant=tenant,
+        names=tenant_names(tenant),
+        allocation=allocation,
+        offerings=tuple(o for o in offerings(plan) if o.name in granted),
+        advertised_resources=advertised_resources(plan),
+        platform_flows=tuple(tenancy.platform_flows),
+        kubernetes_version=cfg.kubernetes.version,
+        vcluster=vcluster,
+        pod_security_exception=f"{exception.reason} (approved by {exception.approved_by})" if exception else None,
+        hooks=tuple(hooks),
+    )
+
+
+# --------------------------------------------------------------------------- pure builders
+
+
+def owner_subjects(names: TenantNames) -> list[dict[str, str]]:
+    groups = [{"kind": "Group", "name": g} for g in names.group_subjects]
+    return groups + [{"kind": "User", "name": u} for u in names.user_subjects]
+
+
+def quota_hard(quota: TenantQuota, allocation: TenantAllocation, advertised: Sequence[str]) -> dict[str, str]:
+    """ResourceQuota `hard`: the tenant's settings, no NodePort, and one line per advertised GPU
+    resource (extended resources are only quota'd as `requests.<name>`), 0 where not granted."""
+    granted = allocation.resources
+    hard = {
+        "requests.cpu": quota.cpu,
+        "requests.memory": quota.memory,
+        "limits.memory": quota.memory,
+        "requests.storage": quota.storage,
+        "requests.ephemeral-storage": quota.ephemeral_storage,
+        "count/pods": str(quota.pods),
+        "count/persistentvolumeclaims": str(quota.persistent_volume_claims),
+        "count/services": str(quota.services),
+        "count/configmaps": str(quota.configmaps),
+        "count/secrets": str(quota.secrets),
+        "services.loadbalancers": str(quota.load_balancers),
+        "services.nodeports": "0",
+    }
+    for resource in sorted(set(advertised) | set(granted)):
+        hard[f"requests.{resource}"] = str(granted.get(resource, 0))
+    return hard
+
+
+def allowed_tolerations(args: TenantStackArgs) -> list[dict[str, str]]:
+    """The tolerations the tenant's pods may carry: its offerings' (and its dedicated nodes')."""
+    taints = {t for o in args.offerings for t in o.tolerations}
+    if args.names.trust == "low":
+        taints.add(dedicated_taint(args.names))
+    return [*NODE_LIFECYCLE_TOLERATIONS, *(t.toleration() for t in sorted(taints, key=lambda t: (t.key, t.value)))]
+
+
+def dedicated_taint(names: TenantNames) -> Taint:
+    return Taint(DEDICATED_LABEL, names.tenant)
+
+
+def namespace_annotations(args: TenantStackArgs) -> dict[str, str]:
+    annotations = {
+        OWNERS_ANNOTATION: _compact(owner_subjects(args.names)),
+        TOLERATIONS_WHITELIST_ANNOTATION: _compact(allowed_tolerations(args)),
+    }
+    if args.names.trust == "low":
+        taint = dedicated_taint(args.names)
+        annotations[NODE_SELECTOR_ANNOTATION] = f"{taint.key}={taint.value}"
+        annotations[DEFAULT_TOLERATIONS_ANNOTATION] = _compact([taint.toleration()])
+    if args.pod_security_exception:
+        annotations[POD_SECURITY_EXCEPTION_ANNOTATION] = args.pod_security_exception
+    return annotations
+
+
+def _compact(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def _ports(flow_ports) -> list[dict[str, Any]]:
+    return [{"ports": [{"port": str(p.port), "protocol": p.protocol} for p in flow_ports]}]
+
+
+def _peer(flow: PlatformFlow) -> dict[str, Any]:
+    return {"matchLabels": {NAMESPACE_LABEL: flow.namespace, **{f"k8s:{k}": v for k, v in sorted(flow.pod_labels.items())}}}
+
+
+def network_policy_spec(args: TenantStackArgs) -> dict[str, Any]:
+    """The tenant's CiliumClusterwideNetworkPolicy: default deny both ways, then explicit allows."""
+    own = {"matchLabels": {NAMESPACE_LABEL: args.names.namespace}}
+    ingress: list[dict[str, Any]] = [{"fromEndpoints": [own]}]
+    egress: list[dict[str, Any]] = [
+        {"toEndpoints": [own]},
+        {"toEndpoints": [{"matchLabels": dict(KUBE_DNS)}], "toPorts": [{"ports": [{"port": "53", "protocol": "UDP"}, {"port": "53", "protocol": "TCP"}]}]},
+    ]
+    if args.vcluster:
+        # The vCluster syncer talks to the host API server; synced workloads carry only tokens of
+        # the virtual API server, which the host one does not accept.
+        egress.append({"toEntities": ["kube-apiserver"]})
+    for flow in args.platform_flows:
+        if flow.direction == "egress":
+            egress.append({"toEndpoints": [_peer(flow)], "toPorts": _ports(flow.ports)})
+        else:
+            ingress.append({"fromEndpoints": [_peer(flow)], "toPorts": _ports(flow.ports)})
+    return {
+        "description": f"Isolation of tenant {args.names.tenant}: default deny both ways; own namespace, DNS and platform flows only.",
+        "endpointSelector": own,
+        "enableDefaultDeny": {"ingress": True, "egress": True},
+        "ingress": ingress,
+        "egress": egress,
+        "egressDeny": [{"toCIDR": list(CLOUD_METADATA_CIDRS)}],
+    }
+
+
+def admin_rules() -> list[dict[str, Any]]:
+    return [{"apiGroups": [group], "resources": list(resources), "verbs": list(verbs)} for group, resources, verbs in TENANT_ADMIN_RULES]
+
+
+def _security_contexts() -> tuple[dict[str, Any], dict[str, Any]]:
+    """Pod and container security contexts that pass Pod Security `restricted`."""
+    identity = {"runAsNonRoot": True, "runAsUser": VCLUSTER_UID, "runAsGroup": VCLUSTER_UID}
+    seccomp = {"seccompProfile": {"type": "RuntimeDefault"}}
+    pod = {**identity, "fsGroup": VCLUSTER_UID, **seccomp}
+    container = {**identity, "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, **seccomp}
+    return pod, container
+
+
+def oidc_args(identity: Identity, tenant: str) -> list[str]:
+    """kube-apiserver flags: users and groups from the issuer, prefixed so that no identity-provider
+    group can ever be taken for a Kubernetes group such as `system:masters`; the tenant's own
+    client as audience, so a token issued for another tenant's API server is refused."""
+    return [
+        f"--oidc-issuer-url={identity.issuer_url}",
+        f"--oidc-client-id={identity.vcluster_client_id(tenant)}",
+        f"--oidc-username-claim={identity.username_claim}",
+        f"--oidc-groups-claim={identity.groups_claim}",
+        f"--oidc-username-prefix={OIDC_PREFIX}",
+        f"--oidc-groups-prefix={OIDC_PREFIX}",
+    ]
+
+
+def in_vcluster_manifests(args: TenantStackArgs) -> str:
+    """Objects applied inside the tenant's vCluster: its owners administer it (and only it)."""
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": "tenant-admins", "labels": labels(args.names.tenant, tenant=args.names.tenant)},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+        "subjects": [{**s, "apiGroup": "rbac.authorization.k8s.io"} for s in owner_subjects(args.names)],
+    }
+    return yaml.safe_dump(binding, sort_keys=True)
+
+
+def vcluster_values(args: TenantStackArgs) -> dict[str, Any]:
+    """vCluster chart values (validated against the chart's strict schema by `factory check`)."""
+    assert args.vcluster is not None
+    pod_context, container_context = _security_contexts()
+    off = {"enabled": False}
+    return {
+        "controlPlane": {
+            "distro": {"k8s": {"enabled": True, "apiServer": {"extraArgs": oidc_args(args.vcluster.identity, args.names.tenant)}, "securityContext": container_context}},
+            "statefulSet": {
+                "image": {"repository": VCLUSTER_OSS_IMAGE},
+                "security": {"podSecurityContext": pod_context, "containerSecurityContext": container_context},
+            },
+            "coredns": {"security": {"podSecurityContext": pod_context, "containerSecurityContext": container_context}},
+        },
+        "sync": {
+            "toHost": {
+                # Nothing cluster-scoped (or host-wide) is written to the host from inside.
+                "namespaces": off,
+                "persistentVolumes": off,
+                "priorityClasses": off,
+                "storageClasses": off,
+                "networkPolicies": off,  # allow rules from inside would widen the platform's policy
+                "serviceAccounts": off,
+                "ingresses": off,
+                # The /etc/hosts rewrite is an injected root init container that `restricted` refuses.
+                "pods": {"rewriteHosts": off},
+            },
+            "fromHost": {
+                "nodes": {"enabled": False, "syncBackChanges": False},
+                "priorityClasses": off,
+                "runtimeClasses": off,
+            },
+        },
+        "policies": {
+            "podSecurityStandard": args.pod_security,
+            # The vCluster's quota is the stack's ResourceQuota on its host namespace, where every
+            # synced pod runs: every GPU resource at its grant, checked offline. The chart's would
+            # be a second host quota whose default lines (`limits.cpu`, refusing every container
+            # without a CPU limit) values cannot remove, as Pulumi drops nulls; likewise the
+            # stack's LimitRange is the only one (two would make container defaults ambiguous).
+            "resourceQuota": off,
+            "limitRange": off,
+            # Host NetworkPolicies between the control plane and its workloads, without the chart's
+            # public egress (the tenant's egress is the platform flows of its Cilium policy).
+            "networkPolicy": {"enabled": True, "workload": {"publicEgress": off}},
+        },
+        "experimental": {"deploy": {"vcluster": {"manifests": in_vcluster_manifests(args)}}},
+        "telemetry": off,
+    }
+
+
+# --------------------------------------------------------------------------- the component
+
+
+class TenantStack(FactoryComponent):
+    """A tenant's isolated environment on the host cluster (see the module docstring)."""
+
+    namespace: pulumi.Output[str]
+    group_subjects: pulumi.Output[list[str]]
+    local_queue: pulumi.Output[str]
+    labels: pulumi.Output[dict[str, str]]
+    control_plane: pulumi.Output[str]
+
+    def __init__(self, name: str, args: TenantStackArgs, opts: pulumi.ResourceOptions | None = None):
+        names = args.names
+        super().__init__(TOKEN, name, layer=f"tenant-{names.tenant}", tenant=names.tenant, opts=opts)
+        self.names = names
+        self._namespace_resource: k8s.core.v1.Namespace | None = None
+        object_labels = labels(self.layer, tenant=names.tenant, extra=names.labels)
+        version = f"v{args.kubernetes_version}"
+        ns = namespace(
+            self,
+            names.namespace,
+            pod_security=args.pod_security,
+            extra_labels={**names.labels, **{f"pod-security.kubernetes.io/{m}-version": version for m in ("enforce", "audit", "warn")}},
+            annotations=namespace_annotations(args),
+            protect=True,
+            retain_on_delete=True,
+        )
+        self._namespace_resource = ns
+        retained = {"retain_on_delete": True}
+
+        def meta(object_name: str) -> dict[str, Any]:
+            return {"name": object_name, "namespace": names.namespace, "labels": object_labels}
+
+        k8s.core.v1.ServiceAccountPatch(
+            f"{names.tenant}-default-service-account",
+            metadata=meta("default"),
+            automount_service_account_token=False,
+            opts=self.child(**retained),
+        )
+        hard = quota_hard(args.tenant.quota, args.allocation, args.advertised_resources)
+        k8s.core.v1.ResourceQuota(f"{names.tenant}-quota", metadata=meta("tenant-quota"), spec={"hard": hard}, opts=self.child(**retained))
+        k8s.core.v1.LimitRange(
+            f"{names.tenant}-limits",
+            metadata=meta("tenant-limits"),
+            spec={"limits": [{"type": "Container", "default": DEFAULT_CONTAINER_LIMIT, "defaultRequest": DEFAULT_CONTAINER_REQUEST}]},
+            opts=self.child(**retained),
+        )
+        k8s.apiextensions.CustomResource(
+            f"{names.tenant}-isolation",
+            api_version="cilium.io/v2",
+            kind="CiliumClusterwideNetworkPolicy",
+            metadata={"name": f"{names.namespace}-isolation", "labels": object_labels},
+            spec=network_policy_spec(args),
+            opts=self.child(**retained),
+        )
+        if args.vcluster is None:
+            self._namespace_rbac(names, meta)
+        else:
+            helm_release(
+                self,
+                f"vcluster-{names.tenant}",
+                args.vcluster.chart,
+                namespace=names.namespace,
+                values=vcluster_values(args),
+                protect=True,
+                retain_on_delete=True,
+            )
+        for hook in args.hooks:
+            hook.attach(self, args.tenant, names)
+
+        self.namespace = ns.metadata.name
+        self.group_subjects = pulumi.Output.from_input(list(names.group_subjects))
+        self.local_queue = pulumi.Output.from_input(names.local_queue)
+        self.labels = pulumi.Output.from_input(dict(names.labels))
+        self.control_plane = pulumi.Output.from_input(names.control_plane)
+        self.register_outputs(
+            {
+                "namespace": self.namespace,
+                "group_subjects": self.group_subjects,
+                "local_queue": self.local_queue,
+                "labels": self.labels,
+                "control_plane": self.control_plane,
+            }
+        )
+
+    def child(self, **options: Any) -> pulumi.ResourceOptions:
+        """Options for a child (the stack's own or a hook's): every namespaced object of the tenant
+        waits for its namespace."""
+        if self._namespace_resource is not None:
+            options["depends_on"] = [self._namespace_resource, *(options.get("depends_on") or [])]
+        return super().child(**options)
+
+    def _namespace_rbac(self, names: TenantNames, meta) -> None:
+        role = k8s.rbac.v1.Role(f"{names.tenant}-admin-role", metadata=meta("tenant-admin"), rules=admin_rules(), opts=self.child())
+        k8s.rbac.v1.RoleBinding(
+            f"{names.tenant}-admin-binding",
+            metadata=meta("tenant-admin"),
+            role_ref={"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "tenant-admin"},
+            subjects=[{**s, "apiGroup": "rbac.authorization.k8s.io"} for s in owner_subjects(names)],
+            opts=self.child(depends_on=[role]),
+        )

@@ -1,0 +1,100 @@
+"""Volcano: batch gang scheduling, from the official chart, with one queue per tenant.
+
+Volcano has no flavors: a tenant's queue is capped (`capability`) at exactly what the plan granted
+it, every GPU resource name the fleet advertises listed (0 where nothing is granted, so no tenant
+can take whole GPUs the plan gave another trust domain), and the granted GPUs are reserved for it
+(`guarantee`). Borrowing is not offered under Volcano; `fair_share_weight` is the queue weight.
+
+Volcano creates a `default` queue that takes every job naming no queue; this component writes it
+with no GPU capability, so GPU work cannot bypass the tenants' queues through it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from components._common import FactoryComponent, helm_release, labels, namespace
+from factory.catalog import ChartSource
+from factory.config import FactoryConfig, Tenant
+from factory.placement import advertised_resources
+from factory.planner import Plan
+from factory.quotas import VolcanoQueueSpec, queue_plan
+from factory.tenancy import TenantNames
+
+TOKEN = "ai-factory:scheduling:Volcano"
+API_VERSION = "scheduling.volcano.sh/v1beta1"
+DEFAULT_QUEUE = "default"
+
+
+@dataclass(frozen=True)
+class VolcanoArgs:
+    chart: ChartSource
+    namespace: str
+    gpu_resources: tuple[str, ...]
+    """Every GPU resource name the fleet advertises: the default queue gets none of them."""
+
+    @classmethod
+    def from_config(cls, cfg: FactoryConfig, plan: Plan) -> VolcanoArgs:
+        layer = cfg.layers.volcano
+        return cls(chart=layer.chart.source("volcano"), namespace=layer.namespace, gpu_resources=advertised_resources(plan))
+
+
+class Volcano(FactoryComponent):
+    namespace: pulumi.Output[str]
+    release: pulumi.Output[str]
+
+    def __init__(self, name: str, args: VolcanoArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__(TOKEN, name, layer="volcano", opts=opts)
+        # baseline, not restricted: the chart's containers add DAC_OVERRIDE.
+        ns = namespace(self, args.namespace, pod_security="baseline")
+        release = helm_release(self, "volcano", args.chart, namespace=ns.metadata.name, values={}, depends_on=[ns])
+        k8s.apiextensions.CustomResource(
+            "volcano-queue-default",
+            api_version=API_VERSION,
+            kind="Queue",
+            metadata={"name": DEFAULT_QUEUE, "labels": labels(self.layer)},
+            spec={"capability": {resource: 0 for resource in args.gpu_resources}},
+            opts=self.child(depends_on=[release]),
+        )
+        self.namespace = ns.metadata.name
+        self.release = release.name
+        self.register_outputs({"namespace": self.namespace, "release": self.release})
+
+
+def queue_spec(queue: VolcanoQueueSpec) -> dict[str, Any]:
+    return {
+        "weight": queue.weight,
+        "capability": dict(queue.capability),
+        "guarantee": {"resource": dict(queue.guarantee)},
+        # Never above its guarantee, so there is nothing to reclaim from it.
+        "reclaimable": False,
+    }
+
+
+@dataclass(frozen=True)
+class VolcanoTenantHook:
+    """A tenant's Volcano queue, named like its ClusterQueue (`scheduling.volcano.sh/queue-name`)."""
+
+    queues: tuple[VolcanoQueueSpec, ...]
+    layer: str = "volcano"
+
+    @classmethod
+    def from_config(cls, cfg: FactoryConfig, plan: Plan) -> VolcanoTenantHook:
+        return cls(queue_plan(cfg, plan).volcano_queues)
+
+    def attach(self, stack: FactoryComponent, tenant: Tenant, names: TenantNames) -> None:
+        queue = next((q for q in self.queues if q.tenant == tenant.name), None)
+        if queue is None:
+            raise KeyError(f"no Volcano queue planned for tenant {tenant.name!r}: the hook was built from another configuration")
+        k8s.apiextensions.CustomResource(
+            f"{names.tenant}-volcano-queue",
+            api_version=API_VERSION,
+            kind="Queue",
+            metadata={"name": names.cluster_queue, "labels": labels(self.layer, tenant=names.tenant, extra=names.labels)},
+            spec=queue_spec(queue),
+            opts=stack.child(),
+        )

@@ -1,0 +1,208 @@
+"""`python -m factory diff <env> --without-tenant NAME`: what removing one tenant would change.
+
+Three renders of the real program (as `pulumi up` runs it) answer it in two steps:
+
+1. **removal** — the environment as it is, against the same config without the tenant and the
+   capacity plan unchanged: exactly the tenant's objects (and Pulumi resources) must go; the only
+   shared objects that may change are those of its own trust domain, which its grant returns to
+   (a queue cohort holding the domain's ungranted supply; it goes with the domain's last tenant);
+   nothing of another domain or another tenant may be added, removed or changed;
+2. **release** — the same without the tenant, against it re-planned from the current plan (as
+   `pulumi up` does, which applies both steps at once): the GPUs the tenant held return to the
+   pool, so platform objects that follow the plan (node labels and taints, MIG layouts, queue
+   flavors) change; no other tenant's object may.
+
+Objects are compared file by file (path and content), Pulumi resources by inventory entry
+(dependency edges aside: they order operations and update nothing).
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+from dataclasses import dataclass, field
+from typing import Any
+
+from factory.loading import ConfigError, read_stack_file, stack_file, stack_name, validate
+from factory.planner import Plan
+from factory.planning import plan_for, previous_plan
+from factory.render import Manifest, Rendered, dump_yaml, render_raw
+from factory.tenancy import TRUST_DOMAIN_LABEL
+
+DIFF_CONTEXT_LINES = 12
+"""Lines of an unexpected object change shown in the report."""
+
+
+@dataclass
+class Difference:
+    """What changes from one render to another."""
+
+    removed: list[Manifest] = field(default_factory=list)
+    added: list[Manifest] = field(default_factory=list)
+    changed: list[tuple[Manifest, Manifest]] = field(default_factory=list)
+    resources_removed: list[dict[str, Any]] = field(default_factory=list)
+    resources_added: list[dict[str, Any]] = field(default_factory=list)
+    resources_changed: list[dict[str, Any]] = field(default_factory=list)
+    remaining: list[Manifest] = field(default_factory=list)
+    """Every object of the second render."""
+    remaining_resources: list[dict[str, Any]] = field(default_factory=list)
+
+
+def difference(before: Rendered, after: Rendered) -> Difference:
+    old = {m.path: m for m in before.manifests}
+    new = {m.path: m for m in after.manifests}
+    result = Difference(
+        removed=[old[p] for p in sorted(old.keys() - new.keys())],
+        added=[new[p] for p in sorted(new.keys() - old.keys())],
+        changed=[(old[p], new[p]) for p in sorted(old.keys() & new.keys()) if dump_yaml(old[p].obj) != dump_yaml(new[p].obj)],
+        remaining=list(after.manifests),
+        remaining_resources=list(after.inventory),
+    )
+    old_entries = {_key(e): e for e in before.inventory}
+    new_entries = {_key(e): e for e in after.inventory}
+    result.resources_removed = [old_entries[k] for k in sorted(old_entries.keys() - new_entries.keys())]
+    result.resources_added = [new_entries[k] for k in sorted(new_entries.keys() - old_entries.keys())]
+    result.resources_changed = [
+        old_entries[k] for k in sorted(old_entries.keys() & new_entries.keys()) if _without_edges(old_entries[k]) != _without_edges(new_entries[k])
+    ]
+    return result
+
+
+def _key(entry: dict[str, Any]) -> str:
+    return f"{entry['type']}::{entry['name']}"
+
+
+def _without_edges(entry: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in entry.items() if k != "dependsOn"}
+
+
+def _owner(tenant: str | None) -> str:
+    return f"tenant {tenant}" if tenant else "platform"
+
+
+def _object_diff(before: Manifest, after: Manifest) -> list[str]:
+    lines = difflib.unified_diff(dump_yaml(before.obj).splitlines(), dump_yaml(after.obj).splitlines(), lineterm="", n=1)
+    return [f"    {line}" for line in list(lines)[2 : 2 + DIFF_CONTEXT_LINES]]
+
+
+@dataclass
+class TenantRemoval:
+    tenant: str
+    domain: str | None
+    """The tenant's trust domain, as its Namespace says."""
+    removal: Difference
+    release: Difference
+    notes: list[str] = field(default_factory=list)
+
+    def _of_domain(self, m: Manifest) -> bool:
+        """A platform object of the tenant's trust domain only (its queue cohort, ...): the
+        tenant's grant returns to it, and it goes with the domain's last tenant."""
+        labels = (m.obj.get("metadata") or {}).get("labels") or {}
+        return m.tenant is None and self.domain is not None and labels.get(TRUST_DOMAIN_LABEL) == self.domain
+
+    @property
+    def returned_to_domain(self) -> list[str]:
+        removed = [f"  - deleted {m.path}" for m in self.removal.removed if self._of_domain(m)]
+        return removed + [f"  ~ changed {b.path}" for b, _ in self.removal.changed if self._of_domain(b)]
+
+    @property
+    def unexpected(self) -> list[str]:
+        """Every change that is not the tenant's objects going, its grant returning to its trust
+        domain, or the plan releasing its GPUs into platform objects; one line each (an object's
+        diff follows its line). Must be empty."""
+        t, removal, release = self.tenant, self.removal, self.release
+        domain_origins = {m.origin for m in [*removal.removed, *(b for b, _ in removal.changed)] if self._of_domain(m)}
+        lines = [f"removal deletes {m.path} ({_owner(m.tenant)})" for m in removal.removed if m.tenant != t and not self._of_domain(m)]
+        lines += [f"removal keeps {m.path} (tenant {t})" for m in removal.remaining if m.tenant == t]
+        lines += [f"removal keeps Pulumi resource {_key(e)} (tenant {t})" for e in removal.remaining_resources if e.get("tenant") == t]
+        lines += [f"removal adds {m.path} ({_owner(m.tenant)})" for m in removal.added]
+        for before, after in removal.changed:
+            if before.tenant != t and not self._of_domain(before):  # the tenant's own: reported as kept
+                lines += [f"removal changes {before.path} ({_owner(before.tenant)})", *_object_diff(before, after)]
+        for verb, entries in (("deletes", removal.resources_removed), ("changes", removal.resources_changed)):
+            lines += [
+                f"removal {verb} Pulumi resource {_key(e)} ({_owner(e.get('tenant'))})"
+                for e in entries
+                if e.get("tenant") != t and _key(e) not in domain_origins
+            ]
+        lines += [f"removal adds Pulumi resource {_key(e)}" for e in removal.resources_added]
+        lines += [f"re-planning deletes {m.path} (tenant {m.tenant})" for m in release.removed if m.tenant]
+        lines += [f"re-planning adds {m.path} (tenant {m.tenant})" for m in release.added if m.tenant]
+        for before, after in release.changed:
+            if before.tenant:
+                lines += [f"re-planning changes {before.path} (tenant {before.tenant})", *_object_diff(before, after)]
+        for verb, entries in (("deletes", release.resources_removed), ("adds", release.resources_added), ("changes", release.resources_changed)):
+            lines += [f"re-planning {verb} Pulumi resource {_key(e)} (tenant {e['tenant']})" for e in entries if e.get("tenant")]
+        return lines
+
+    def render(self, env: str) -> str:
+        mine = [m for m in self.removal.removed if m.tenant == self.tenant]
+        resources = [e for e in self.removal.resources_removed if e.get("tenant") == self.tenant]
+        entries = {_key(e): e for e in resources}
+        lines = [f"removing tenant {self.tenant!r} from {env}: {len(mine)} objects go ({len(resources)} Pulumi resources)"]
+        for m in mine:
+            entry = entries.get(m.origin) or {}
+            marks = [word for word, on in (("protected", entry.get("protect")), ("kept in the cluster", entry.get("retainOnDelete"))) if on]
+            lines.append(f"  - {m.path}  {m.ref}" + (f"  [{', '.join(marks)}]" if marks else ""))
+        if any(e.get("protect") for e in resources):
+            lines.append("  protected resources stop `pulumi up` until unprotected (`pulumi state unprotect`): off-boarding is deliberate")
+        if any(e.get("retainOnDelete") for e in resources):
+            lines.append("  resources kept in the cluster only leave the Pulumi state: delete the namespace once its volumes are backed up")
+        returned = self.returned_to_domain
+        if returned:
+            lines.append(f"its grant returns to its trust domain {self.domain} ({len(returned)} object(s) of that domain only):")
+            lines += returned
+        released = [
+            *(f"  - deleted {m.path}" for m in self.release.removed if not m.tenant),
+            *(f"  + added {m.path}" for m in self.release.added if not m.tenant),
+            *(f"  ~ changed {b.path}" for b, _ in self.release.changed if not b.tenant),
+        ]
+        lines.append(f"re-planning without it releases its GPUs ({len(released)} platform object(s) change; `pulumi up` does both at once):")
+        lines += released or ["  nothing"]
+        lines += [f"note: {n}" for n in self.notes]
+        unexpected = self.unexpected
+        if unexpected:
+            lines.append(f"UNEXPECTED: {sum(not line.startswith(' ') for line in unexpected)} other change(s):")
+            lines += [f"  {line}" for line in unexpected]
+        else:
+            lines.append("no other object changes: nothing shared with another trust domain, nothing of another tenant")
+        return "\n".join(lines)
+
+
+def without_tenant(env: str, tenant: str) -> TenantRemoval:
+    """`tenant_removal` for an environment's stack file, planned from its recorded plan."""
+    path = stack_file(env)
+    raw, secret_sections = read_stack_file(path)
+    cfg = validate(raw, source=str(path))
+    names = [t.name for t in cfg.tenants]
+    if tenant not in names:
+        close = difflib.get_close_matches(tenant, names, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else f" (tenants: {', '.join(names) or 'none'})"
+        raise ConfigError([f"--without-tenant: no tenant {tenant!r} in {path.name}{hint}"], source=str(path))
+    stack = stack_name(path)
+    recorded = previous_plan(stack)
+    result = tenant_removal(raw, secret_sections, tenant, stack, recorded)
+    if recorded is None:
+        result.notes.append(
+            f"{env} has no recorded plan (plans/{stack}.json): `pulumi up` would re-plan every tenant from scratch, "
+            f"not from the current plan as here; record it first (`python -m factory plan {env} --lock`)"
+        )
+    elif recorded.to_json() != plan_for(cfg, recorded).to_json():
+        result.notes.append(f"the recorded plan of {env} is not the current one; record it first (`python -m factory plan {env} --lock`)")
+    return result
+
+
+def tenant_removal(raw: dict[str, Any], secret_sections: set[str], tenant: str, stack: str, recorded: Plan | None = None) -> TenantRemoval:
+    """Render the config sections `raw` as they are, without `tenant` (plan unchanged), and without
+    it re-planned from the current plan (itself planned from `recorded`, as `pulumi up` does)."""
+    cfg = validate(raw)
+    current = plan_for(cfg, recorded)
+    reduced_raw = copy.deepcopy(raw)
+    reduced_raw["tenants"] = [t for t in raw["tenants"] if t.get("name") != tenant]
+    reduced_cfg = validate(reduced_raw, source=f"the configuration without tenant {tenant}")
+    full = render_raw(raw, secret_sections, cfg, stack, plan=current)
+    without = render_raw(reduced_raw, secret_sections, reduced_cfg, stack, plan=current)
+    replanned = render_raw(reduced_raw, secret_sections, reduced_cfg, stack, plan=plan_for(reduced_cfg, current))
+    domains = [(m.obj["metadata"].get("labels") or {}).get(TRUST_DOMAIN_LABEL) for m in full.manifests if m.kind == "Namespace" and m.tenant == tenant]
+    domain = next((d for d in domains if d), None)
+    return TenantRemoval(tenant, domain, difference(full, without), difference(without, replanned))

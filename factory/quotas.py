@@ -1,0 +1,363 @@
+"""Queue quotas from the plan: what Kueue, KAI Scheduler and Volcano enforce for each tenant.
+
+Pure functions of the configuration and the `Plan` (read through `factory.placement`), so a tenant
+stack run on its own rebuilds exactly the queues the platform run would. The rules:
+
+- One Kueue `ResourceFlavor` per `Offering` (pool x trust domain). A tenant's ClusterQueue lists
+  every GPU flavor of its trust domain and no other: its nominal quota is what the plan granted it
+  (0 where nothing, which still lets it borrow), so borrowing never crosses a trust domain.
+- Per flavor and resource, the ClusterQueues' nominal quotas plus the trust domain's Cohort quota
+  equal the offering's supply. What the plan created but granted to nobody (HAMi memory, cores and
+  slots, spare time-sliced replicas) is the domain cohort's, borrowable by the domain's tenants and
+  lent to nobody above it (gpu-sharing.md section 5.1: slack goes in the cohort, not in queues).
+- Resource groups (a resource belongs to one group, and a pod gets one flavor per group): CPU and
+  memory on a flavor with no placement; `nvidia.com/gpu` with HAMi's memory and cores (one HAMi
+  pod asks for the three together) over the whole-GPU, time-sliced and HAMi flavors; the MIG
+  profiles over the MIG flavors.
+- KAI charges `g` GPUs per `nvidia.com/mig-<g>g.*` instance and one per `nvidia.com/gpu`
+  (gpu-sharing.md section 5.2); its `quota`, `overQuotaWeight` and `limit` are always written.
+- Volcano has no flavors: a tenant's queue is capped at exactly its grants, every GPU resource name
+  listed (0 where nothing is granted), so no tenant can take GPUs the plan gave another domain.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Mapping
+
+from factory.config import FactoryConfig, Tenant
+from factory.gpus import GPU_MODELS
+from factory.placement import Offering, advertised_resources, allocations, offerings
+from factory.planner import HAMI_CORES, HAMI_MEMORY, WHOLE_GPU, Plan
+from factory.tenancy import tenant_names
+
+SUPPLY_ANNOTATION = "ai-factory.io/supply"
+"""On a GPU flavor: JSON of what the plan physically created behind it, per resource name, so the
+quota check (`factory.checks_scheduling`) needs no configuration, also on a rendered directory."""
+CPU_FLAVOR = "cpu-memory"
+"""The flavor of CPU and memory quota: no node labels, so it adds no placement of its own."""
+CPU_RESOURCES = ("cpu", "memory")
+DEVICE_RESOURCES = (WHOLE_GPU, HAMI_CORES, HAMI_MEMORY)
+"""Resources one HAMi pod asks together, and that whole GPUs share the name of."""
+GROUP_KINDS = (("whole", "hami"), ("time-sliced",), ("mig",))
+"""Offering kinds whose flavors share a resource group: whole GPUs and HAMi slots are both
+`nvidia.com/gpu`; time-sliced replicas (`nvidia.com/gpu.shared`) and MIG profiles have their own."""
+FLAVOR_ORDER = {"whole": 0, "hami": 1, "time-sliced": 2, "mig": 3}
+"""Kueue tries a group's flavors in order: a plain `nvidia.com/gpu` request gets a whole GPU
+before a HAMi slot (a workload picks another flavor with a nodeSelector on its pool)."""
+
+MIG_COMPUTE_SLICES: dict[str, int] = {
+    profile.resource_name: profile.compute_slices for model in GPU_MODELS.values() for profile in model.mig_profiles
+}
+"""The `g` of every MIG resource name: what KAI charges per instance."""
+
+
+def trust_domain_queue(trust_domain: str) -> str:
+    """The trust domain's Kueue Cohort and KAI parent queue."""
+    return f"trust-domain-{trust_domain}"
+
+
+def organisation_queue(organisation: str) -> str:
+    """The organisation's Kueue Cohort and KAI parent queue."""
+    return f"organisation-{organisation}"
+
+
+# --------------------------------------------------------------------------- Kueue
+
+
+@dataclass(frozen=True)
+class Quota:
+    resource: str
+    nominal: int | str
+    """An integer for GPU resources; a Kubernetes quantity for CPU and memory."""
+    borrowing_limit: int | None = None
+    """None: no limit (only meaningful inside a cohort, which every queue here has)."""
+    lending_limit: int | None = None
+    """None: everything idle may be lent."""
+
+
+@dataclass(frozen=True)
+class FlavorQuotas:
+    flavor: str
+    quotas: tuple[Quota, ...]
+    """One per covered resource of the group, in the group's order (Kueue requires all)."""
+
+
+@dataclass(frozen=True)
+class ResourceGroup:
+    covered: tuple[str, ...]
+    flavors: tuple[FlavorQuotas, ...]
+
+
+@dataclass(frozen=True)
+class ClusterQueueSpec:
+    tenant: str
+    trust_domain: str
+    cohort: str
+    fair_share_weight: int
+    groups: tuple[ResourceGroup, ...]
+
+
+@dataclass(frozen=True)
+class CohortSpec:
+    name: str
+    parent: str | None
+    trust_domain: str | None
+    """None for an organisation's cohort."""
+    groups: tuple[ResourceGroup, ...] = ()
+    """The domain's unallocated supply."""
+
+
+# --------------------------------------------------------------------------- KAI and Volcano
+
+
+@dataclass(frozen=True)
+class KaiShare:
+    """One resource of a KAI queue, always fully written: KAI reads an unset limit as 0."""
+
+    quota: int
+    over_quota_weight: int
+    limit: int
+
+
+@dataclass(frozen=True)
+class KaiQueueSpec:
+    name: str
+    parent: str | None
+    tenant: str | None
+    """The tenant of a leaf queue; None for organisation and trust-domain queues."""
+    trust_domain: str | None
+    gpu: KaiShare
+    """In GPUs as KAI charges them (see `kai_gpu_units`)."""
+    cpu: KaiShare
+    """In millicores."""
+    memory: KaiShare
+    """In megabytes (10^6 bytes)."""
+
+
+@dataclass(frozen=True)
+class VolcanoQueueSpec:
+    tenant: str
+    weight: int
+    capability: tuple[tuple[str, int | str], ...]
+    """Every GPU resource name the fleet advertises (0 where nothing is granted), CPU and memory."""
+    guarantee: tuple[tuple[str, int], ...]
+    """The GPU resources the plan granted: reserved for the tenant."""
+
+
+@dataclass(frozen=True)
+class QueuePlan:
+    """Every queue object of the environment, as data."""
+
+    flavors: tuple[Offering, ...]
+    cohorts: tuple[CohortSpec, ...]
+    cluster_queues: tuple[ClusterQueueSpec, ...]
+    kai_queues: tuple[KaiQueueSpec, ...]
+    volcano_queues: tuple[VolcanoQueueSpec, ...]
+
+
+def queue_plan(cfg: FactoryConfig, plan: Plan) -> QueuePlan:
+    flavors = tuple(sorted(offerings(plan), key=lambda o: (FLAVOR_ORDER[o.kind], o.name)))
+    grants = _grants(cfg, plan)
+    organisation_of = {t.domain: t.organisation for t in cfg.tenants}
+    gpu_resources = advertised_resources(plan)
+    cluster_queues = tuple(_cluster_queue(t, flavors, grants[t.name]) for t in sorted(cfg.tenants, key=lambda t: t.name))
+    cohorts = tuple(
+        [CohortSpec(organisation_queue(org), None, None) for org in sorted({o for o in organisation_of.values() if o})]
+        + [
+            _domain_cohort(domain, organisation_of[domain], flavors, [q for q in cluster_queues if q.trust_domain == domain])
+            for domain in sorted(organisation_of)
+        ]
+    )
+    return QueuePlan(
+        flavors=flavors,
+        cohorts=cohorts,
+        cluster_queues=cluster_queues,
+        kai_queues=_kai_queues(cfg, flavors, grants, organisation_of),
+        volcano_queues=tuple(_volcano_queue(t, grants[t.name], gpu_resources) for t in sorted(cfg.tenants, key=lambda t: t.name)),
+    )
+
+
+def _grants(cfg: FactoryConfig, plan: Plan) -> dict[str, dict[tuple[str, str], int]]:
+    """Per tenant, its grant per (offering, resource)."""
+    granted = allocations(plan, {t.name: t.domain for t in cfg.tenants})
+    return {tenant: {(g.offering, g.resource): g.amount for g in a.grants} for tenant, a in granted.items()}
+
+
+def _gpu_groups(flavors: tuple[Offering, ...]) -> list[tuple[tuple[str, ...], list[Offering]]]:
+    """The GPU resource groups of one trust domain's flavors: (covered resources, flavors)."""
+    groups = []
+    for kinds in GROUP_KINDS:
+        members = [o for o in flavors if o.kind in kinds]
+        if members:
+            covered = {r for o in members for r in o.supply}
+            groups.append((tuple(r for r in DEVICE_RESOURCES if r in covered) + tuple(sorted(covered - set(DEVICE_RESOURCES))), members))
+    return groups
+
+
+def _cluster_queue(tenant: Tenant, flavors: tuple[Offering, ...], grants: Mapping[tuple[str, str], int]) -> ClusterQueueSpec:
+    borrowing = tenant.borrowing
+
+    def gpu_quota(flavor: str, resource: str) -> Quota:
+        nominal = grants.get((flavor, resource), 0)
+        limit = None if borrowing.limit_percent is None else nominal * borrowing.limit_percent // 100
+        return Quota(resource, nominal, borrowing_limit=limit, lending_limit=nominal * borrowing.lendable_percent // 100)
+
+    groups = [
+        ResourceGroup(
+            CPU_RESOURCES,
+            # CPU and memory are capped by the namespace's ResourceQuota at the same figures:
+            # admitting more by borrowing would only leave pods the quota then refuses.
+            (FlavorQuotas(CPU_FLAVOR, (Quota("cpu", tenant.quota.cpu, borrowing_limit=0), Quota("memory", tenant.quota.memory, borrowing_limit=0))),),
+        )
+    ]
+    own = tuple(o for o in flavors if o.trust_domain == tenant.domain)
+    for covered, members in _gpu_groups(own):
+        groups.append(ResourceGroup(covered, tuple(FlavorQuotas(o.name, tuple(gpu_quota(o.name, r) for r in covered)) for o in members)))
+    return ClusterQueueSpec(
+        tenant=tenant.name,
+        trust_domain=tenant.domain,
+        cohort=trust_domain_queue(tenant.domain),
+        fair_share_weight=borrowing.fair_share_weight,
+        groups=tuple(groups),
+    )
+
+
+def _domain_cohort(domain: str, organisation: str | None, flavors: tuple[Offering, ...], queues: list[ClusterQueueSpec]) -> CohortSpec:
+    """The domain's cohort, holding the supply no tenant was granted."""
+    granted: dict[tuple[str, str], int] = {}
+    for queue in queues:
+        for group in (g for g in queue.groups if g.covered != CPU_RESOURCES):
+            for flavor in group.flavors:
+                for quota in flavor.quotas:
+                    granted[flavor.flavor, quota.resource] = granted.get((flavor.flavor, quota.resource), 0) + int(quota.nominal)
+    groups = []
+    own = tuple(o for o in flavors if o.trust_domain == domain)
+    for covered, members in _gpu_groups(own):
+        slack = {(o.name, r): o.supply.get(r, 0) - granted.get((o.name, r), 0) for o in members for r in covered}
+        assert min(slack.values()) >= 0, f"trust domain {domain}: quotas exceed the plan's supply: {slack}"
+        with_slack = [o for o in members if any(slack[o.name, r] for r in covered)]
+        if with_slack:
+            groups.append(
+                ResourceGroup(
+                    covered,
+                    tuple(
+                        # Lent to nobody above the domain: no other domain lists these flavors anyway.
+                        FlavorQuotas(o.name, tuple(Quota(r, slack[o.name, r], lending_limit=0 if organisation else None) for r in covered))
+                        for o in with_slack
+                    ),
+                )
+            )
+    return CohortSpec(
+        name=trust_domain_queue(domain),
+        parent=organisation_queue(organisation) if organisation else None,
+        trust_domain=domain,
+        groups=tuple(groups),
+    )
+
+
+# --------------------------------------------------------------------------- KAI
+
+
+def kai_gpu_units(resources: Mapping[str, int]) -> int:
+    """GPUs as KAI's queue accounting charges requests: 1 per `nvidia.com/gpu` (whole GPU or HAMi
+    slot), `g` per MIG instance; HAMi memory and cores and time-sliced replicas
+    (`nvidia.com/gpu.shared`) are not GPUs to KAI, which is why the config refuses HAMi and
+    time-slicing pools under KAI without Kueue."""
+    return sum(amount * (1 if name == WHOLE_GPU else MIG_COMPUTE_SLICES.get(name, 0)) for name, amount in resources.items())
+
+
+def millicores(quantity: str) -> int:
+    return int(parse_quantity(quantity) * 1000)
+
+
+def megabytes(quantity: str) -> int:
+    return int(parse_quantity(quantity) / 10**6)
+
+
+_SUFFIXES = {
+    "m": Decimal(1) / 1000, "k": Decimal(10) ** 3, "M": Decimal(10) ** 6, "G": Decimal(10) ** 9,
+    "T": Decimal(10) ** 12, "P": Decimal(10) ** 15, "E": Decimal(10) ** 18,
+    "Ki": Decimal(2) ** 10, "Mi": Decimal(2) ** 20, "Gi": Decimal(2) ** 30, "Ti": Decimal(2) ** 40,
+    "Pi": Decimal(2) ** 50, "Ei": Decimal(2) ** 60,
+}
+
+
+def parse_quantity(quantity: str) -> Decimal:
+    """A Kubernetes quantity as the config accepts it (`factory.config.Quantity`), in base units."""
+    number = quantity.rstrip("kMGTPEimi")
+    suffix = quantity[len(number):]
+    return Decimal(number) * _SUFFIXES.get(suffix, Decimal(1))
+
+
+def _kai_queues(
+    cfg: FactoryConfig, flavors: tuple[Offering, ...], grants: dict[str, dict[tuple[str, str], int]], organisation_of: dict[str, str | None]
+) -> tuple[KaiQueueSpec, ...]:
+    """Organisation -> trust domain -> tenant. A trust domain's GPU quota and limit are its whole
+    supply, slack included (an organisation's, the sum of its domains'): a domain never takes GPUs
+    the plan gave another. CPU and memory are the tenants' own (the ResourceQuota's figures); their
+    parents leave them unlimited, so no tenant's quota depends on its siblings'. A tenant's GPU
+    limit follows its borrowing setting, within its domain's."""
+    leaves = []
+    for tenant in sorted(cfg.tenants, key=lambda t: t.name):
+        domain_units = kai_gpu_units(_sum(o.supply for o in flavors if o.trust_domain == tenant.domain))
+        units = kai_gpu_units(_sum([{r: a for (_, r), a in grants[tenant.name].items()}]))
+        percent = tenant.borrowing.limit_percent
+        weight = tenant.borrowing.fair_share_weight
+        cpu, memory = millicores(tenant.quota.cpu), megabytes(tenant.quota.memory)
+        leaves.append(
+            KaiQueueSpec(
+                name=tenant_names(tenant).cluster_queue,
+                parent=trust_domain_queue(tenant.domain),
+                tenant=tenant.name,
+                trust_domain=tenant.domain,
+                gpu=KaiShare(units, weight, domain_units if percent is None else min(domain_units, units + units * percent // 100)),
+                cpu=KaiShare(cpu, weight, cpu),
+                memory=KaiShare(memory, weight, memory),
+            )
+        )
+    domains = []
+    for domain, organisation in sorted(organisation_of.items()):
+        gpu = kai_gpu_units(_sum(o.supply for o in flavors if o.trust_domain == domain))
+        domains.append(
+            _parent(trust_domain_queue(domain), organisation_queue(organisation) if organisation else None, domain, gpu)
+        )
+    organisations = [
+        _parent(organisation_queue(org), None, None, sum(q.gpu.quota for q in domains if q.parent == organisation_queue(org)))
+        for org in sorted({o for o in organisation_of.values() if o})
+    ]
+    return tuple(organisations + domains + leaves)
+
+
+UNLIMITED = -1
+"""KAI's `quota: -1` (deserves all it asks) and `limit: -1` (no cap)."""
+
+
+def _parent(name: str, parent: str | None, domain: str | None, gpu: int) -> KaiQueueSpec:
+    # GPU limit == quota, and CPU/memory deserve all: nothing over quota to share out, hence no weight.
+    unlimited = KaiShare(UNLIMITED, 0, UNLIMITED)
+    return KaiQueueSpec(name, parent, None, domain, KaiShare(gpu, 0, gpu), unlimited, unlimited)
+
+
+def _sum(resource_maps) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for resources in resource_maps:
+        for name, amount in resources.items():
+            total[name] = total.get(name, 0) + amount
+    return total
+
+
+# --------------------------------------------------------------------------- Volcano
+
+
+def _volcano_queue(tenant: Tenant, grants: Mapping[tuple[str, str], int], gpu_resources: tuple[str, ...]) -> VolcanoQueueSpec:
+    granted = _sum([{r: a for (_, r), a in grants.items()}])
+    capability: list[tuple[str, int | str]] = [("cpu", tenant.quota.cpu), ("memory", tenant.quota.memory)]
+    capability += [(r, granted.get(r, 0)) for r in gpu_resources]
+    return VolcanoQueueSpec(
+        tenant=tenant.name,
+        weight=tenant.borrowing.fair_share_weight,
+        capability=tuple(capability),
+        guarantee=tuple((r, granted[r]) for r in gpu_resources if granted.get(r)),
+    )

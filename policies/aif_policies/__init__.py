@@ -1,0 +1,12 @@
+"""The ai-factory guardrails: every CrossGuard policy of the pack, importable without starting the
+analyzer server (only `PolicyPack(...)` does that, in `policies/__main__.py`).
+
+`POLICIES` is what the pack registers and what `factory check` runs offline; the README's
+"Policies" section lists them.
+"""
+
+from policies.aif_policies import gpu, reliability, security, tenancy
+
+PACK_NAME = "ai-factory-guardrails"
+
+POLICIES = [*tenancy.POLICIES, *gpu.POLICIES, *security.POLICIES, *reliability.POLICIES]

@@ -1,0 +1,299 @@
+"""Reading Kubernetes objects, Helm releases and the stack's cluster picture out of resource data.
+
+A Kubernetes object registers as `kubernetes:<group>/<version>:<Kind>` with inputs in Kubernetes
+shape (`apiVersion`, `kind`, `metadata`, `spec`, ...). Helm releases (`helm.v3.Release`) and v4
+charts are registered whole: CrossGuard sees their chart, version, repository, namespace and
+values, never the objects Helm renders from them (the Pulumi guide says so: "CrossGuard policies
+can't be enforced on these resources"), so rules on charts read their values.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any, Iterator
+
+from pulumi_policy import PolicyResource
+
+from factory.tenancy import TENANT_LABEL, TRUST_DOMAIN_LABEL, TRUST_LABEL
+
+HELM_RELEASE = "kubernetes:helm.sh/v3:Release"
+HELM_CHART = "kubernetes:helm.sh/v4:Chart"
+HELM_TYPES = (HELM_RELEASE, HELM_CHART)
+TENANT_STACK = "ai-factory:tenancy:TenantStack"
+"""The component that owns a tenant's objects (components/tenant_stack.py)."""
+_NOT_OBJECTS = ("kubernetes:helm.sh/", "kubernetes:yaml", "kubernetes:kustomize", "pulumi:providers:")
+
+
+def as_map(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def as_list(value: Any) -> Sequence[Any]:
+    return value if isinstance(value, Sequence) and not isinstance(value, (str, bytes)) else ()
+
+
+def kind_of(resource_type: str) -> str | None:
+    """The Kubernetes kind a resource type registers (`NodePatch` for a patch), None for anything
+    that is not one object (Helm, YAML groups, providers, components)."""
+    if not resource_type.startswith("kubernetes:") or resource_type.startswith(_NOT_OBJECTS):
+        return None
+    return resource_type.rsplit(":", 1)[-1]
+
+
+ADMISSION_RULE_GROUPS = ("kyverno.io", "policies.kyverno.io", "admissionregistration.k8s.io", "templates.gatekeeper.sh", "constraints.gatekeeper.sh")
+"""API groups of admission rules: their pod patterns describe pods, they run none."""
+
+
+def runs_pods(resource_type: str) -> bool:
+    """Whether the pod specs inside an object are pods it runs (not an admission rule's patterns)."""
+    return kind_of(resource_type) is not None and group_of(resource_type) not in ADMISSION_RULE_GROUPS
+
+
+def group_of(resource_type: str) -> str:
+    """The API group of a Kubernetes resource type (`""` for the core group)."""
+    group = resource_type.split(":")[1].rsplit("/", 1)[0]
+    return "" if group == "core" else group
+
+
+def metadata(props: Mapping[str, Any]) -> Mapping[str, Any]:
+    return as_map(props.get("metadata"))
+
+
+def labels(props: Mapping[str, Any]) -> Mapping[str, Any]:
+    return as_map(metadata(props).get("labels"))
+
+
+def name_of(props: Mapping[str, Any]) -> str:
+    return str(metadata(props).get("name") or "")
+
+
+def namespace_of(props: Mapping[str, Any]) -> str | None:
+    namespace = metadata(props).get("namespace")
+    return str(namespace) if namespace else None
+
+
+def describe(resource_type: str, props: Mapping[str, Any], fallback: str = "") -> str:
+    """How messages name a resource: `Kind namespace/name`, `Kind name` or the Helm release."""
+    if resource_type in HELM_TYPES:
+        release = helm_chart(resource_type, props)
+        return f"Helm release {release.namespace}/{release.name or fallback} (chart {release.chart or '?'})"
+    kind = (kind_of(resource_type) or resource_type).removesuffix("Patch")
+    name = name_of(props) or fallback
+    namespace = namespace_of(props)
+    return f"{kind} {namespace}/{name}" if namespace else f"{kind} {name}"
+
+
+# --------------------------------------------------------------------------- pods
+
+
+def pod_specs(value: Any) -> Iterator[Mapping[str, Any]]:
+    """Every pod spec inside an object or chart values: any mapping with a `containers` list, at
+    any depth (Pods, workload templates, and custom resources embedding pod templates alike)."""
+    if isinstance(value, Mapping):
+        if any(isinstance(c, Mapping) for c in as_list(value.get("containers"))):
+            yield value
+        for key, item in value.items():
+            if key != "metadata":
+                yield from pod_specs(item)
+    elif isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+        for item in value:
+            yield from pod_specs(item)
+
+
+def containers(pod_spec: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
+    for key in ("initContainers", "containers", "ephemeralContainers"):
+        for container in as_list(pod_spec.get(key)):
+            if isinstance(container, Mapping):
+                yield container
+
+
+# --------------------------------------------------------------------------- Helm
+
+
+@dataclass(frozen=True)
+class HelmChart:
+    name: str
+    """Release name."""
+    namespace: str
+    chart: str
+    """Chart name, or its full `oci://` reference."""
+    version: str
+    repository: str
+    """The `https://` repository, or the `oci://` prefix of an OCI chart."""
+    values: Mapping[str, Any]
+    create_namespace: bool
+
+    @property
+    def chart_name(self) -> str:
+        return self.chart.rstrip("/").rsplit("/", 1)[-1]
+
+
+def helm_chart(resource_type: str, props: Mapping[str, Any]) -> HelmChart:
+    chart = str(props.get("chart") or "")
+    repository = str(as_map(props.get("repositoryOpts")).get("repo") or "")
+    if chart.startswith("oci://"):
+        repository = chart.rstrip("/").rsplit("/", 1)[0]
+    return HelmChart(
+        name=str(props.get("name") or ""),
+        namespace=str(props.get("namespace") or "default"),
+        chart=chart,
+        version=str(props.get("version") or ""),
+        repository=repository,
+        values=as_map(props.get("values")),
+        create_namespace=bool(props.get("createNamespace")) and resource_type == HELM_RELEASE,
+    )
+
+
+def chart_named(resources: Sequence[PolicyResource], chart_name: str) -> list[tuple[PolicyResource, HelmChart]]:
+    found = []
+    for r in resources:
+        if r.resource_type in HELM_TYPES:
+            chart = helm_chart(r.resource_type, r.props)
+            if chart.chart_name == chart_name:
+                found.append((r, chart))
+    return found
+
+
+# --------------------------------------------------------------------------- quantities
+
+_SUFFIX = {
+    "": 1, "m": Fraction(1, 1000), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
+    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+}
+
+
+def quantity(value: Any) -> Fraction | None:
+    """A Kubernetes quantity (`8`, `"500m"`, `"512Gi"`) as an exact number, None if unreadable."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return Fraction(value)
+    match = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?", str(value).strip())
+    if not match:
+        return None
+    return Fraction(match.group(1)) * _SUFFIX[match.group(2) or ""]
+
+
+def gpu_resource(quota_key: str) -> str | None:
+    """The GPU resource a ResourceQuota line caps (`requests.nvidia.com/mig-1g.10gb` ->
+    `nvidia.com/mig-1g.10gb`), None for any other line. Extended resources are quota'd with the
+    `requests.` prefix; a bare name is accepted too."""
+    resource = quota_key.removeprefix("requests.").removeprefix("limits.")
+    return resource if resource.startswith("nvidia.com/") or resource.endswith("/gpu") else None
+
+
+# --------------------------------------------------------------------------- the cluster picture
+
+
+@dataclass(frozen=True)
+class Obj:
+    """One Kubernetes object of the stack, with the resource it comes from."""
+
+    resource: PolicyResource
+    kind: str
+    props: Mapping[str, Any]
+
+    @property
+    def name(self) -> str:
+        return name_of(self.props)
+
+    @property
+    def namespace(self) -> str | None:
+        return namespace_of(self.props)
+
+    @property
+    def labels(self) -> Mapping[str, Any]:
+        return labels(self.props)
+
+    @property
+    def spec(self) -> Mapping[str, Any]:
+        return as_map(self.props.get("spec"))
+
+    def describe(self) -> str:
+        return describe(self.resource.resource_type, self.props, self.resource.name)
+
+
+@dataclass(frozen=True)
+class Tenant:
+    """A tenant as the stack shows it: its namespaces carry the tenant and trust labels."""
+
+    name: str
+    trust: str | None
+    trust_domain: str | None
+    namespaces: tuple[str, ...]
+
+
+class Cluster:
+    """The stack's Kubernetes objects by kind, and the tenants their namespaces declare."""
+
+    def __init__(self, resources: Sequence[PolicyResource]):
+        self.resources = resources
+        self.objects: list[Obj] = []
+        """Every Kubernetes object (and patch) of the stack, in stack order."""
+        self._by_kind: dict[str, list[Obj]] = defaultdict(list)
+        for r in resources:
+            kind = kind_of(r.resource_type)
+            if kind is not None:
+                obj = Obj(r, kind, r.props)
+                self.objects.append(obj)
+                self._by_kind[kind].append(obj)
+        tenants: dict[str, dict[str, Any]] = {}
+        self.namespace_tenant: dict[str, str] = {}
+        self.namespace_labels: dict[str, Mapping[str, Any]] = {}
+        for ns in self.of("Namespace"):
+            self.namespace_labels[ns.name] = ns.labels
+            tenant = ns.labels.get(TENANT_LABEL)
+            if tenant:
+                self.namespace_tenant[ns.name] = str(tenant)
+                entry = tenants.setdefault(str(tenant), {"namespaces": [], "trust": None, "domain": None})
+                entry["namespaces"].append(ns.name)
+                entry["trust"] = entry["trust"] or ns.labels.get(TRUST_LABEL)
+                entry["domain"] = entry["domain"] or ns.labels.get(TRUST_DOMAIN_LABEL)
+        self.tenants = {
+            name: Tenant(name, e["trust"], e["domain"], tuple(sorted(e["namespaces"]))) for name, e in sorted(tenants.items())
+        }
+
+    def of(self, *kinds: str) -> list[Obj]:
+        return [o for kind in kinds for o in self._by_kind.get(kind, [])]
+
+    def tenant_of_namespace(self, namespace: str | None) -> Tenant | None:
+        tenant = self.namespace_tenant.get(namespace or "")
+        return self.tenants.get(tenant) if tenant else None
+
+    def nodes(self) -> dict[str, Obj]:
+        """The node patches of the fleet layer by node name (the platform never creates Nodes)."""
+        return {o.name: o for o in self.of("NodePatch", "Node")}
+
+
+def selects(selector: Any, object_labels: Mapping[str, Any]) -> bool:
+    """Whether a Kubernetes label selector (matchLabels and matchExpressions) selects the labels.
+    An empty selector selects everything; an absent one is the caller's business."""
+    selector = as_map(selector)
+    for key, value in as_map(selector.get("matchLabels")).items():
+        if object_labels.get(key) != value:
+            return False
+    for expression in as_list(selector.get("matchExpressions")):
+        expression = as_map(expression)
+        key, operator = expression.get("key"), expression.get("operator")
+        values = {str(v) for v in as_list(expression.get("values"))}
+        present = key in object_labels
+        if operator == "In" and not (present and str(object_labels[key]) in values):
+            return False
+        if operator == "NotIn" and present and str(object_labels[key]) in values:
+            return False
+        if operator == "Exists" and not present:
+            return False
+        if operator == "DoesNotExist" and present:
+            return False
+    return True
+
+
+def ancestors(resource: PolicyResource) -> Iterator[PolicyResource]:
+    node = resource.parent
+    while node is not None:
+        yield node
+        node = node.parent

@@ -1,0 +1,162 @@
+"""Reliability: state survives a destroy or a replacement, and charts install what was reviewed.
+
+Stateful resources (volumes, StatefulSets, CRDs, the charts that hold the platform's state and
+the namespaces around them) are protected (`protect=True`) and retained on delete
+(`retain_on_delete=True`), and the StorageClasses their volumes use keep volumes on release.
+Helm charts come at exact versions from the repositories of the catalog (factory/catalog.py).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, Iterator
+
+from pulumi_policy import PolicyResource
+
+from factory.catalog import CHARTS
+from policies.aif_policies.core import Violation, protected, resource_policy, retain_on_delete, stack_policy
+from policies.aif_policies.kube import HELM_TYPES, Cluster, as_list, as_map, describe, group_of, helm_chart
+
+STATEFUL_KINDS = {
+    # kind: API group. Deleting one of these deletes data (CRDs take every custom resource with them).
+    "PersistentVolumeClaim": "",
+    "PersistentVolume": "",
+    "StatefulSet": "apps",
+    "CustomResourceDefinition": "apiextensions.k8s.io",
+    "Cluster": "postgresql.cnpg.io",
+}
+STATEFUL_CHARTS = {
+    # chart name: the state it holds. Review any addition.
+    "openbao": "OpenBao's integrated Raft storage (every tenant's secrets)",
+    "postgresql": "a PostgreSQL database",
+}
+
+
+def _stateful(resource: PolicyResource) -> str | None:
+    """What state a resource holds, None if it holds none."""
+    if resource.resource_type in HELM_TYPES:
+        chart = helm_chart(resource.resource_type, resource.props)
+        return STATEFUL_CHARTS.get(chart.chart_name)
+    kind = resource.resource_type.rsplit(":", 1)[-1]
+    if resource.resource_type.startswith("kubernetes:") and STATEFUL_KINDS.get(kind) == group_of(resource.resource_type):
+        return f"a {kind}'s data"
+    return None
+
+
+def _namespace(resource: PolicyResource) -> str | None:
+    if resource.resource_type in HELM_TYPES:
+        return helm_chart(resource.resource_type, resource.props).namespace
+    return as_map(as_map(resource.props).get("metadata")).get("namespace")
+
+
+def storage_classes(value: Any) -> Iterator[str]:
+    """StorageClass names a resource's spec or chart values ask for (`storageClassName`, `storageClass`)."""
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if key in ("storageClassName", "storageClass") and isinstance(item, str) and item:
+                yield item
+            elif key != "metadata":
+                yield from storage_classes(item)
+    elif isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+        for item in value:
+            yield from storage_classes(item)
+
+
+def protection_problem(resource: PolicyResource) -> str | None:
+    """What is missing for `resource` to survive a destroy: protection (both the pack and the
+    offline run see it), or retention once protected (only the offline run sees it)."""
+    if protected(resource) is False:
+        return "is not protected: pass protect=True, retain_on_delete=True in its resource options"
+    if retain_on_delete(resource) is False:
+        return "is protected but not retained on delete: pass retain_on_delete=True in its resource options too"
+    return None
+
+
+def check_stateful_resources_protected(resources: Sequence[PolicyResource], config: Mapping[str, Any]) -> Iterator[Violation]:
+    cluster = Cluster(resources)
+    namespaces = {ns.name: ns for ns in cluster.of("Namespace")}
+    classes = {sc.name: sc for sc in cluster.of("StorageClass")}
+    holders: dict[str, str] = {}
+    used_classes: dict[str, str] = {}
+    for resource in resources:
+        state = _stateful(resource)
+        if state is None:
+            continue
+        name = describe(resource.resource_type, resource.props, resource.name)
+        problem = protection_problem(resource)
+        if problem:
+            yield resource, f"{name} holds {state} but {problem}, so that no destroy, replacement or removal from the program deletes it."
+        namespace = _namespace(resource)
+        if namespace:
+            holders.setdefault(namespace, name)
+        source = helm_chart(resource.resource_type, resource.props).values if resource.resource_type in HELM_TYPES else resource.props
+        for storage_class in storage_classes(source):
+            used_classes.setdefault(storage_class, name)
+        if resource.resource_type.endswith(":PersistentVolume"):
+            policy = as_map(as_map(resource.props).get("spec")).get("persistentVolumeReclaimPolicy")
+            if policy != "Retain":
+                yield resource, f"{name} has reclaim policy {policy or 'unset'}: set persistentVolumeReclaimPolicy Retain."
+    for namespace, holder in sorted(holders.items()):
+        ns = namespaces.get(namespace)
+        problem = protection_problem(ns.resource) if ns else None
+        if problem:
+            yield ns.resource, f"Namespace {namespace} holds {holder} but {problem}: deleting a namespace deletes everything in it."
+    for storage_class, user in sorted(used_classes.items()):
+        sc = classes.get(storage_class)
+        if sc is not None and sc.props.get("reclaimPolicy") != "Retain":
+            yield sc.resource, (
+                f"StorageClass {storage_class} (used by {user}) has reclaimPolicy {sc.props.get('reclaimPolicy') or 'Delete'}: "
+                "volumes of stateful parts must outlive their claims; set reclaimPolicy: Retain."
+            )
+
+
+# --------------------------------------------------------------------------- charts-pinned
+
+EXACT_VERSION = re.compile(r"^v?\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?$")
+REPOSITORY_SETTINGS = {
+    "additionalRepositories": {
+        "type": "array",
+        "items": {"type": "string"},
+        "default": [],
+        "description": "Chart repositories (https:// or oci:// prefixes) allowed besides the catalog's, e.g. an internal mirror.",
+    }
+}
+
+
+def known_repositories(config: Mapping[str, Any]) -> set[str]:
+    return {c.repository.rstrip("/") for c in CHARTS.values()} | {str(r).rstrip("/") for r in as_list(config.get("additionalRepositories"))}
+
+
+def check_charts_pinned(resource_type: str, props: Mapping[str, Any], config: Mapping[str, Any]) -> Iterator[str]:
+    if resource_type not in HELM_TYPES:
+        return
+    chart = helm_chart(resource_type, props)
+    name = describe(resource_type, props)
+    if not EXACT_VERSION.match(chart.version):
+        yield (
+            f"{name}: version {chart.version or '(none)'!r} is not an exact chart version; pin one (factory/catalog.py) "
+            "so that the same config always installs the same chart."
+        )
+    if not chart.repository:
+        yield f"{name}: chart {chart.chart!r} comes from no repository (a local path?); install published charts from the catalog's repositories."
+    elif chart.repository.rstrip("/") not in known_repositories(config):
+        yield (
+            f"{name}: repository {chart.repository} is not a repository of the catalog (factory/catalog.py); install "
+            "charts from their official repositories, or list a mirror in the policy's additionalRepositories setting."
+        )
+
+
+POLICIES = [
+    stack_policy(
+        "stateful-resources-protected",
+        "Stateful resources and their namespaces are protected and retained on delete; their StorageClasses retain volumes.",
+        check_stateful_resources_protected,
+    ),
+    resource_policy(
+        "charts-pinned",
+        "Every Helm chart is pinned to an exact version from a known repository.",
+        check_charts_pinned,
+        settings=REPOSITORY_SETTINGS,
+    ),
+]

@@ -1,0 +1,205 @@
+"""The platform contract: what the platform stack exports for tenant stacks, versioned.
+
+The platform program (`factory.program`) exports the stack output `contract`, built here from the
+validated configuration and the plan. Tenant stacks read it through a `StackReference` and never
+see the platform's resources:
+
+- where tenants connect: the cluster's API server and the OIDC issuer they sign in with;
+- tenant-facing names: GPU offerings (the Kueue flavors), each registered tenant's names
+  (namespace, queues, group subjects), Kueue cohort and GPU allocation, every GPU resource name
+  nodes advertise;
+- what a tenant program needs to rebuild the platform's tenant hooks on its own: the platform
+  configuration and the plan, both plain data.
+
+Nothing in `contract` is secret: the configuration is in it with every `SecretValue` as
+`[secret]` (its serialised form), so anyone who may read the platform's outputs reads it in
+clear. The secret values themselves go to a second output, `contract_secrets`, exported as a
+Pulumi secret: encrypted in the platform's state, decrypted only inside a tenant program (some
+hooks manage live systems: the identity hook logs in to Keycloak, the secrets hook to OpenBao),
+and encrypted again in the tenant's state wherever a hook uses them.
+
+`contract_version` changes whenever a field changes meaning or goes away; a reader of another
+version fails fast with a message instead of misreading the platform.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any, Iterator
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from factory.config import SECTIONS, FactoryConfig, Identity, Tenant
+from factory.loading import ConfigError, validate
+from factory.placement import Offering, TenantAllocation, advertised_resources, allocations, offerings
+from factory.planner import Plan
+from factory.quotas import queue_plan
+from factory.secrets import SecretValue
+from factory.tenancy import TenantNames, tenant_names
+
+CONTRACT_VERSION = 1
+CONTRACT_OUTPUT = "contract"
+"""The platform stack's output holding the contract."""
+CONTRACT_SECRETS_OUTPUT = "contract_secrets"
+"""The platform stack's secret output holding the configuration's secret values."""
+PLATFORM_PROJECT = "ai-factory"
+"""The platform's Pulumi project (`Pulumi.yaml`); its stacks are the environments."""
+TENANT_DECIDED = ("owners",)
+"""What a tenant decides about itself. Every other field of a tenant (trust, trust domain,
+isolation, GPUs, quota, borrowing, organisation, which stack builds it) is the platform team's."""
+
+
+class ContractError(Exception):
+    """The platform stack has no contract this library can read (not deployed, or another version)."""
+
+
+class PlatformContract(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    contract_version: int = CONTRACT_VERSION
+    environment: str
+    """The platform stack (environment) that exported the contract."""
+    kubernetes_version: str
+    api_server: str | None
+    """The host cluster's API server as tenants reach it (`kubernetes.api_server`)."""
+    identity: Identity | None
+    """The OIDC issuer users sign in with, and the audience and claims API servers expect."""
+    offerings: tuple[Offering, ...]
+    allocations: dict[str, TenantAllocation]
+    """Per registered tenant, its GPU grants per offering and its dedicated nodes."""
+    tenants: dict[str, TenantNames]
+    """Per registered tenant, the names every layer knows it by."""
+    cohorts: dict[str, str]
+    """Per registered tenant, the Kueue cohort its ClusterQueue borrows in (none without Kueue)."""
+    advertised_resources: tuple[str, ...]
+    """Every GPU resource name the platform's nodes advertise (what tenant quotas must cover)."""
+    platform_config: dict[str, Any]
+    """The platform configuration, secrets as `[secret]`: tenant programs rebuild hooks from it."""
+    plan: dict[str, Any]
+    """The capacity plan (`Plan.to_json`), for the same reason."""
+
+    # ------------------------------------------------------------------ the stack output
+
+    def to_output(self) -> str:
+        """The contract as the stack output holds it: one JSON document. A structured output would
+        not survive the engine intact (numbers become floats, null members disappear)."""
+        return self.model_dump_json()
+
+    @classmethod
+    def from_output(cls, output: Any, stack: str) -> PlatformContract:
+        """The contract a platform stack exported, or a `ContractError` saying what to do."""
+        if output is None:
+            raise ContractError(f"platform stack {stack} exports no {CONTRACT_OUTPUT!r}: deploy it first (python -m stacks platform up)")
+        try:
+            value = json.loads(output)
+        except (TypeError, ValueError):
+            value = None
+        version = value.get("contract_version") if isinstance(value, dict) else None
+        if version != CONTRACT_VERSION:
+            raise ContractError(
+                f"platform stack {stack} exports contract version {version}; this library reads version {CONTRACT_VERSION}: "
+                "deploy the platform and the tenants from the same release"
+            )
+        try:
+            return cls.model_validate(value)
+        except ValidationError as err:
+            raise ContractError(f"platform stack {stack} exports an unreadable contract: {err}") from None
+
+    def config(self, secrets: str) -> FactoryConfig:
+        """The platform configuration, its secret values put back from `contract_secrets` (the
+        engine decrypted them: as for `pulumi up`, plain strings are accepted where secrets go)."""
+        raw = copy.deepcopy(self.platform_config)
+        for secret in json.loads(secrets):
+            *parents, last = secret["path"]
+            node = raw
+            for part in parents:
+                node = node[part]
+            node[last] = secret["value"]
+        try:
+            return validate(raw, decrypted_secret_sections=set(SECTIONS), source=f"platform contract of {self.environment}")
+        except ConfigError as err:
+            raise ContractError(err.render()) from None
+
+    def capacity_plan(self) -> Plan:
+        return Plan.from_json(json.dumps(self.plan))
+
+    def registration(self, name: str) -> Tenant | None:
+        """The tenant as the platform configuration registers it, if it does."""
+        return next((Tenant.model_validate(t) for t in self.platform_config.get("tenants", []) if t.get("name") == name), None)
+
+    # ------------------------------------------------------------------ checking a tenant
+
+    def tenant_problems(self, tenant: Tenant) -> list[str]:
+        """Why the platform cannot host `tenant` as given, one `tenant.<field>: ...` line per field.
+
+        The platform hosts in tenant stacks the tenants its configuration registers with
+        `managed_by: tenant-stack` (GPUs, queues and trust domains are planned with every tenant),
+        each as registered but for its owners."""
+        registered = self.registration(tenant.name)
+        if registered is None:
+            return [
+                f"tenant.name: {tenant.name!r} is not a tenant of platform {self.environment}: its GPUs, queues and trust "
+                "are planned with every other tenant's; register it in the platform config (`tenants`) and update the platform"
+            ]
+        if registered.managed_by != "tenant-stack":
+            return [
+                f"tenant.managed_by: {tenant.name!r} is built by the platform stack of {self.environment}; set its "
+                "`managed_by: tenant-stack` in the platform config and update the platform to give it a stack of its own"
+            ]
+        given, wanted = _decided_by_platform(tenant), _decided_by_platform(registered)
+        return [
+            f"tenant.{field}: {_show(given[field])} differs from the platform's registration of {tenant.name!r} in {self.environment}: {_show(wanted[field])}"
+            for field in sorted(given)
+            if given[field] != wanted[field]
+        ]
+
+
+def platform_contract(cfg: FactoryConfig, plan: Plan, environment: str) -> PlatformContract:
+    """The contract of one environment, from its validated configuration and its plan."""
+    return PlatformContract(
+        environment=environment,
+        kubernetes_version=cfg.kubernetes.version,
+        api_server=cfg.kubernetes.api_server,
+        identity=cfg.identity,
+        offerings=tuple(offerings(plan)),
+        allocations=allocations(plan, {t.name: t.domain for t in cfg.tenants}),
+        tenants={t.name: tenant_names(t) for t in cfg.tenants},
+        cohorts={q.tenant: q.cohort for q in queue_plan(cfg, plan).cluster_queues} if cfg.layers.kueue.enabled else {},
+        advertised_resources=advertised_resources(plan),
+        platform_config=cfg.model_dump(mode="json"),
+        plan=json.loads(plan.to_json()),
+    )
+
+
+def platform_secrets(cfg: FactoryConfig) -> str:
+    """The value of `contract_secrets` (to export as a Pulumi secret): every `SecretValue` of the
+    configuration with its path."""
+    return json.dumps([{"path": list(path), "value": secret.reveal()} for path, secret in _secret_values(cfg, ())])
+
+
+def _secret_values(value: Any, path: tuple[str | int, ...]) -> Iterator[tuple[tuple[str | int, ...], SecretValue]]:
+    if isinstance(value, SecretValue):
+        yield path, value
+    elif isinstance(value, BaseModel):
+        for name in type(value).model_fields:
+            yield from _secret_values(getattr(value, name), (*path, name))
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            yield from _secret_values(item, (*path, i))
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _secret_values(item, (*path, key))
+
+
+def _decided_by_platform(tenant: Tenant) -> dict[str, Any]:
+    """The tenant's fields the platform decides, defaults resolved (an unset trust domain is the
+    tenant's own; an unset isolation follows trust) so that equal meanings compare equal."""
+    fields = tenant.model_dump(mode="json", exclude=set(TENANT_DECIDED))
+    fields["trust_domain"] = tenant.domain
+    fields["isolation"] = tenant.control_plane
+    return fields
+
+
+def _show(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)

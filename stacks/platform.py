@@ -1,0 +1,81 @@
+"""Platform stacks: the top-level project (`Pulumi.yaml`, `__main__.py`), one stack per
+environment, run through the Automation API.
+
+    platforms = PlatformStacks(Backend())
+    result = platforms.up("dev", on_output=print)
+    result.changes, result.outputs["contract"]
+
+The environment's configuration is `Pulumi.<env>.yaml` of the project, as for `pulumi up`; it is
+validated (and planned) offline before the CLI runs, so a mistake fails with every problem and
+its path and nothing is touched. Operations on one environment run one at a time.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pulumi import automation as auto
+
+from factory.loading import PROJECT_DIR, load_stack_file
+from factory.planning import plan_for, previous_plan
+from stacks import backend as ops
+from stacks.backend import Backend, KeyedLocks, OnEvent, OnOutput, StackResult, check_name
+from stacks.contract import CONTRACT_OUTPUT, PLATFORM_PROJECT, ContractError, PlatformContract
+
+
+class PlatformStacks:
+    def __init__(self, backend: Backend | None = None, *, project_dir: Path = PROJECT_DIR, pulumi_command: auto.PulumiCommand | None = None):
+        self.backend = backend or Backend()
+        self.project_dir = project_dir
+        self._pulumi_command = pulumi_command
+        self._locks = KeyedLocks()
+
+    def stack_name(self, env: str) -> str:
+        return self.backend.stack_name(PLATFORM_PROJECT, env)
+
+    def preview(self, env: str, *, on_output: OnOutput | None = None, on_event: OnEvent | None = None) -> StackResult:
+        self._validate(env)
+        with self._locks(env):
+            return ops.preview(self._stack(env, create=True), on_output, on_event)
+
+    def up(self, env: str, *, on_output: OnOutput | None = None, on_event: OnEvent | None = None) -> StackResult:
+        self._validate(env)
+        with self._locks(env):
+            return ops.up(self._stack(env, create=True), on_output, on_event)
+
+    def destroy(self, env: str, *, on_output: OnOutput | None = None, on_event: OnEvent | None = None) -> StackResult:
+        """Destroy the environment but its protected resources (stateful parts): they stay, and the
+        result lists them. The stack stays too, with its history."""
+        check_name("environment", env)
+        self.backend.check()
+        with self._locks(env):
+            return ops.destroy_keeping_protected(self._stack(env, create=False), on_output, on_event)
+
+    def contract(self, env: str) -> PlatformContract:
+        """The contract the environment's platform stack exported at its last update."""
+        check_name("environment", env)
+        self.backend.check()
+        name = self.stack_name(env)
+        try:
+            outputs = ops.masked_outputs(self._workspace(), name)
+        except auto.StackNotFoundError:
+            raise ContractError(f"no platform stack {name}: deploy it first (python -m stacks platform up {env})") from None
+        return PlatformContract.from_output(outputs.get(CONTRACT_OUTPUT), name)
+
+    def _validate(self, env: str) -> None:
+        """Everything `pulumi up` would refuse, refused before the CLI runs (`ConfigError`)."""
+        check_name("environment", env)
+        self.backend.check()
+        plan_for(load_stack_file(env, self.project_dir), previous_plan(env, self.project_dir))
+
+    def _stack(self, env: str, *, create: bool) -> auto.Stack:
+        init = auto.Stack.create_or_select if create else auto.Stack.select
+        return init(self.stack_name(env), self._workspace())
+
+    def _workspace(self) -> auto.LocalWorkspace:
+        return auto.LocalWorkspace(**vars(self.backend.workspace_options(self._command(), work_dir=str(self.project_dir))))
+
+    def _command(self) -> auto.PulumiCommand:
+        if self._pulumi_command is None:
+            self._pulumi_command = ops.pulumi_cli()
+        return self._pulumi_command

@@ -1,0 +1,355 @@
+"""Tenant stacks: one Pulumi stack per tenant and environment, so that a tenant change can never
+touch another tenant or the platform.
+
+    tenants = TenantStacks(Backend())
+    tenants.create("dev", {"name": "partner-acme", "trust": "low", "owners": {"groups": ["partner-acme"]}, "gpus": [...]})
+    tenants.status("dev", "partner-acme").last_operation.result
+    tenants.delete("dev", "partner-acme").kept    # protected resources stay, and say so
+
+Stacks are `<org>/ai-factory-tenant/<env>.<tenant>`. Their program (`tenant_program`, inline) reads
+the tenant from the stack's config and the platform contract through a `StackReference`, then
+builds one `TenantStack`. Before anything runs, the tenant is validated (every problem, with its
+path) and checked against the contract: the platform registers its tenants and decides
+everything about them but their owners (`stacks.contract`). Operations on one tenant run one at a time (in order), on different
+tenants in parallel. Each tenant stack keeps its workspace (`Pulumi.yaml`, `Pulumi.<stack>.yaml`)
+in `<state_dir>/tenants/<env>.<tenant>/`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import pulumi
+import yaml
+from pulumi import automation as auto
+from pydantic import BaseModel
+
+from components.tenant_stack import TenantStack, tenant_stack_args
+from factory.config import Tenant
+from factory.loading import PROJECT_DIR, ConfigError, read_stack_file, stack_file, validate_tenant
+from factory.platform import tenant_hooks
+from stacks import backend as ops
+from stacks.backend import Backend, KeyedLocks, OnEvent, OnOutput, StackResult, check_name
+from stacks.contract import CONTRACT_OUTPUT, CONTRACT_SECRETS_OUTPUT, ContractError, PlatformContract
+from stacks.platform import PlatformStacks
+
+TENANT_PROJECT = "ai-factory-tenant"
+TENANT_KEY = f"{TENANT_PROJECT}:tenant"
+"""Stack config: the tenant, as JSON."""
+PLATFORM_KEY = f"{TENANT_PROJECT}:platform"
+"""Stack config: the platform stack whose contract the tenant is built against."""
+TENANT_OUTPUTS = ("namespace", "control_plane", "group_subjects", "local_queue", "labels")
+"""`TenantStack` outputs the tenant stack exports (with `tenant`, the tenant as deployed): the
+names other services use to reach the tenant's environment."""
+PROVIDER_NAMESPACES = ("kubernetes",)
+"""Provider settings a tenant stack takes from its platform's stack file, so that it targets the
+same cluster (`kubernetes:context`, ...)."""
+
+TenantInput = Tenant | Mapping[str, Any]
+
+
+class TenantNotFound(LookupError):
+    pass
+
+
+class TenantExists(Exception):
+    pass
+
+
+# --------------------------------------------------------------------------- the program
+
+
+async def tenant_program() -> None:
+    """The program of every tenant stack: one tenant's environment, against its platform's contract."""
+    config = pulumi.Config(TENANT_PROJECT)
+    source = f"stack {pulumi.get_stack()}"
+    try:
+        tenant = validate_tenant(config.require_object("tenant"), source=source)
+    except ConfigError as err:
+        raise pulumi.RunError(err.render()) from None
+    platform_stack = config.require("platform")
+    platform = pulumi.StackReference("platform", stack_name=platform_stack)
+    exported = await platform.get_output_details(CONTRACT_OUTPUT)
+    secrets = await platform.get_output_details(CONTRACT_SECRETS_OUTPUT)
+    try:
+        contract = PlatformContract.from_output(exported.value, platform_stack)
+        if secrets.secret_value is None:
+            raise ContractError(f"platform stack {platform_stack} exports no secret {CONTRACT_SECRETS_OUTPUT!r}: deploy it again")
+        cfg, plan = contract.config(secrets.secret_value), contract.capacity_plan()
+    except ContractError as err:
+        raise pulumi.RunError(str(err)) from None
+    # Checked before the CLI ran too; checked again against the contract the engine read.
+    if problems := contract.tenant_problems(tenant):
+        raise pulumi.RunError(ConfigError(problems, source=source).render())
+    stack = TenantStack(tenant.name, tenant_stack_args(cfg, plan, tenant, tenant_hooks(cfg, plan)))
+    pulumi.export("tenant", tenant.model_dump(mode="json"))
+    for output in TENANT_OUTPUTS:
+        pulumi.export(output, getattr(stack, output))
+
+
+# --------------------------------------------------------------------------- results
+
+
+class TenantSummary(BaseModel):
+    name: str
+    stack: str
+    owners: list[str]
+    """The deployed tenant's owner groups (empty until an update succeeded)."""
+    last_update: datetime | None
+    resource_count: int | None
+    update_in_progress: bool | None
+
+
+class LastOperation(BaseModel):
+    kind: str
+    """`update`, `destroy`, `refresh`, ..."""
+    result: str
+    """`succeeded`, `failed` or `in-progress`."""
+    started: datetime
+    ended: datetime | None
+    changes: dict[str, int]
+
+
+class TenantStatus(BaseModel):
+    environment: str
+    name: str
+    stack: str
+    tenant: Tenant | None
+    """The tenant as last deployed."""
+    last_operation: LastOperation | None
+    outputs: dict[str, Any]
+    """The stack's outputs; secret ones are `[secret]`."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TenantRecord:
+    """What is known of a tenant before acting on it: what is deployed, what the platform registers."""
+
+    deployed: Tenant | None
+    exists: bool
+    registered: Tenant | None
+
+
+# --------------------------------------------------------------------------- the API
+
+
+class TenantStacks:
+    def __init__(
+        self,
+        backend: Backend | None = None,
+        *,
+        platforms: PlatformStacks | None = None,
+        project_dir: Path = PROJECT_DIR,
+        pulumi_command: auto.PulumiCommand | None = None,
+    ):
+        self.backend = backend or Backend()
+        self.project_dir = project_dir
+        self.platforms = platforms or PlatformStacks(self.backend, project_dir=project_dir, pulumi_command=pulumi_command)
+        self._pulumi_command = pulumi_command
+        self._locks = KeyedLocks()
+
+    def stack_name(self, env: str, name: str) -> str:
+        return self.backend.stack_name(TENANT_PROJECT, f"{env}.{name}")
+
+    def check(self, env: str, tenant: TenantInput) -> Tenant:
+        """The tenant, validated and checked against the environment's platform contract
+        (`ConfigError` listing every problem with its path). Reads only; runs no program."""
+        check_name("environment", env)
+        tenant = validate_tenant(tenant.model_dump(mode="json") if isinstance(tenant, Tenant) else tenant)
+        if problems := self.platforms.contract(env).tenant_problems(tenant):
+            raise ConfigError(problems, source=f"tenant {tenant.name!r} of {env}")
+        return tenant
+
+    def create(self, env: str, tenant: TenantInput, *, on_output: OnOutput | None = None, on_event: OnEvent | None = None) -> StackResult:
+        """A new tenant stack, deployed. `TenantExists` if the tenant has one already."""
+        tenant = self.check(env, tenant)
+        settings = self._settings(env, tenant)
+        with self._locks(self.stack_name(env, tenant.name)):
+            try:
+                stack = self._stack(env, tenant.name, auto.Stack.create)
+            except auto.StackAlreadyExistsError:
+                raise TenantExists(f"tenant {tenant.name!r} of {env} exists already ({self.stack_name(env, tenant.name)})") from None
+            _configure(stack, settings)
+            return ops.up(stack, on_output, on_event)
+
+    def update(self, env: str, tenant: TenantInput, *, on_output: OnOutput | None = None, on_event: OnEvent | None = None) -> StackResult:
+        """The tenant's stack brought to `tenant` (and to the platform's current contract)."""
+        tenant = self.check(env, tenant)
+        settings = self._settings(env, tenant)
+        with self._locks(self.stack_name(env, tenant.name)):
+            stack = self._existing(env, tenant.name)
+            _configure(stack, settings)
+            return ops.up(stack, on_output, on_event)
+
+    def preview(self, env: str, tenant: TenantInput, *, on_output: OnOutput | None = None, on_event: OnEvent | None = None) -> StackResult:
+        """What `create` or `update` would change. A stack made only for the preview is removed after it."""
+        tenant = self.check(env, tenant)
+        settings = self._settings(env, tenant)
+        with self._locks(self.stack_name(env, tenant.name)):
+            try:
+                stack, new = self._stack(env, tenant.name, auto.Stack.select), False
+            except auto.StackNotFoundError:
+                stack, new = self._stack(env, tenant.name, auto.Stack.create), True
+            try:
+                _configure(stack, settings)
+                return ops.preview(stack, on_output, on_event)
+            finally:
+                if new:
+                    self._remove(stack, env, tenant.name)
+
+    def delete(self, env: str, name: str, *, on_output: OnOutput | None = None, on_event: OnEvent | None = None) -> StackResult:
+        """Destroy the tenant's resources but the protected ones. With nothing kept in it, the stack
+        is removed; otherwise it stays, holding what was kept (listed in the result)."""
+        check_name("environment", env)
+        check_name("tenant", name)
+        self.backend.check()
+        with self._locks(self.stack_name(env, name)):
+            stack = self._existing(env, name)
+            result = ops.destroy_keeping_protected(stack, on_output, on_event)
+            if any(k.reason != "retained on delete" for k in result.kept):
+                return result
+            self._remove(stack, env, name)
+            return result.model_copy(update={"removed": True})
+
+    def list(self, env: str) -> list[TenantSummary]:
+        check_name("environment", env)
+        self.backend.check()
+        workspace = self._project_workspace()
+        prefix = f"{env}."
+        summaries = []
+        for stack in workspace.list_stacks():
+            short = stack.name.rsplit("/", 1)[-1]
+            if not short.startswith(prefix):
+                continue
+            deployed = _deployed(ops.masked_outputs(workspace, self.stack_name(env, short.removeprefix(prefix))))
+            summaries.append(
+                TenantSummary(
+                    name=short.removeprefix(prefix),
+                    stack=self.stack_name(env, short.removeprefix(prefix)),
+                    owners=list(deployed.owners.groups) if deployed else [],
+                    last_update=stack.last_update,
+                    resource_count=stack.resource_count,
+                    update_in_progress=stack.update_in_progress,
+                )
+            )
+        return sorted(summaries, key=lambda s: s.name)
+
+    def status(self, env: str, name: str) -> TenantStatus:
+        check_name("environment", env)
+        check_name("tenant", name)
+        self.backend.check()
+        stack = self._existing(env, name)
+        outputs = ops.masked_outputs(stack.workspace, stack.name)
+        last = stack.history(page_size=1, show_secrets=False)
+        return TenantStatus(
+            environment=env,
+            name=name,
+            stack=stack.name,
+            tenant=_deployed(outputs),
+            last_operation=_last_operation(last[0]) if last else None,
+            outputs=outputs,
+        )
+
+    def record(self, env: str, name: str) -> TenantRecord:
+        """What is deployed of the tenant, and what the platform registers of it (for authorisation).
+        A platform without a readable contract registers nothing: its tenants can still be read
+        and deleted, while creating or updating one fails on the contract."""
+        check_name("environment", env)
+        check_name("tenant", name)
+        self.backend.check()
+        try:
+            outputs, exists = ops.masked_outputs(self._project_workspace(), self.stack_name(env, name)), True
+        except auto.StackNotFoundError:
+            outputs, exists = {}, False
+        try:
+            registered = self.platforms.contract(env).registration(name)
+        except ContractError:
+            registered = None
+        return TenantRecord(deployed=_deployed(outputs), exists=exists, registered=registered)
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _settings(self, env: str, tenant: Tenant) -> dict[str, str]:
+        """The stack's config: the tenant, its platform stack, the platform's provider settings."""
+        return {
+            TENANT_KEY: json.dumps(tenant.model_dump(mode="json"), sort_keys=True),
+            PLATFORM_KEY: self.platforms.stack_name(env),
+            **provider_settings(env, self.project_dir),
+        }
+
+    def _existing(self, env: str, name: str) -> auto.Stack:
+        try:
+            return self._stack(env, name, auto.Stack.select)
+        except auto.StackNotFoundError:
+            raise TenantNotFound(f"tenant {name!r} of {env} has no stack ({self.stack_name(env, name)})") from None
+
+    def _stack(self, env: str, name: str, init: Callable[[str, auto.Workspace], auto.Stack]) -> auto.Stack:
+        work_dir = self._workspaces() / f"{env}.{name}"
+        work_dir.mkdir(parents=True, exist_ok=True)
+        return init(self.stack_name(env, name), self._workspace(work_dir, program=tenant_program))
+
+    def _remove(self, stack: auto.Stack, env: str, name: str) -> None:
+        stack.workspace.remove_stack(stack.name)
+        shutil.rmtree(self._workspaces() / f"{env}.{name}", ignore_errors=True)
+
+    def _project_workspace(self) -> auto.LocalWorkspace:
+        """A workspace of the tenant project for commands on any of its stacks (list, outputs)."""
+        self._workspaces().mkdir(parents=True, exist_ok=True)
+        return self._workspace(self._workspaces())
+
+    def _workspaces(self) -> Path:
+        return self.backend.state_dir / "tenants"
+
+    def _workspace(self, work_dir: Path, **options: Any) -> auto.LocalWorkspace:
+        if self._pulumi_command is None:
+            self._pulumi_command = ops.pulumi_cli()
+        project = auto.ProjectSettings(name=TENANT_PROJECT, runtime="python", main=str(self.project_dir))
+        return auto.LocalWorkspace(
+            **vars(self.backend.workspace_options(self._pulumi_command, work_dir=str(work_dir), project_settings=project, **options))
+        )
+
+
+def _configure(stack: auto.Stack, settings: Mapping[str, str]) -> None:
+    """One `pulumi config set` per key. None of it is secret: a secret never goes through
+    `config set`, whose value is a command-line argument."""
+    for key, value in settings.items():
+        stack.set_config(key, auto.ConfigValue(value))
+
+
+def provider_settings(env: str, project_dir: Path = PROJECT_DIR) -> dict[str, str]:
+    """The platform stack file's provider settings tenant stacks share (plain values only: a
+    secret one could only be copied through a command line)."""
+    path = stack_file(env, project_dir)
+    read_stack_file(path)  # a missing or broken file fails as it does everywhere
+    config = (yaml.safe_load(path.read_text()) or {}).get("config") or {}
+    settings, problems = {}, []
+    for key, value in sorted(config.items()):
+        if str(key).partition(":")[0] not in PROVIDER_NAMESPACES:
+            continue
+        if isinstance(value, dict) and "secure" in value:
+            problems.append(f"{key}: a secret provider setting cannot be shared with tenant stacks; use a plain one (kubernetes:context)")
+            continue
+        settings[str(key)] = value if isinstance(value, str) else json.dumps(value)
+    if problems:
+        raise ConfigError(problems, source=str(path))
+    return settings
+
+
+def _deployed(outputs: Mapping[str, Any]) -> Tenant | None:
+    value = outputs.get("tenant")
+    return Tenant.model_validate(value) if isinstance(value, dict) else None
+
+
+def _last_operation(summary: auto.UpdateSummary) -> LastOperation:
+    return LastOperation(
+        kind=summary.kind,
+        result=summary.result,
+        started=summary.start_time,
+        ended=summary.end_time,
+        changes={getattr(op, "value", op): n for op, n in sorted((summary.resource_changes or {}).items())},
+    )

@@ -1,0 +1,88 @@
+"""Tenant-deletion safety: removing a tenant changes exactly its objects (`factory diff`)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from factory.cli import main
+from factory.diff import TenantRemoval, difference, tenant_removal
+from factory.render import Manifest, Rendered
+from tests.conftest import REPO
+
+SEARCH_EVAL = """\
+    # A second tenant of the `internal` trust domain.
+    - name: search-eval
+      trust: high
+      trust_domain: internal
+      owners: {groups: [search-eval-admins]}
+      gpus:
+        - {pool: a100-mig, mig: {1g.10gb: 1}}
+"""
+
+
+@pytest.fixture
+def shared_domain_stack(tmp_path):
+    """dev plus a tenant that shares its trust domain with `search`, as a stack file."""
+    path = tmp_path / "Pulumi.shared.yaml"
+    path.write_text((REPO / "Pulumi.dev.yaml").read_text() + SEARCH_EVAL)
+    return path
+
+
+def test_removing_a_tenant_changes_only_its_objects(shared_domain_stack, capsys):
+    assert main(["diff", str(shared_domain_stack), "--without-tenant", "search-eval"]) == 0
+    out = capsys.readouterr().out
+    listed = [line.split()[1] for line in out.splitlines() if line.startswith("  - manifests/")]
+    assert listed and all(path.startswith("manifests/tenant-search-eval/") for path in listed)
+    assert "manifests/tenant-search-eval/_cluster/namespace-tenant-search-eval.yaml" in listed
+    assert "[protected, kept in the cluster]" in out
+    assert "its grant returns to its trust domain internal (1 object(s) of that domain only):" in out
+    assert out.rstrip().endswith("no other object changes: nothing shared with another trust domain, nothing of another tenant")
+
+
+@pytest.mark.parametrize("tenant", ["search", "partner-acme"])
+def test_removing_a_dev_tenant_changes_only_its_objects_its_domains_and_released_capacity(dev_raw, tenant):
+    removal = tenant_removal(copy.deepcopy(dev_raw[0]), dev_raw[1], tenant, "dev")
+    assert removal.unexpected == []
+    assert removal.removal.removed and all(m.path.startswith(f"manifests/tenant-{tenant}/") for m in removal.removal.removed if m.tenant)
+    assert not any(m.tenant for m in [*removal.release.removed, *removal.release.added, *(b for b, _ in removal.release.changed)])
+
+
+def manifest(kind: str, name: str, tenant: str | None, **spec) -> Manifest:
+    return Manifest({"apiVersion": "v1", "kind": kind, "metadata": {"name": name}, "spec": spec}, f"tenant-{tenant}" if tenant else "fleet", tenant, "test")
+
+
+def rendered(*manifests: Manifest) -> Rendered:
+    return Rendered(None, "1.34", list(manifests), [])
+
+
+def test_a_shared_or_other_tenants_object_touched_by_a_removal_is_reported():
+    before = rendered(manifest("Namespace", "tenant-a", "a"), manifest("Cohort", "domain", None), manifest("ConfigMap", "b", "b", x=1))
+    after = rendered(manifest("ConfigMap", "b", "b", x=2))
+    removal = TenantRemoval("a", "a", difference(before, after), difference(after, after))
+    assert removal.unexpected[:2] == [
+        "removal deletes manifests/fleet/_cluster/cohort-domain.yaml (platform)",
+        "removal changes manifests/tenant-b/_cluster/configmap-b.yaml (tenant b)",
+    ]
+    assert "UNEXPECTED: 2 other change(s):" in removal.render("env")
+
+
+def test_a_tenant_object_that_survives_its_removal_is_reported():
+    mine = manifest("ConfigMap", "mine", "a")
+    removal = TenantRemoval("a", "a", difference(rendered(mine), rendered(mine)), difference(rendered(mine), rendered(mine)))
+    assert removal.unexpected == ["removal keeps manifests/tenant-a/_cluster/configmap-mine.yaml (tenant a)"]
+
+
+def test_another_tenants_object_changed_by_re_planning_is_reported():
+    without = rendered(manifest("ResourceQuota", "q", "b", hard=1), manifest("Node", "n", None, taint="a"))
+    replanned = rendered(manifest("ResourceQuota", "q", "b", hard=2), manifest("Node", "n", None, taint="none"))
+    removal = TenantRemoval("a", "a", difference(without, without), difference(without, replanned))
+    assert removal.unexpected[0] == "re-planning changes manifests/tenant-b/_cluster/resourcequota-q.yaml (tenant b)"
+    assert not any("node-n" in line for line in removal.unexpected)  # the platform's node releasing capacity is expected
+    assert "  ~ changed manifests/fleet/_cluster/node-n.yaml" in removal.render("env")
+
+
+def test_removing_an_unknown_tenant_is_a_config_error(capsys):
+    assert main(["diff", "dev", "--without-tenant", "serch"]) == 2
+    assert "--without-tenant: no tenant 'serch' in Pulumi.dev.yaml (did you mean 'search'?)" in capsys.readouterr().err

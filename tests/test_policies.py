@@ -1,0 +1,554 @@
+"""Each policy of the CrossGuard pack stays quiet on dev and fires on a broken stack: the real
+program with a broken config or component where the config can express the break, otherwise a
+small stack of real resources registered under mocks (tests/policy_stacks.py). Every violating
+stack also holds a compliant resource that must not be reported."""
+
+from __future__ import annotations
+
+import pulumi
+import pulumi_kubernetes as k8s
+import pytest
+
+import components.fleet
+import components.gpu_operator
+import components.kueue
+import components.openbao
+import components.tenant_stack
+from components.tenant_stack import POD_SECURITY_EXCEPTION_ANNOTATION
+from factory.placement import DEDICATED_LABEL, DEVICE_PLUGIN_CONFIG_LABEL, DEVICE_PLUGIN_DEPLOY_LABEL, MIG_CONFIG_LABEL, POOL_LABEL, NodePlacement
+from factory.quotas import SUPPLY_ANNOTATION
+from factory.tenancy import TENANT_LABEL, TRUST_DOMAIN_LABEL
+from policies.aif_policies import POLICIES
+from tests.conftest import render
+from tests.policy_stacks import (
+    all_violations,
+    custom,
+    deployment,
+    group,
+    namespace,
+    node,
+    release,
+    role_binding,
+    stack,
+    tenant_labels,
+    violations,
+)
+
+NAMES = [p.name for p in POLICIES]
+
+
+@pytest.fixture(scope="module")
+def dev_violations(dev) -> dict[str, dict[str, list[str]]]:
+    return all_violations(dev)
+
+
+@pytest.mark.parametrize("policy", NAMES)
+def test_dev_passes_the_policy(dev_violations, policy):
+    assert dev_violations.get(policy, {}) == {}
+
+
+# --------------------------------------------------------------------------- tenancy
+
+
+def test_tenant_object_without_its_tenant_label_is_reported():
+    def program():
+        namespace("tenant-a", tenant="a")
+        k8s.core.v1.ConfigMap("labelled", metadata={"name": "labelled", "namespace": "tenant-a", "labels": {TENANT_LABEL: "a"}})
+        k8s.core.v1.ConfigMap("unlabelled", metadata={"name": "unlabelled", "namespace": "tenant-a"})
+        k8s.core.v1.ConfigMap("mislabelled", metadata={"name": "mislabelled", "namespace": "tenant-a", "labels": {TENANT_LABEL: "b"}})
+        owner = pulumi.ComponentResource("ai-factory:tenancy:TenantStack", "a")
+        k8s.rbac.v1.ClusterRole("orphan", metadata={"name": "orphan"}, rules=[], opts=pulumi.ResourceOptions(parent=owner))
+
+    found = violations(stack(program), "tenant-objects-labelled")
+    assert set(found) == {
+        "kubernetes:core/v1:ConfigMap::unlabelled",
+        "kubernetes:core/v1:ConfigMap::mislabelled",
+        "kubernetes:rbac.authorization.k8s.io/v1:ClusterRole::orphan",
+    }
+    assert "has no ai-factory.io/tenant label" in found["kubernetes:core/v1:ConfigMap::unlabelled"][0]
+    assert "label says 'b'" in found["kubernetes:core/v1:ConfigMap::mislabelled"][0]
+    assert "created by a TenantStack" in found["kubernetes:rbac.authorization.k8s.io/v1:ClusterRole::orphan"][0]
+
+
+def cross_tenant_stack():
+    namespace("tenant-a", tenant="a", owners=("a-admins",))
+    namespace("tenant-b", tenant="b", trust="medium", owners=("b-admins",))
+    namespace("kueue-system", level="restricted")
+    labels = tenant_labels("a")
+    role_binding("own", "tenant-a", ("Role", "tenant-admin"), [group("a-admins")], labels)
+    role_binding("foreign-group", "tenant-a", ("Role", "tenant-admin"), [group("b-admins")], labels)
+    role_binding("foreign-account", "tenant-a", ("Role", "tenant-admin"), [{"kind": "ServiceAccount", "name": "default", "namespace": "tenant-b"}], labels)
+    role_binding("platform-controller", "tenant-a", ("Role", "tenant-admin"), [{"kind": "ServiceAccount", "name": "kueue", "namespace": "kueue-system"}], labels)
+    role_binding("everyone", "tenant-a", ("Role", "tenant-admin"), [{"kind": "Group", "name": "system:authenticated", "apiGroup": "rbac.authorization.k8s.io"}], labels)
+    role_binding("foreign-accounts", "tenant-a", ("Role", "tenant-admin"), [{"kind": "Group", "name": "system:serviceaccounts:tenant-b", "apiGroup": "rbac.authorization.k8s.io"}], labels)
+    role_binding("into-platform", "kueue-system", ("Role", "reader"), [group("a-admins")])
+    k8s.rbac.v1.Role("tenant-admin", metadata={"name": "tenant-admin", "namespace": "tenant-a", "labels": labels}, rules=[])
+
+
+def test_rolebinding_to_another_tenants_subject_is_reported():
+    found = violations(stack(cross_tenant_stack), "no-cross-tenant-rbac")
+    rb = "kubernetes:rbac.authorization.k8s.io/v1:RoleBinding::"
+    assert set(found) == {rb + "foreign-group", rb + "foreign-account", rb + "foreign-accounts", rb + "everyone", rb + "into-platform"}
+    assert "Group system:authenticated, that is every user," in found[rb + "everyone"][0]
+    assert "Group oidc:b-admins, a subject of tenant(s) b" in found[rb + "foreign-group"][0]
+    assert "ServiceAccount tenant-b/default" in found[rb + "foreign-account"][0]
+    assert "namespace kueue-system of the platform" in found[rb + "into-platform"][0]
+
+
+def test_platform_subjects_setting_exempts_a_group_bound_for_several_tenants():
+    found = violations(stack(cross_tenant_stack), "no-cross-tenant-rbac", {"no-cross-tenant-rbac": {"platformSubjects": ["oidc:b-admins"]}})
+    assert "kubernetes:rbac.authorization.k8s.io/v1:RoleBinding::foreign-group" not in found
+
+
+def test_cluster_role_binding_to_a_tenant_subject_is_reported():
+    def program():
+        namespace("tenant-a", tenant="a", trust="medium", owners=("a-admins",))  # a vCluster tenant: owners only on its namespace
+        for name, subjects, labels in (
+            ("platform-admins", [group("platform-admins")], {}),
+            ("tenant-group", [group("a-admins")], {}),
+            ("tenant-account", [{"kind": "ServiceAccount", "name": "runner", "namespace": "tenant-a"}], {}),
+            ("tenant-owned", [], tenant_labels("a")),
+        ):
+            k8s.rbac.v1.ClusterRoleBinding(
+                name,
+                metadata={"name": name, "labels": labels},
+                role_ref={"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "view"},
+                subjects=subjects,
+            )
+
+    found = violations(stack(program), "no-cluster-scoped-tenant-grants")
+    crb = "kubernetes:rbac.authorization.k8s.io/v1:ClusterRoleBinding::"
+    assert set(found) == {crb + "tenant-group", crb + "tenant-account", crb + "tenant-owned"}
+    assert "to Group oidc:a-admins of tenant(s) a" in found[crb + "tenant-group"][0]
+
+
+def test_tenant_role_that_can_edit_its_quota_is_reported(raw, monkeypatch):
+    rules = components.tenant_stack.TENANT_ADMIN_RULES + (("", ("resourcequotas",), ("patch",)),)
+    monkeypatch.setattr(components.tenant_stack, "TENANT_ADMIN_RULES", rules)
+    found = violations(render(raw), "tenant-cannot-edit-isolation")
+    assert list(found) == ["kubernetes:rbac.authorization.k8s.io/v1:RoleBinding::search-admin-binding"]
+    assert "lets Group oidc:search-admins of tenant 'search' patch resourcequotas through Role tenant-admin" in found[
+        "kubernetes:rbac.authorization.k8s.io/v1:RoleBinding::search-admin-binding"
+    ][0]
+
+
+def test_tenant_bound_to_builtin_edit_or_an_unknown_role_is_reported():
+    def program():
+        namespace("tenant-a", tenant="a", owners=("a-admins",))
+        labels = tenant_labels("a")
+        k8s.rbac.v1.Role("reader", metadata={"name": "reader", "namespace": "tenant-a", "labels": labels},
+                         rules=[{"apiGroups": [""], "resources": ["pods", "resourcequotas"], "verbs": ["get", "list"]}])
+        k8s.rbac.v1.Role("escalator", metadata={"name": "escalator", "namespace": "tenant-a", "labels": labels},
+                         rules=[{"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles"], "verbs": ["escalate"]}])
+        role_binding("reads", "tenant-a", ("Role", "reader"), [group("a-admins")], labels)
+        role_binding("edits", "tenant-a", ("ClusterRole", "edit"), [group("a-admins")], labels)
+        role_binding("escalates", "tenant-a", ("Role", "escalator"), [group("a-admins")], labels)
+        role_binding("unknown", "tenant-a", ("ClusterRole", "somebody-elses"), [group("a-admins")], labels)
+
+    found = violations(stack(program), "tenant-cannot-edit-isolation")
+    rb = "kubernetes:rbac.authorization.k8s.io/v1:RoleBinding::"
+    assert set(found) == {rb + "edits", rb + "escalates", rb + "unknown"}
+    assert "networkpolicies.networking.k8s.io" in found[rb + "edits"][0]
+    assert "escalate roles" in found[rb + "escalates"][0]
+    assert "which this stack does not define" in found[rb + "unknown"][0]
+
+
+# --------------------------------------------------------------------------- GPU sharing
+
+
+@pytest.fixture
+def broken_fleet(monkeypatch):
+    """Patch the fleet layer's placements with `edit(placement) -> placement`."""
+
+    def patch(edit):
+        real = components.fleet.node_placements
+        monkeypatch.setattr(components.fleet, "node_placements", lambda plan: [edit(p) for p in real(plan)])
+
+    return patch
+
+
+def test_shared_gpu_node_without_its_trust_domain_taint_is_reported(raw, broken_fleet):
+    broken_fleet(lambda p: NodePlacement(p.node, p.pool, p.labels, ()))
+    found = violations(render(raw), "gpu-no-cross-domain-sharing")
+    assert set(found) == {f"kubernetes:core/v1:NodePatch::node-{n}" for n in ("a100-mig-000", "a100-mig-001", "l40s-infer-000", "l40s-infer-001")}
+    assert "is not tainted ai-factory.io/trust-domain=assistant:NoSchedule" in found["kubernetes:core/v1:NodePatch::node-a100-mig-000"][0]
+
+
+def test_shared_gpus_reachable_from_another_trust_domain_are_reported():
+    def program():
+        namespace("tenant-a", tenant="a", domain="red")
+        namespace("tenant-b", tenant="b", domain="blue")
+        taint = lambda d: [{"key": TRUST_DOMAIN_LABEL, "value": d, "effect": "NoSchedule"}]  # noqa: E731
+        node("mig-red", {POOL_LABEL: "mig", MIG_CONFIG_LABEL: "layout", TRUST_DOMAIN_LABEL: "red"}, taint("red"))
+        node("mig-blue", {POOL_LABEL: "mig", MIG_CONFIG_LABEL: "layout", TRUST_DOMAIN_LABEL: "blue"}, taint("blue"))
+        custom("mig-red", "ResourceFlavor", {"nodeLabels": {POOL_LABEL: "mig", TRUST_DOMAIN_LABEL: "red"}})
+        custom("mig-any", "ResourceFlavor", {"nodeLabels": {POOL_LABEL: "mig"}})
+        group_of = lambda flavor: [{"coveredResources": ["nvidia.com/mig-1g.10gb"], "flavors": [{"name": flavor, "resources": [{"name": "nvidia.com/mig-1g.10gb", "nominalQuota": 1}]}]}]  # noqa: E731
+        custom("tenant-a", "ClusterQueue", {"namespaceSelector": {"matchLabels": {TENANT_LABEL: "a"}}, "resourceGroups": group_of("mig-red")})
+        custom("tenant-b", "ClusterQueue", {"namespaceSelector": {"matchLabels": {TENANT_LABEL: "b"}}, "resourceGroups": group_of("mig-red")})
+        custom("spill", "Cohort", {"resourceGroups": group_of("mig-any")})
+        sliced = "version: v1\nsharing:\n  timeSlicing:\n    resources: [{name: nvidia.com/gpu, replicas: 4}]\n"
+        release("gpu-operator", "gpu-operator", "gpu-operator", {"devicePlugin": {"config": {"data": {"sliced-4": sliced, "default": "version: v1\n"}}}},
+                version="v26.7.0", repo="https://helm.ngc.nvidia.com/nvidia")
+        node("sliced", {POOL_LABEL: "l4", DEVICE_PLUGIN_CONFIG_LABEL: "sliced-4"})
+        node("plain", {POOL_LABEL: "l4", DEVICE_PLUGIN_CONFIG_LABEL: "default"})
+
+    found = violations(stack(program), "gpu-no-cross-domain-sharing")
+    assert set(found) == {
+        "kubernetes:kueue.x-k8s.io/v1beta2:ClusterQueue::clusterqueue-tenant-b",
+        "kubernetes:kueue.x-k8s.io/v1beta2:ResourceFlavor::resourceflavor-mig-any",
+        "kubernetes:core/v1:NodePatch::node-sliced",
+    }
+    assert "shares its GPUs (time-slicing config sliced-4) but has no ai-factory.io/trust-domain label" in found["kubernetes:core/v1:NodePatch::node-sliced"][0]
+    assert "admits tenant 'b' (trust domain 'blue') to ResourceFlavor mig-red" in found["kubernetes:kueue.x-k8s.io/v1beta2:ClusterQueue::clusterqueue-tenant-b"][0]
+    assert "trust domains blue, red" in found["kubernetes:kueue.x-k8s.io/v1beta2:ResourceFlavor::resourceflavor-mig-any"][0]
+
+
+def test_low_trust_tenant_on_shared_or_foreign_gpus_is_reported():
+    def program():
+        namespace("tenant-acme", tenant="acme", trust="low")
+        k8s.core.v1.ResourceQuota(
+            "acme-quota",
+            metadata={"name": "quota", "namespace": "tenant-acme", "labels": tenant_labels("acme", "low")},
+            spec={"hard": {"requests.nvidia.com/gpu": "8", "requests.nvidia.com/mig-1g.10gb": "2", "requests.nvidia.com/gpumem": "0"}},
+        )
+        dedicated = [{"key": DEDICATED_LABEL, "value": "acme", "effect": "NoSchedule"}]
+        node("h100-1", {POOL_LABEL: "h100", DEDICATED_LABEL: "acme"}, dedicated)
+        node("h100-2", {POOL_LABEL: "h100"})
+        node("h100-3", {POOL_LABEL: "h100-spare", DEDICATED_LABEL: "acme"})  # dedicated but not tainted
+        node("mig-1", {POOL_LABEL: "mig", MIG_CONFIG_LABEL: "layout", TRUST_DOMAIN_LABEL: "acme"}, [{"key": TRUST_DOMAIN_LABEL, "value": "acme", "effect": "NoSchedule"}])
+        custom("h100-acme", "ResourceFlavor", {"nodeLabels": {POOL_LABEL: "h100", DEDICATED_LABEL: "acme"}})
+        custom("h100-all", "ResourceFlavor", {"nodeLabels": {POOL_LABEL: "h100"}})
+        custom("mig-acme", "ResourceFlavor", {"nodeLabels": {POOL_LABEL: "mig"}})
+        gpus = lambda flavor, resource: {"coveredResources": [resource], "flavors": [{"name": flavor, "resources": [{"name": resource, "nominalQuota": 1}]}]}  # noqa: E731
+        for name, flavor, resource in (("own", "h100-acme", "nvidia.com/gpu"), ("foreign", "h100-all", "nvidia.com/gpu"), ("shared", "mig-acme", "nvidia.com/mig-1g.10gb")):
+            custom(f"acme-{name}", "ClusterQueue", {"namespaceSelector": {"matchLabels": {TENANT_LABEL: "acme"}}, "resourceGroups": [gpus(flavor, resource)]})
+
+    found = violations(stack(program), "low-trust-whole-gpus")
+    cq = "kubernetes:kueue.x-k8s.io/v1beta2:ClusterQueue::clusterqueue-acme-"
+    assert set(found) == {
+        "kubernetes:core/v1:ResourceQuota::acme-quota",
+        cq + "foreign",
+        cq + "shared",
+        "kubernetes:core/v1:NodePatch::node-mig-1",
+        "kubernetes:core/v1:NodePatch::node-h100-3",
+    }
+    assert "2 of nvidia.com/mig-1g.10gb" in found["kubernetes:core/v1:ResourceQuota::acme-quota"][0]
+    assert "not dedicated to it (h100-2)" in found[cq + "foreign"][0]
+    assert "is not tainted ai-factory.io/dedicated=acme" in found["kubernetes:core/v1:NodePatch::node-h100-3"][0]
+
+
+MIG_FILE = """
+version: v1
+mig-configs:
+  legal:
+    - device-filter: ["0x20B210DE"]
+      devices: [0, 1]
+      mig-enabled: true
+      mig-devices: {"3g.40gb": 1, "2g.20gb": 1, "1g.10gb": 2}
+    - device-filter: ["0x20B210DE"]
+      devices: [2]
+      mig-enabled: false
+  three-halves:
+    - device-filter: ["0x20B210DE"]
+      devices: [0]
+      mig-enabled: true
+      mig-devices: {"3g.40gb": 3}
+  unfiltered:
+    - devices: all
+      mig-enabled: true
+      mig-devices: {"1g.10gb": 7}
+  wrong-model:
+    - device-filter: ["0x233010DE"]
+      devices: [0]
+      mig-enabled: true
+      mig-devices: {"1g.5gb": 7}
+"""
+
+
+def test_illegal_mig_layouts_are_reported():
+    def program():
+        k8s.core.v1.ConfigMap("mig-parted", metadata={"name": "mig-parted", "namespace": "gpu-operator"}, data={"config.yaml": MIG_FILE})
+
+    messages = violations(stack(program), "mig-layouts-legal")["kubernetes:core/v1:ConfigMap::mig-parted"]
+    assert len(messages) == 3 and not any("'legal'" in m for m in messages)
+    three, unfiltered, wrong = sorted(messages)
+    assert "'three-halves'" in three and "3g.40gb x3 does not fit on one A100-80GB (compute 9/7, memory 12/8" in three
+    assert "'unfiltered'" in unfiltered and "has no device-filter" in unfiltered
+    assert "'wrong-model'" in wrong and "no MIG profile '1g.5gb'" in wrong
+
+
+def test_hami_node_also_served_by_the_nvidia_device_plugin_is_reported(raw, broken_fleet):
+    def keep_device_plugin(p: NodePlacement) -> NodePlacement:
+        return NodePlacement(p.node, p.pool, {k: v for k, v in p.labels.items() if k != DEVICE_PLUGIN_DEPLOY_LABEL}, p.taints)
+
+    broken_fleet(keep_device_plugin)
+    found = violations(render(raw), "hami-device-plugin-disjoint")
+    assert set(found) == {"kubernetes:core/v1:NodePatch::node-l40s-infer-000", "kubernetes:core/v1:NodePatch::node-l40s-infer-001"}
+    assert "label it nvidia.com/gpu.deploy.device-plugin=false" in found["kubernetes:core/v1:NodePatch::node-l40s-infer-000"][0]
+
+
+def test_gpu_namespace_outside_a_queue_is_reported(raw, monkeypatch):
+    real = components.kueue.manager_config
+
+    def without_default_queueing(*args, **kwargs):
+        return {k: v for k, v in real(*args, **kwargs).items() if k != "manageJobsWithoutQueueName"}
+
+    monkeypatch.setattr(components.kueue, "manager_config", without_default_queueing)
+    monkeypatch.setattr(components.kueue.KueueTenantHook, "attach", lambda self, stack, tenant, names: None)
+    found = violations(render(raw), "gpu-namespaces-queued")
+    assert set(found) == {
+        "kubernetes:helm.sh/v3:Release::kueue",
+        *(f"kubernetes:core/v1:Namespace::tenant-{t}-namespace" for t in ("search", "assistant", "partner-acme")),
+    }
+    assert "jobs without a queue name bypass Kueue" in found["kubernetes:helm.sh/v3:Release::kueue"][0]
+    assert "has no Kueue LocalQueue" in found["kubernetes:core/v1:Namespace::tenant-search-namespace"][0]
+
+
+def test_tenants_queued_by_kai_scheduler_instead_of_kueue_pass(raw):
+    raw["layers"]["kueue"] = {"enabled": False}
+    raw["layers"]["kai_scheduler"] = {"enabled": True}
+    raw["fleet"]["pools"][2] = {**raw["fleet"]["pools"][2], "sharing": "exclusive"}  # HAMi needs Kueue
+    raw["tenants"][1]["gpus"][1] = {"pool": "l40s-infer", "count": 2}
+    rendered = render(raw)
+    assert any(r.type == "kubernetes:scheduling.run.ai/v2:Queue" for r in rendered.graph.resources)
+    assert violations(rendered, "gpu-namespaces-queued") == {}
+
+
+def test_local_queue_on_a_queue_that_does_not_select_its_namespace_is_reported():
+    def program():
+        namespace("tenant-a", tenant="a")
+        namespace("tenant-idle", tenant="idle")
+        k8s.core.v1.ResourceQuota("idle-quota", metadata={"name": "quota", "namespace": "tenant-idle", "labels": tenant_labels("idle")},
+                                  spec={"hard": {"requests.nvidia.com/gpu": "0", "requests.cpu": "4"}})
+        custom("tenant-b", "ClusterQueue", {"namespaceSelector": {"matchLabels": {TENANT_LABEL: "b"}}})
+        custom("default", "LocalQueue", {"clusterQueue": "tenant-b"}, namespace_name="tenant-a", labels=tenant_labels("a"))
+
+    found = violations(stack(program), "gpu-namespaces-queued")
+    assert list(found) == ["kubernetes:kueue.x-k8s.io/v1beta2:LocalQueue::localqueue-default"]
+    assert "whose namespaceSelector does not select tenant-a" in found["kubernetes:kueue.x-k8s.io/v1beta2:LocalQueue::localqueue-default"][0]
+
+
+def test_queue_quotas_above_a_flavors_supply_are_reported():
+    def program():
+        namespace("tenant-a", tenant="a")
+        supply = lambda s: {SUPPLY_ANNOTATION: s}  # noqa: E731
+        custom("h100", "ResourceFlavor", {"nodeLabels": {POOL_LABEL: "h100"}}, annotations=supply('{"nvidia.com/gpu": 8}'))
+        custom("l40s", "ResourceFlavor", {"nodeLabels": {POOL_LABEL: "l40s"}}, annotations=supply('{"nvidia.com/gpu": 4}'))
+        # The annotation claims 8 instances; the node's mig-parted layout makes 2 GPUs x 1.
+        custom("mig", "ResourceFlavor", {"nodeLabels": {POOL_LABEL: "mig"}}, annotations=supply('{"nvidia.com/mig-3g.40gb": 8}'))
+        node("mig-1", {POOL_LABEL: "mig", MIG_CONFIG_LABEL: "halves"})
+        k8s.core.v1.ConfigMap("mig-parted", metadata={"name": "mig-parted", "namespace": "gpu-operator"}, data={"config.yaml": (
+            "version: v1\nmig-configs:\n  halves:\n    - device-filter: ['0x20B210DE']\n      devices: [0, 1]\n"
+            "      mig-enabled: true\n      mig-devices: {'3g.40gb': 1}\n")})
+
+        def queue(name, flavor, resource, amount):
+            groups = [{"coveredResources": [resource], "flavors": [{"name": flavor, "resources": [{"name": resource, "nominalQuota": amount}]}]}]
+            custom(name, "ClusterQueue", {"namespaceSelector": {"matchLabels": {TENANT_LABEL: name}}, "resourceGroups": groups})
+
+        queue("a", "h100", "nvidia.com/gpu", 6)
+        queue("b", "h100", "nvidia.com/gpu", 4)
+        queue("c", "l40s", "nvidia.com/gpu", 4)
+        queue("d", "mig", "nvidia.com/mig-3g.40gb", 3)
+        k8s.core.v1.ResourceQuota("a-quota", metadata={"name": "quota", "namespace": "tenant-a", "labels": tenant_labels("a")},
+                                  spec={"hard": {"requests.nvidia.com/gpu": "20"}})
+
+    found = violations(stack(program), "gpu-quota-within-supply")
+    assert set(found) == {
+        "kubernetes:kueue.x-k8s.io/v1beta2:ResourceFlavor::resourceflavor-h100",
+        "kubernetes:kueue.x-k8s.io/v1beta2:ResourceFlavor::resourceflavor-mig",
+        "stack",
+    }
+    assert "queues promise 10 nvidia.com/gpu (ClusterQueue a: 6, ClusterQueue b: 4) but its nodes supply 8" in found[
+        "kubernetes:kueue.x-k8s.io/v1beta2:ResourceFlavor::resourceflavor-h100"][0]
+    assert "promise 3 nvidia.com/mig-3g.40gb (ClusterQueue d: 3) but its nodes supply 2" in found[
+        "kubernetes:kueue.x-k8s.io/v1beta2:ResourceFlavor::resourceflavor-mig"][0]
+    assert "allow 20 nvidia.com/gpu (tenant-a/quota: 20) but the fleet's flavors supply 12" in found["stack"][0]
+
+
+# --------------------------------------------------------------------------- security
+
+
+def test_privileged_namespace_outside_the_allow_list_is_reported(raw):
+    raw["layers"]["gpu_operator"]["namespace"] = "nvidia"
+    rendered = render(raw)
+    found = violations(rendered, "namespace-pod-security")
+    assert list(found) == ["kubernetes:core/v1:Namespace::nvidia-namespace"]
+    assert "Namespace nvidia outside the reviewed allow-list enforces Pod Security 'privileged'" in found["kubernetes:core/v1:Namespace::nvidia-namespace"][0]
+    assert violations(rendered, "namespace-pod-security", {"namespace-pod-security": {"privilegedNamespaces": ["nvidia"]}}) == {}
+
+
+def test_namespace_without_pod_security_or_with_an_unreviewed_tenant_exception_is_reported():
+    def program():
+        namespace("team", level=None)
+        namespace("tenant-a", tenant="a", level="baseline")
+        namespace("tenant-b", tenant="b", level="baseline", annotations={POD_SECURITY_EXCEPTION_ANNOTATION: "legacy image (approved by sec)"})
+        namespace("tenant-c", tenant="c", level="privileged")
+        release("app", "app", "apps", {}, repo="https://charts.example.com")
+        k8s.helm.v3.Release("self-made", name="self-made", chart="app", version="1.0.0", namespace="made", create_namespace=True)
+
+    found = violations(stack(program), "namespace-pod-security")
+    assert set(found) == {
+        "kubernetes:core/v1:Namespace::team-namespace",
+        "kubernetes:core/v1:Namespace::tenant-a-namespace",
+        "kubernetes:core/v1:Namespace::tenant-c-namespace",
+        "kubernetes:helm.sh/v3:Release::self-made",
+    }
+    assert "pod-security.kubernetes.io/enforce is missing" in found["kubernetes:core/v1:Namespace::team-namespace"][0]
+    assert "without a reviewed exception" in found["kubernetes:core/v1:Namespace::tenant-a-namespace"][0]
+    assert "of tenant 'c' enforces Pod Security 'privileged'" in found["kubernetes:core/v1:Namespace::tenant-c-namespace"][0]
+
+
+def test_privileged_or_host_access_outside_the_allow_list_is_reported():
+    def program():
+        deployment("privileged", "team", {"image": "app:1.0", "securityContext": {"privileged": True, "capabilities": {"add": ["NET_BIND_SERVICE", "SYS_ADMIN"]}}})
+        deployment("host", "tenant-a", {"image": "app:1.0", "ports": [{"containerPort": 80, "hostPort": 8080}]},
+                   {"hostNetwork": True, "volumes": [{"name": "root", "hostPath": {"path": "/"}}]})
+        deployment("plain", "tenant-a", {"image": "app:1.0", "securityContext": {"capabilities": {"add": ["NET_BIND_SERVICE"]}}})
+        deployment("driver", "gpu-operator", {"image": "driver:1.0", "securityContext": {"privileged": True}}, {"hostPID": True})
+        release("chart", "app", "team", {"agent": {"hostNetwork": True}}, repo="https://charts.example.com")
+
+    found = violations(stack(program), "no-privileged-outside-allowlist")
+    assert set(found) == {"kubernetes:apps/v1:Deployment::privileged", "kubernetes:apps/v1:Deployment::host", "kubernetes:helm.sh/v3:Release::chart"}
+    assert "privileged container privileged; capabilities SYS_ADMIN added" in found["kubernetes:apps/v1:Deployment::privileged"][0]
+    assert "hostNetwork; hostPath volume root (/); hostPort 8080" in found["kubernetes:apps/v1:Deployment::host"][0]
+    assert "values.agent.hostNetwork: true" in found["kubernetes:helm.sh/v3:Release::chart"][0]
+
+
+def test_gpu_escape_variables_and_mounts_are_reported():
+    def program():
+        deployment("picks-gpus", "tenant-a", {"image": "cuda:12.4", "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}, {"name": "CUDA_VISIBLE_DEVICES", "value": "0"}]})
+        deployment("lifts-limits", "tenant-a", {"image": "cuda:12.4", "env": [{"name": "CUDA_DEVICE_MEMORY_LIMIT_0", "value": "80g"}],
+                                                "volumeMounts": [{"name": "list", "mountPath": "/var/run/nvidia-container-devices/all"}]})
+        deployment("honest", "tenant-a", {"image": "cuda:12.4", "env": [{"name": "CUDA_VISIBLE_DEVICES", "value": "0"}]})
+        deployment("device-plugin", "gpu-operator", {"image": "plugin:1.0", "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]})
+        k8s.core.v1.ConfigMap("preload", metadata={"name": "preload", "namespace": "tenant-a"}, data={"LD_PRELOAD": "/tmp/x.so"})
+        release("serving", "vllm-stack", "tenant-a", {"servingEngineSpec": {"env": [{"name": "CUDA_DISABLE_CONTROL", "value": "true"}]}}, repo="https://charts.example.com")
+
+    found = violations(stack(program), "no-gpu-escape-variables")
+    assert set(found) == {
+        "kubernetes:apps/v1:Deployment::picks-gpus",
+        "kubernetes:apps/v1:Deployment::lifts-limits",
+        "kubernetes:core/v1:ConfigMap::preload",
+        "kubernetes:helm.sh/v3:Release::serving",
+    }
+    assert "(env NVIDIA_VISIBLE_DEVICES in container picks-gpus)" in found["kubernetes:apps/v1:Deployment::picks-gpus"][0]
+    assert "env CUDA_DEVICE_MEMORY_LIMIT_0 in container lifts-limits; mount /var/run/nvidia-container-devices/all" in found["kubernetes:apps/v1:Deployment::lifts-limits"][0]
+    assert "servingEngineSpec.env[0] sets CUDA_DISABLE_CONTROL" in found["kubernetes:helm.sh/v3:Release::serving"][0]
+
+
+def test_gpu_operator_below_the_version_floor_is_reported(raw):
+    raw["layers"]["gpu_operator"]["chart"] = {"version": "v25.0.0", "repository": "https://helm.ngc.nvidia.com/nvidia"}
+    found = violations(render(raw), "gpu-operator-secure-toolkit")
+    assert found == {"kubernetes:helm.sh/v3:Release::gpu-operator": [
+        "Helm release gpu-operator/gpu-operator (chart gpu-operator): chart version 'v25.0.0' is older than v25.3.1 "
+        "(container-escape CVEs); pin v25.3.1 or later."
+    ]}
+
+
+def test_gpu_operator_without_the_toolkit_settings_is_reported(raw, monkeypatch):
+    monkeypatch.setattr(components.gpu_operator, "TOOLKIT_ENV", ())
+    monkeypatch.setattr(components.gpu_operator, "DEVICE_PLUGIN_ENV", ({"name": "DEVICE_LIST_STRATEGY", "value": "envvar"},))
+    rendered = render(raw)
+    messages = violations(rendered, "gpu-operator-secure-toolkit")["kubernetes:helm.sh/v3:Release::gpu-operator"]
+    assert [m.split(": ", 1)[1].split(" ")[0] for m in messages] == ["toolkit.env", "devicePlugin.env", "toolkit.env"]
+    assert "ACCEPT_NVIDIA_VISIBLE_DEVICES_ENVVAR_WHEN_UNPRIVILEGED=false" in messages[0]
+    assert "DEVICE_LIST_STRATEGY is envvar" in messages[1]
+    assert "disable-cuda-compat-lib-hook" in messages[2]
+    relaxed = violations(rendered, "gpu-operator-secure-toolkit", {"gpu-operator-secure-toolkit": {"allowCudaCompatLibHook": True}})
+    assert len(relaxed["kubernetes:helm.sh/v3:Release::gpu-operator"]) == 2
+
+
+def test_unpinned_images_are_reported():
+    def program():
+        deployment("latest", "team", {"image": "nginx:latest"})
+        deployment("untagged", "team", {"image": "registry.example.com:5000/busybox"})
+        deployment("tagged", "team", {"image": "nginx:1.27.1"})
+        deployment("digest", "team", {"image": "nginx@sha256:" + "a" * 64})
+        pattern = {"spec": {"containers": [{"image": "ghcr.io/acme/*"}]}}  # an admission rule describes pods, it runs none
+        custom("registries", "ClusterPolicy", {"rules": [{"name": "registries", "validate": {"pattern": pattern}}]}, api_version="kyverno.io/v1")
+        release("chart", "app", "team", {"server": {"image": {"repository": "ghcr.io/acme/app", "tag": "latest"}}, "sidecar": {"image": {"repository": "ghcr.io/acme/side"}}},
+                repo="https://charts.example.com")
+
+    graph = stack(program)
+    found = violations(graph, "images-pinned")
+    assert set(found) == {"kubernetes:apps/v1:Deployment::latest", "kubernetes:apps/v1:Deployment::untagged", "kubernetes:helm.sh/v3:Release::chart"}
+    assert "image 'registry.example.com:5000/busybox' (spec.template.spec.containers[0].image) has no tag" in found["kubernetes:apps/v1:Deployment::untagged"][0]
+    assert "image 'ghcr.io/acme/app:latest' (values.server.image.tag) uses the tag latest" in found["kubernetes:helm.sh/v3:Release::chart"][0]
+    strict = violations(graph, "images-pinned", {"images-pinned": {"requireDigest": True}})
+    assert "kubernetes:apps/v1:Deployment::tagged" in strict and "kubernetes:apps/v1:Deployment::digest" not in strict
+
+
+def test_plaintext_credentials_are_reported():
+    def program():
+        release("identity", "keycloakx", "keycloak", {"auth": {"adminPassword": "hunter2", "existingSecret": "keycloak-admin"}, "db": {"passwordSecretKey": "password"}},
+                repo="https://codecentric.github.io/helm-charts")
+        release("tidy", "keycloakx", "keycloak", {"auth": {"existingSecret": "keycloak-admin"}}, repo="https://codecentric.github.io/helm-charts")
+        k8s.core.v1.ConfigMap("key", metadata={"name": "key", "namespace": "apps"}, data={"tls.key": "-----BEGIN RSA PRIVATE KEY-----\nMIIE\n-----END RSA PRIVATE KEY-----"})
+        k8s.core.v1.ConfigMap("settings", metadata={"name": "settings", "namespace": "apps"}, data={"app.yaml": "server:\n  port: 80\nstorage:\n  accessKey: AKIAABCDEFGHIJKLMNOP\n"})
+        k8s.core.v1.ConfigMap("leak", metadata={"name": "leak", "namespace": "apps"}, data={"url": pulumi.Output.secret("postgres://u:p@db")})
+        deployment("env", "apps", {"image": "app:1.0", "env": [{"name": "API_TOKEN", "value": "s3cr3t"}, {"name": "LOG_LEVEL", "value": "debug"},
+                                                              {"name": "DB_PASSWORD", "valueFrom": {"secretKeyRef": {"name": "db", "key": "password"}}}]})
+
+    found = violations(stack(program), "no-plaintext-secrets")
+    assert set(found) == {f"kubernetes:{t}::{n}" for t, n in (("helm.sh/v3:Release", "identity"), ("core/v1:ConfigMap", "key"), ("core/v1:ConfigMap", "settings"),
+                                                               ("core/v1:ConfigMap", "leak"), ("apps/v1:Deployment", "env"))}
+    assert "(values.auth.adminPassword)" in found["kubernetes:helm.sh/v3:Release::identity"][0]
+    assert "data.tls.key (a private key)" in found["kubernetes:core/v1:ConfigMap::key"][0]
+    assert "data.app.yaml.storage.accessKey" in found["kubernetes:core/v1:ConfigMap::settings"][0]
+    assert "data.url (a Pulumi secret)" in found["kubernetes:core/v1:ConfigMap::leak"][0]
+    assert "(env API_TOKEN of container env)" in found["kubernetes:apps/v1:Deployment::env"][0]
+
+
+# --------------------------------------------------------------------------- reliability
+
+
+def test_stateful_platform_parts_without_protection_are_reported(raw, monkeypatch):
+    monkeypatch.setattr(components.openbao, "STATEFUL", {})
+    found = violations(render(raw), "stateful-resources-protected")
+    assert set(found) == {"kubernetes:helm.sh/v3:Release::openbao", "kubernetes:core/v1:Namespace::openbao-namespace"}
+    assert "holds OpenBao's integrated Raft storage (every tenant's secrets) but is not protected" in found["kubernetes:helm.sh/v3:Release::openbao"][0]
+
+
+def test_volumes_not_retained_or_on_a_deleting_storage_class_are_reported():
+    def program():
+        namespace("data", protect=True, retain_on_delete=True)
+        k8s.storage.v1.StorageClass("fast", metadata={"name": "fast"}, provisioner="csi.example.com", reclaim_policy="Delete")
+        k8s.storage.v1.StorageClass("kept", metadata={"name": "kept"}, provisioner="csi.example.com", reclaim_policy="Retain")
+        k8s.core.v1.PersistentVolumeClaim(
+            "scratch", metadata={"name": "scratch", "namespace": "data"},
+            spec={"storageClassName": "fast", "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+            opts=pulumi.ResourceOptions(protect=True),
+        )
+        k8s.core.v1.PersistentVolumeClaim(
+            "safe", metadata={"name": "safe", "namespace": "data"},
+            spec={"storageClassName": "kept", "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+            opts=pulumi.ResourceOptions(protect=True, retain_on_delete=True),
+        )
+
+    found = violations(stack(program), "stateful-resources-protected")
+    assert set(found) == {"kubernetes:core/v1:PersistentVolumeClaim::scratch", "kubernetes:storage.k8s.io/v1:StorageClass::fast"}
+    assert "is protected but not retained on delete" in found["kubernetes:core/v1:PersistentVolumeClaim::scratch"][0]
+    assert "has reclaimPolicy Delete" in found["kubernetes:storage.k8s.io/v1:StorageClass::fast"][0]
+
+
+def test_chart_from_an_unknown_repository_is_reported(raw):
+    raw["layers"]["gpu_operator"]["chart"] = {"version": "v26.7.0", "repository": "https://charts.example.com/nvidia"}
+    rendered = render(raw)
+    found = violations(rendered, "charts-pinned")
+    assert list(found) == ["kubernetes:helm.sh/v3:Release::gpu-operator"]
+    assert "repository https://charts.example.com/nvidia is not a repository of the catalog" in found["kubernetes:helm.sh/v3:Release::gpu-operator"][0]
+    mirror = {"charts-pinned": {"additionalRepositories": ["https://charts.example.com/nvidia/"]}}
+    assert violations(rendered, "charts-pinned", mirror) == {}
+
+
+def test_chart_version_range_or_local_chart_is_reported():
+    def program():
+        release("ranged", "hami", "hami-system", {}, version="^2.10", repo="https://project-hami.github.io/HAMi/")
+        release("local", "./charts/app", "apps", {}, version="1.0.0")
+        release("pinned", "hami", "hami-system", {}, version="2.10.0", repo="https://project-hami.github.io/HAMi/")
+
+    found = violations(stack(program), "charts-pinned")
+    assert set(found) == {"kubernetes:helm.sh/v3:Release::ranged", "kubernetes:helm.sh/v3:Release::local"}
+    assert "version '^2.10' is not an exact chart version" in found["kubernetes:helm.sh/v3:Release::ranged"][0]
+    assert "comes from no repository" in found["kubernetes:helm.sh/v3:Release::local"][0]

@@ -1,0 +1,216 @@
+"""The tenant API service through FastAPI's test client: authentication, authorisation,
+validation, jobs, secrets. Tokens come from an issuer made on the spot; the CLI is the fake."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+
+from stacks.auth import Jwks, TokenVerifier
+from stacks.service import ServiceSettings, create_app, service_app
+from tests.stacks_support import AUDIENCE, ISSUER, KUBECONFIG, PASSPHRASE, REGISTRY_PASSWORD, REPO, Issuer, backend, deployed_platform, registered, tenant
+
+TENANTS = "/v1/environments/dev/tenants"
+
+
+@pytest.fixture(scope="module")
+def issuer() -> Issuer:
+    return Issuer()
+
+
+class Service:
+    def __init__(self, tmp_path, issuer: Issuer):
+        self.cli, _, tenants = deployed_platform(tmp_path)
+        self.issuer = issuer
+        verifier = TokenVerifier(Jwks(ISSUER, issuer.fetch), audience=AUDIENCE, admin_group="platform-admins")
+        self.client = TestClient(create_app(tenants, verifier, ServiceSettings(environments=("dev",))))
+
+    def auth(self, *groups: str, sub: str = "user-1") -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.issuer.token(list(groups), sub=sub)}"}
+
+    def finished(self, response, headers) -> dict:
+        """Poll the job a 202 answered with until it is done."""
+        assert response.status_code == 202, response.text
+        location = response.headers["Location"]
+        for _ in range(200):
+            job = self.client.get(location, headers=headers).json()
+            if job["state"] in ("succeeded", "failed"):
+                return job
+            time.sleep(0.02)
+        raise AssertionError(f"job {location} did not finish: {job}")
+
+    def create(self, body: dict, *groups: str) -> dict:
+        headers = self.auth(*groups)
+        return self.finished(self.client.post(TENANTS, json=body, headers=headers), headers)
+
+
+@pytest.fixture
+def service(tmp_path, issuer) -> Service:
+    return Service(tmp_path, issuer)
+
+
+def test_requests_without_a_valid_token_are_refused(service):
+    now = len(service.cli.calls)
+    bad = {
+        "no token": {},
+        "expired": {"Authorization": f"Bearer {service.issuer.token(['platform-admins'], expires_in=-300)}"},
+        "wrong audience": {"Authorization": f"Bearer {service.issuer.token(['platform-admins'], audience='kubernetes')}"},
+    }
+    for case, headers in bad.items():
+        response = service.client.get(TENANTS, headers=headers)
+        assert response.status_code == 401, case
+        assert response.headers["WWW-Authenticate"].startswith("Bearer")
+    assert len(service.cli.calls) == now
+
+
+def test_a_caller_acts_only_on_the_tenants_its_groups_own(service):
+    assert service.create(tenant(), "vision-admins")["state"] == "succeeded"
+    owner, stranger = service.auth("vision-admins"), service.auth("speech-admins")
+    assert service.client.get(f"{TENANTS}/vision", headers=owner).status_code == 200
+    assert [t["name"] for t in service.client.get(TENANTS, headers=owner).json()] == ["vision"]
+    assert service.client.get(TENANTS, headers=stranger).json() == []
+    refused = [
+        service.client.get(f"{TENANTS}/vision", headers=stranger),
+        service.client.put(f"{TENANTS}/vision", json=tenant(owners={"groups": ["speech-admins"]}), headers=stranger),
+        service.client.post(f"{TENANTS}/vision/preview", json=tenant(), headers=stranger),
+        service.client.delete(f"{TENANTS}/vision", headers=stranger),
+    ]
+    assert [r.status_code for r in refused] == [403, 403, 403, 403]
+    assert refused[0].json()["detail"] == "none of your groups owns tenant 'vision'"
+
+
+def test_a_caller_cannot_claim_a_tenant_the_platform_registers_for_others(service):
+    claim = {**registered("assistant").model_dump(mode="json"), "owners": {"groups": ["speech-admins"]}}
+    response = service.client.post(TENANTS, json=claim, headers=service.auth("speech-admins"))
+    assert response.status_code == 403
+    assert service.create(registered("assistant").model_dump(mode="json"), "assistant-admins")["state"] == "succeeded"
+
+
+def test_a_caller_cannot_hand_its_tenant_to_owners_it_is_not_one_of(service):
+    service.create(tenant(), "vision-admins")
+    response = service.client.put(f"{TENANTS}/vision", json=tenant(owners={"groups": ["speech-admins"]}), headers=service.auth("vision-admins"))
+    assert response.status_code == 403
+    assert "only admins hand a tenant over" in response.json()["detail"]
+
+
+def test_platform_admins_act_on_every_tenant(service):
+    service.create(tenant(), "vision-admins")
+    admin = service.auth("platform-admins", sub="root")
+    assert service.client.get(f"{TENANTS}/vision", headers=admin).status_code == 200
+    assert [t["name"] for t in service.client.get(TENANTS, headers=admin).json()] == ["vision"]
+    handed = service.finished(service.client.put(f"{TENANTS}/vision", json=tenant(owners={"groups": ["speech-admins"]}), headers=admin), admin)
+    assert handed["state"] == "succeeded"
+    deleted = service.finished(service.client.delete(f"{TENANTS}/vision", headers=admin), admin)
+    assert deleted["result"]["operation"] == "destroy"
+
+
+def test_an_invalid_body_is_refused_with_every_problem_and_its_path(service):
+    now = len(service.cli.calls)
+    body = {"name": "Vision", "trust": "lo", "owners": {"groups": []}, "gpus": [{"pool": "h100-train", "count": 0}], "qouta": {}}
+    response = service.client.post(TENANTS, json=body, headers=service.auth("vision-admins"))
+    assert response.status_code == 422
+    assert response.json() == {
+        "detail": "tenant is invalid (5 problems):",
+        "problems": [
+            "tenant.gpus[0].count: must be >= 1",
+            "tenant.name: 'Vision' does not match ^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+            "tenant.owners.groups: must have at least 1 item(s)",
+            "tenant.qouta: unknown key (did you mean 'quota'?)",
+            "tenant.trust: must be one of 'high', 'medium' or 'low'",
+        ],
+    }
+    assert len(service.cli.calls) == now
+
+
+def test_a_tenant_the_platform_cannot_host_is_refused_with_its_paths(service):
+    greedy = tenant(gpus=[{"pool": "h100-train", "count": 8}])
+    response = service.client.post(TENANTS, json=greedy, headers=service.auth("vision-admins"))
+    assert response.status_code == 422
+    assert [p.split(":")[0] for p in response.json()["problems"]] == ["tenant.gpus"]
+    mismatch = service.client.put(f"{TENANTS}/speech", json=tenant(), headers=service.auth("vision-admins"))
+    assert mismatch.status_code == 422
+    assert mismatch.json()["problems"] == ["tenant.name: 'vision' is not the tenant of the path ('speech')"]
+
+
+def test_a_job_reports_progress_and_a_structured_result(service):
+    job = service.create(tenant(), "vision-admins")
+    assert (job["operation"], job["environment"], job["tenant"]) == ("create", "dev", "vision")
+    assert job["steps_done"] == 4
+    assert "create kubernetes:core/v1:Namespace tenant-vision-namespace" in job["recent_steps"]
+    assert job["result"]["changes"] == {"create": 4}
+    assert job["result"]["outputs"]["namespace"] == "tenant-vision"
+    assert service.client.get(f"/v1/jobs/{job['id']}", headers=service.auth("speech-admins", sub="user-2")).status_code == 404
+
+
+def test_a_failed_job_says_why(service):
+    service.cli.failures["up"] = "error: update failed\n  kubernetes:core/v1:Namespace (tenant-vision-namespace): connection refused"
+    job = service.create(tenant(), "vision-admins")
+    assert job["state"] == "failed"
+    assert job["error"].startswith("pulumi failed:") and "connection refused" in job["error"]
+
+
+def test_one_tenants_jobs_run_in_order_and_two_tenants_in_parallel(service):
+    service.create(tenant(), "vision-admins")
+    service.cli.delay = 0.5
+    start = len(service.cli.calls)
+    vision, speech = service.auth("vision-admins"), service.auth("speech-admins")
+    responses = [
+        (service.client.put(f"{TENANTS}/vision", json=tenant(owners={"groups": ["vision-admins"], "users": ["a@example.com"]}), headers=vision), vision),
+        (service.client.delete(f"{TENANTS}/vision", headers=vision), vision),
+        (service.client.post(TENANTS, json=tenant("speech"), headers=speech), speech),
+    ]
+    jobs = [service.finished(r, h) for r, h in responses]
+    assert [j["state"] for j in jobs] == ["succeeded"] * 3
+    runs = {(c.args[0], c.stack.rsplit(".", 1)[-1]): c for c in service.cli.calls[start:] if c.args[0] in ("up", "destroy")}
+    assert runs[("destroy", "vision")].started >= runs[("up", "vision")].ended  # in submission order
+    assert runs[("up", "speech")].started < runs[("up", "vision")].ended  # alongside the other tenant
+
+
+def test_no_secret_or_token_in_responses_or_logs(service, caplog):
+    caplog.set_level(logging.DEBUG)
+    headers = service.auth("vision-admins")
+    job = service.create(tenant(), "vision-admins")
+    status = service.client.get(f"{TENANTS}/vision", headers=headers)
+    assert status.json()["outputs"]["kubeconfig"] == "[secret]"
+    service.client.get(TENANTS, headers={"Authorization": "Bearer forged.token.value"})
+    token = headers["Authorization"].removeprefix("Bearer ")
+    seen = "\n".join([caplog.text, status.text, str(job), *service.cli.lines()])
+    for secret in (token, "forged.token.value", KUBECONFIG, "vcluster-admin-token", PASSPHRASE, REGISTRY_PASSWORD):
+        assert secret not in seen
+    assert f"job {job['id']}: create dev/vision succeeded" in caplog.text
+
+
+def test_the_openapi_description_covers_the_tenant_api(service):
+    spec = service.client.get("/openapi.json").json()
+    assert set(spec["paths"]) == {
+        "/v1/environments/{env}/tenants",
+        "/v1/environments/{env}/tenants/{name}",
+        "/v1/environments/{env}/tenants/{name}/preview",
+        "/v1/jobs/{job_id}",
+    }
+    assert {"Tenant", "JobView", "TenantStatus", "StackResult"} <= set(spec["components"]["schemas"])
+    assert spec["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
+
+
+def test_an_environment_the_service_does_not_manage_is_not_found(service):
+    response = service.client.get("/v1/environments/prod/tenants", headers=service.auth("platform-admins"))
+    assert response.status_code == 404
+
+
+
+def test_the_service_is_built_from_the_environments_config(tmp_path, monkeypatch):
+    fetched = []
+
+    def offline(url, timeout):
+        fetched.append(url)
+        raise OSError("network unreachable")
+
+    monkeypatch.setattr("stacks.auth.urllib.request.urlopen", offline)
+    client = TestClient(service_app(ServiceSettings(environments=("dev",)), backend(tmp_path), project_dir=REPO))
+    assert client.get("/healthz").json() == {"status": "ok"}
+    response = client.get(TENANTS, headers={"Authorization": f"Bearer {Issuer().token(['g'])}"})
+    assert response.status_code == 503  # the issuer is unreachable here...
+    assert fetched == ["https://sso.par1.example.com/realms/ai-factory/.well-known/openid-configuration"]  # ...and it is dev's
