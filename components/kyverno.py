@@ -18,7 +18,8 @@ Platform-wide policies (one each, whatever the tenants):
 
 Per tenant (`TenantAdmissionHook`, one `ClusterPolicy` per tenant, created by its stack):
 Pod Security at the tenant's level (restricted, or a reviewed baseline exception), only the GPU
-resource names the plan granted it, only the RuntimeClasses of its trust level.
+resource names it can be admitted (`quotas.gpu_ceiling` above 0: granted, or borrowable in its
+trust domain's cohort), only the RuntimeClasses of its trust level.
 
 The webhooks exclude kube-system and Kyverno's namespace, and the admission controller runs at
 least 3 replicas (with a disruption budget), so a failing webhook cannot lock the cluster out.
@@ -35,8 +36,9 @@ import pulumi_kubernetes as k8s
 from components._common import FactoryComponent, helm_release, labels, namespace
 from factory.catalog import ChartSource
 from factory.config import FactoryConfig, RuntimeClasses, Tenant
-from factory.placement import advertised_resources, allocations
+from factory.placement import advertised_resources
 from factory.planner import Plan
+from factory.quotas import gpu_ceiling
 from factory.tenancy import TENANT_LABEL, TenantNames
 
 TOKEN = "ai-factory:admission:Kyverno"
@@ -304,7 +306,7 @@ def tenant_policy_spec(names: TenantNames, pod_security: str, forbidden_gpu: lis
             _rule(
                 "granted-gpu-resources",
                 own,
-                f"Tenant {names.tenant} may only request the GPU resources the plan granted it.",
+                f"Tenant {names.tenant} may only request the GPU resources its trust domain offers it (granted or borrowable).",
                 {
                     "foreach": [
                         {
@@ -339,8 +341,8 @@ class TenantAdmissionHook:
     """A tenant's ClusterPolicy: cluster-scoped, so the tenant cannot delete it."""
 
     gpu_resources: tuple[str, ...]
-    granted: Mapping[str, tuple[str, ...]]
-    """Tenant name -> the GPU resource names the plan granted it."""
+    allowed: Mapping[str, tuple[str, ...]]
+    """Tenant name -> the GPU resource names it can be admitted (ceiling above 0, `quotas.gpu_ceiling`)."""
     runtime_classes: RuntimeClasses
     baseline_tenants: frozenset[str]
     """Tenants with a reviewed Pod Security `baseline` exception."""
@@ -348,20 +350,19 @@ class TenantAdmissionHook:
 
     @classmethod
     def from_config(cls, cfg: FactoryConfig, plan: Plan) -> TenantAdmissionHook:
-        grants = allocations(plan, {t.name: t.domain for t in cfg.tenants})
         return cls(
             gpu_resources=advertised_resources(plan),
-            granted={name: tuple(a.resources) for name, a in grants.items()},
+            allowed={t.name: tuple(r for r, n in gpu_ceiling(cfg, plan, t).resources.items() if n > 0) for t in cfg.tenants},
             runtime_classes=cfg.layers.kyverno.runtime_classes,
             baseline_tenants=frozenset(e.tenant for e in cfg.layers.tenancy.pod_security_exceptions),
         )
 
     def attach(self, stack: FactoryComponent, tenant: Tenant, names: TenantNames) -> None:
-        granted = set(self.granted.get(names.tenant, ()))
+        allowed = set(self.allowed.get(names.tenant, ()))
         spec = tenant_policy_spec(
             names,
             "baseline" if names.tenant in self.baseline_tenants else "restricted",
-            [r for r in self.gpu_resources if r not in granted],
+            [r for r in self.gpu_resources if r not in allowed],
             list(getattr(self.runtime_classes, names.trust)),
         )
         k8s.apiextensions.CustomResource(

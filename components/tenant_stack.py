@@ -15,11 +15,14 @@ Every tenant gets, on the host cluster:
   both directions, then its own namespace, DNS, the platform flows of the config and, for a
   vCluster, the host API server its syncer needs; the cloud metadata address denied outright;
 * a ResourceQuota covering CPU, memory, storage, object counts, `services.nodeports: 0` and every
-  GPU resource name the platform advertises (0 where the plan granted nothing), and a LimitRange;
+  GPU resource name the platform advertises, each at the tenant's ceiling (`quotas.gpu_ceiling`:
+  its grant plus what its ClusterQueue may borrow in its trust domain; 0 where its domain offers
+  none), and a LimitRange;
 * GPU placement consistent with trust, through two in-tree admission plugins the host API server
   must enable (`PodNodeSelector`, `PodTolerationRestriction`), configured by namespace
-  annotations: a tenant may only tolerate the taints of the offerings the plan gave it (so it can
-  never reach another trust domain's shared GPUs or another tenant's dedicated nodes), and a
+  annotations: a tenant may only tolerate the taints of its trust domain's offerings, the ones its
+  queue may borrow on included (so it can never reach another trust domain's shared GPUs or
+  another tenant's dedicated nodes), and a
   low-trust tenant's pods are pinned to, and tolerate only, the nodes dedicated to it. Kueue
   flavors put the same selectors and tolerations on queued workloads; the quota backs both up.
   With no dedicated node (no GPU granted), a low-trust tenant's pods stay pending: they never run
@@ -39,7 +42,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Literal, Sequence
+from typing import Any, Literal, Mapping, Sequence
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -48,8 +51,9 @@ import yaml
 from components._common import FactoryComponent, TenantHook, helm_release, labels, namespace
 from factory.catalog import ChartSource
 from factory.config import FactoryConfig, Identity, PlatformFlow, Tenant, TenantQuota
-from factory.placement import DEDICATED_LABEL, Offering, Taint, TenantAllocation, advertised_resources, allocations, offerings
+from factory.placement import DEDICATED_LABEL, Offering, Taint, TenantAllocation, advertised_resources, allocations
 from factory.planner import Plan
+from factory.quotas import gpu_ceiling
 from factory.tenancy import LABEL_PREFIX, OIDC_PREFIX, TenantNames, tenant_names
 
 TOKEN = "ai-factory:tenancy:TenantStack"
@@ -118,8 +122,13 @@ class TenantStackArgs:
     tenant: Tenant
     names: TenantNames
     allocation: TenantAllocation
+    """What the plan guarantees the tenant (its grants)."""
     offerings: tuple[Offering, ...]
-    """The offerings the tenant has grants on: their tolerations are the only ones it may use."""
+    """The offerings the tenant may be admitted to (`GpuCeiling.offerings`: with Kueue, all of its
+    trust domain's): their tolerations are the only ones it may use."""
+    gpu_ceilings: dict[str, int]
+    """Per GPU resource name, the most it can ever be admitted (`quotas.gpu_ceiling`; absent = 0):
+    its quota lines."""
     advertised_resources: tuple[str, ...]
     """Every GPU resource name the platform's nodes advertise: each gets a quota line."""
     platform_flows: tuple[PlatformFlow, ...]
@@ -140,7 +149,7 @@ class TenantStackArgs:
 
 def tenant_stack_args(cfg: FactoryConfig, plan: Plan, tenant: Tenant, hooks: Sequence[TenantHook]) -> TenantStackArgs:
     allocation = allocations(plan, {tenant.name: tenant.domain})[tenant.name]
-    granted = set(allocation.offerings)
+    ceiling = gpu_ceiling(cfg, plan, tenant)
     tenancy = cfg.layers.tenancy
     exception = next((e for e in tenancy.pod_security_exceptions if e.tenant == tenant.name), None)
     vcluster = None
@@ -151,7 +160,8 @@ def tenant_stack_args(cfg: FactoryConfig, plan: Plan, tenant: Tenant, hooks: Seq
         tenant=tenant,
         names=tenant_names(tenant),
         allocation=allocation,
-        offerings=tuple(o for o in offerings(plan) if o.name in granted),
+        offerings=ceiling.offerings,
+        gpu_ceilings=dict(ceiling.resources),
         advertised_resources=advertised_resources(plan),
         platform_flows=tuple(tenancy.platform_flows),
         kubernetes_version=cfg.kubernetes.version,
@@ -169,10 +179,11 @@ def owner_subjects(names: TenantNames) -> list[dict[str, str]]:
     return groups + [{"kind": "User", "name": u} for u in names.user_subjects]
 
 
-def quota_hard(quota: TenantQuota, allocation: TenantAllocation, advertised: Sequence[str]) -> dict[str, str]:
+def quota_hard(quota: TenantQuota, gpu_ceilings: Mapping[str, int], advertised: Sequence[str]) -> dict[str, str]:
     """ResourceQuota `hard`: the tenant's settings, no NodePort, and one line per advertised GPU
-    resource (extended resources are only quota'd as `requests.<name>`), 0 where not granted."""
-    granted = allocation.resources
+    resource (extended resources are only quota'd as `requests.<name>`) at the tenant's ceiling,
+    not its grant, so that what its ClusterQueue admits by borrowing can run; 0 where its trust
+    domain offers none."""
     hard = {
         "requests.cpu": quota.cpu,
         "requests.memory": quota.memory,
@@ -187,13 +198,14 @@ def quota_hard(quota: TenantQuota, allocation: TenantAllocation, advertised: Seq
         "services.loadbalancers": str(quota.load_balancers),
         "services.nodeports": "0",
     }
-    for resource in sorted(set(advertised) | set(granted)):
-        hard[f"requests.{resource}"] = str(granted.get(resource, 0))
+    for resource in sorted(set(advertised) | set(gpu_ceilings)):
+        hard[f"requests.{resource}"] = str(gpu_ceilings.get(resource, 0))
     return hard
 
 
 def allowed_tolerations(args: TenantStackArgs) -> list[dict[str, str]]:
-    """The tolerations the tenant's pods may carry: its offerings' (and its dedicated nodes')."""
+    """The tolerations the tenant's pods may carry: its trust domain's offerings' (`args.offerings`)
+    and its dedicated nodes'."""
     taints = {t for o in args.offerings for t in o.tolerations}
     if args.names.trust == "low":
         taints.add(dedicated_taint(args.names))
@@ -332,7 +344,7 @@ def vcluster_values(args: TenantStackArgs) -> dict[str, Any]:
         "policies": {
             "podSecurityStandard": args.pod_security,
             # The vCluster's quota is the stack's ResourceQuota on its host namespace, where every
-            # synced pod runs: every GPU resource at its grant, checked offline. The chart's would
+            # synced pod runs: every GPU resource at its ceiling, checked offline. The chart's would
             # be a second host quota whose default lines (`limits.cpu`, refusing every container
             # without a CPU limit) values cannot remove, as Pulumi drops nulls; likewise the
             # stack's LimitRange is the only one (two would make container defaults ambiguous).
@@ -387,7 +399,7 @@ class TenantStack(FactoryComponent):
             automount_service_account_token=False,
             opts=self.child(**retained),
         )
-        hard = quota_hard(args.tenant.quota, args.allocation, args.advertised_resources)
+        hard = quota_hard(args.tenant.quota, args.gpu_ceilings, args.advertised_resources)
         k8s.core.v1.ResourceQuota(f"{names.tenant}-quota", metadata=meta("tenant-quota"), spec={"hard": hard}, opts=self.child(**retained))
         k8s.core.v1.LimitRange(
             f"{names.tenant}-limits",

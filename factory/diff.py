@@ -10,7 +10,9 @@ Three renders of the real program (as `pulumi up` runs it) answer it in two step
 2. **release** — the same without the tenant, against it re-planned from the current plan (as
    `pulumi up` does, which applies both steps at once): the GPUs the tenant held return to the
    pool, so platform objects that follow the plan (node labels and taints, MIG layouts, queue
-   flavors) change; no other tenant's object may.
+   flavors) change; no other tenant's object may, but for the GPU lines of its trust-domain
+   peers' ResourceQuotas: they are ceilings (`factory.quotas.gpu_ceiling`: grant plus what the
+   peer may borrow in the domain), which follow the domain's supply.
 
 Objects are compared file by file (path and content), Pulumi resources by inventory entry
 (dependency edges aside: they order operations and update nothing).
@@ -68,6 +70,11 @@ def difference(before: Rendered, after: Rendered) -> Difference:
     return result
 
 
+def _extended_quota_key(key: str) -> bool:
+    """A quota line of an extended (GPU) resource: `requests.<domain>/<name>`."""
+    return key.startswith("requests.") and "/" in key
+
+
 def _key(entry: dict[str, Any]) -> str:
     return f"{entry['type']}::{entry['name']}"
 
@@ -100,6 +107,26 @@ class TenantRemoval:
         labels = (m.obj.get("metadata") or {}).get("labels") or {}
         return m.tenant is None and self.domain is not None and labels.get(TRUST_DOMAIN_LABEL) == self.domain
 
+    def _peer_ceiling(self, before: Manifest, after: Manifest) -> bool:
+        """A ResourceQuota of another tenant of the same trust domain whose GPU lines alone change:
+        its ceiling follows the domain's supply, which re-planning changes."""
+        labels = (before.obj.get("metadata") or {}).get("labels") or {}
+        if before.kind != "ResourceQuota" or self.domain is None or labels.get(TRUST_DOMAIN_LABEL) != self.domain:
+            return False
+
+        def without_gpu_lines(m: Manifest) -> dict[str, Any]:
+            obj = copy.deepcopy(m.obj)
+            hard = (obj.get("spec") or {}).get("hard") or {}
+            for key in [k for k in hard if _extended_quota_key(k)]:
+                del hard[key]
+            return obj
+
+        return without_gpu_lines(before) == without_gpu_lines(after)
+
+    @property
+    def peer_ceilings(self) -> list[str]:
+        return [f"  ~ changed {b.path} (GPU ceiling of tenant {b.tenant})" for b, a in self.release.changed if b.tenant and self._peer_ceiling(b, a)]
+
     @property
     def returned_to_domain(self) -> list[str]:
         removed = [f"  - deleted {m.path}" for m in self.removal.removed if self._of_domain(m)]
@@ -129,7 +156,7 @@ class TenantRemoval:
         lines += [f"re-planning deletes {m.path} (tenant {m.tenant})" for m in release.removed if m.tenant]
         lines += [f"re-planning adds {m.path} (tenant {m.tenant})" for m in release.added if m.tenant]
         for before, after in release.changed:
-            if before.tenant:
+            if before.tenant and not self._peer_ceiling(before, after):
                 lines += [f"re-planning changes {before.path} (tenant {before.tenant})", *_object_diff(before, after)]
         for verb, entries in (("deletes", release.resources_removed), ("adds", release.resources_added), ("changes", release.resources_changed)):
             lines += [f"re-planning {verb} Pulumi resource {_key(e)} (tenant {e['tenant']})" for e in entries if e.get("tenant")]
@@ -159,6 +186,10 @@ class TenantRemoval:
         ]
         lines.append(f"re-planning without it releases its GPUs ({len(released)} platform object(s) change; `pulumi up` does both at once):")
         lines += released or ["  nothing"]
+        ceilings = self.peer_ceilings
+        if ceilings:
+            lines.append(f"its trust domain's supply changes, and with it the GPU quota ceilings of {len(ceilings)} peer tenant(s):")
+            lines += ceilings
         lines += [f"note: {n}" for n in self.notes]
         unexpected = self.unexpected
         if unexpected:

@@ -10,6 +10,10 @@ stack run on its own rebuilds exactly the queues the platform run would. The rul
   equal the offering's supply. What the plan created but granted to nobody (HAMi memory, cores and
   slots, spare time-sliced replicas) is the domain cohort's, borrowable by the domain's tenants and
   lent to nobody above it (gpu-sharing.md section 5.1: slack goes in the cohort, not in queues).
+- A tenant's GPU ceiling (`gpu_ceiling`), what its namespace quota, tolerations and admission
+  policy allow, is what its ClusterQueue can ever admit: per flavor of its domain, its nominal
+  quota plus its borrowing limit, at most the flavor's supply (the supply where borrowing is
+  unlimited); its grant when Kueue is off.
 - Resource groups (a resource belongs to one group, and a pod gets one flavor per group): CPU and
   memory on a flavor with no placement; `nvidia.com/gpu` with HAMi's memory and cores (one HAMi
   pod asks for the three together) over the whole-GPU, time-sliced and HAMi flavors; the MIG
@@ -185,6 +189,11 @@ def _grants(cfg: FactoryConfig, plan: Plan) -> dict[str, dict[tuple[str, str], i
     return {tenant: {(g.offering, g.resource): g.amount for g in a.grants} for tenant, a in granted.items()}
 
 
+def _tenant_grants(plan: Plan, tenant: Tenant) -> dict[tuple[str, str], int]:
+    """One tenant's grant per (offering, resource)."""
+    return {(g.offering, g.resource): g.amount for g in allocations(plan, {tenant.name: tenant.domain})[tenant.name].grants}
+
+
 def _gpu_groups(flavors: tuple[Offering, ...]) -> list[tuple[tuple[str, ...], list[Offering]]]:
     """The GPU resource groups of one trust domain's flavors: (covered resources, flavors)."""
     groups = []
@@ -222,6 +231,46 @@ def _cluster_queue(tenant: Tenant, flavors: tuple[Offering, ...], grants: Mappin
         fair_share_weight=borrowing.fair_share_weight,
         groups=tuple(groups),
     )
+
+
+@dataclass(frozen=True)
+class GpuCeiling:
+    """The most one tenant can ever be admitted: what its namespace quota, its tolerations and its
+    admission policy must allow, so that the quota it may borrow in its cohort is usable."""
+
+    offerings: tuple[Offering, ...]
+    """The offerings it may be admitted to: with Kueue, every one of its trust domain (granted or
+    not: it may borrow there); without, the ones it holds grants on."""
+    resources: dict[str, int]
+    """Per GPU resource name, summed over those offerings (names at 0 left out)."""
+
+
+def gpu_ceiling(cfg: FactoryConfig, plan: Plan, tenant: Tenant) -> GpuCeiling:
+    """Per GPU resource name, the most the tenant can ever be admitted, read off its ClusterQueue
+    (`_cluster_queue`): on each flavor of its trust domain and resource of the flavor's supply,
+    `min(supply, nominal + borrowingLimit)`, or the whole supply where borrowing is unlimited
+    (Kueue then admits it up to what the domain leaves idle, never beyond the offering).
+
+    Without Kueue the ceiling is the grant: Volcano caps a queue at exactly its grants, and KAI's
+    `limit` is one figure in GPU units across resource names (`kai_gpu_units`), which does not
+    divide into per-name figures; the namespace quota then keeps the guarantee as the cap."""
+    grants = _tenant_grants(plan, tenant)
+    own = tuple(o for o in sorted(offerings(plan), key=lambda o: (FLAVOR_ORDER[o.kind], o.name)) if o.trust_domain == tenant.domain)
+    if not cfg.layers.kueue.enabled:
+        granted = {flavor for flavor, _ in grants}
+        granted_totals = _sum([{r: a for (_, r), a in grants.items()}])
+        return GpuCeiling(tuple(o for o in own if o.name in granted), {r: n for r, n in sorted(granted_totals.items()) if n})
+    supply = {o.name: o.supply for o in own}
+    totals: dict[str, int] = {}
+    for group in _cluster_queue(tenant, own, grants).groups:
+        if group.covered == CPU_RESOURCES:
+            continue
+        for flavor in group.flavors:
+            for quota in flavor.quotas:
+                available = supply[flavor.flavor].get(quota.resource, 0)
+                most = available if quota.borrowing_limit is None else min(available, int(quota.nominal) + quota.borrowing_limit)
+                totals[quota.resource] = totals.get(quota.resource, 0) + most
+    return GpuCeiling(own, {r: n for r, n in sorted(totals.items()) if n})
 
 
 def _domain_cohort(domain: str, organisation: str | None, flavors: tuple[Offering, ...], queues: list[ClusterQueueSpec]) -> CohortSpec:

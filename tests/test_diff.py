@@ -9,6 +9,7 @@ import pytest
 from factory.cli import main
 from factory.diff import TenantRemoval, difference, tenant_removal
 from factory.render import Manifest, Rendered
+from factory.tenancy import TRUST_DOMAIN_LABEL
 from tests.conftest import REPO
 
 SEARCH_EVAL = """\
@@ -38,6 +39,9 @@ def test_removing_a_tenant_changes_only_its_objects(shared_domain_stack, capsys)
     assert "manifests/tenant-search-eval/_cluster/namespace-tenant-search-eval.yaml" in listed
     assert "[protected, kept in the cluster]" in out
     assert "its grant returns to its trust domain internal (1 object(s) of that domain only):" in out
+    # Re-planning returns its MIG instance to the pool: search's ceiling (its domain's supply) follows.
+    assert "the GPU quota ceilings of 1 peer tenant(s):" in out
+    assert "manifests/tenant-search/tenant-search/resourcequota-tenant-quota.yaml (GPU ceiling of tenant search)" in out
     assert out.rstrip().endswith("no other object changes: nothing shared with another trust domain, nothing of another tenant")
 
 
@@ -86,3 +90,22 @@ def test_another_tenants_object_changed_by_re_planning_is_reported():
 def test_removing_an_unknown_tenant_is_a_config_error(capsys):
     assert main(["diff", "dev", "--without-tenant", "serch"]) == 2
     assert "--without-tenant: no tenant 'serch' in Pulumi.dev.yaml (did you mean 'search'?)" in capsys.readouterr().err
+
+
+def test_only_the_gpu_lines_of_a_domain_peers_quota_may_follow_a_release():
+    def quota(tenant: str, domain: str, **hard) -> Manifest:
+        obj = {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "q", "labels": {TRUST_DOMAIN_LABEL: domain}}, "spec": {"hard": hard}}
+        return Manifest(obj, f"tenant-{tenant}", tenant, "test")
+
+    gpu = "requests.nvidia.com/gpu"
+    before = rendered(quota("b", "d", **{gpu: "8", "requests.cpu": "4"}), quota("c", "d", **{gpu: "8", "requests.cpu": "4"}),
+                      quota("e", "other", **{gpu: "8"}))
+    after = rendered(quota("b", "d", **{gpu: "6", "requests.cpu": "4"}), quota("c", "d", **{gpu: "6", "requests.cpu": "2"}),
+                     quota("e", "other", **{gpu: "6"}))
+    removal = TenantRemoval("a", "d", difference(before, before), difference(before, after))
+    assert removal.peer_ceilings == ["  ~ changed manifests/tenant-b/_cluster/resourcequota-q.yaml (GPU ceiling of tenant b)"]
+    changed = [line for line in removal.unexpected if line.startswith("re-planning changes")]
+    assert changed == [
+        "re-planning changes manifests/tenant-c/_cluster/resourcequota-q.yaml (tenant c)",
+        "re-planning changes manifests/tenant-e/_cluster/resourcequota-q.yaml (tenant e)",
+    ]

@@ -331,10 +331,13 @@ def test_local_queue_on_a_queue_that_does_not_select_its_namespace_is_reported()
 
 def test_queue_quotas_above_a_flavors_supply_are_reported():
     def program():
-        namespace("tenant-a", tenant="a")
+        namespace("tenant-a", tenant="a", domain="internal")
+        namespace("tenant-b", tenant="b", domain="internal")
+        namespace("tenant-c", tenant="c", domain="inference")
         supply = lambda s: {SUPPLY_ANNOTATION: s}  # noqa: E731
-        custom("h100", "ResourceFlavor", {"nodeLabels": {POOL_LABEL: "h100"}}, annotations=supply('{"nvidia.com/gpu": 8}'))
-        custom("l40s", "ResourceFlavor", {"nodeLabels": {POOL_LABEL: "l40s"}}, annotations=supply('{"nvidia.com/gpu": 4}'))
+        internal, inference = {TRUST_DOMAIN_LABEL: "internal"}, {TRUST_DOMAIN_LABEL: "inference"}
+        custom("h100", "ResourceFlavor", {"nodeLabels": {POOL_LABEL: "h100"}}, labels=internal, annotations=supply('{"nvidia.com/gpu": 8}'))
+        custom("l40s", "ResourceFlavor", {"nodeLabels": {POOL_LABEL: "l40s"}}, labels=inference, annotations=supply('{"nvidia.com/gpu": 4}'))
         # The annotation claims 8 instances; the node's mig-parted layout makes 2 GPUs x 1.
         custom("mig", "ResourceFlavor", {"nodeLabels": {POOL_LABEL: "mig"}}, annotations=supply('{"nvidia.com/mig-3g.40gb": 8}'))
         node("mig-1", {POOL_LABEL: "mig", MIG_CONFIG_LABEL: "halves"})
@@ -350,20 +353,29 @@ def test_queue_quotas_above_a_flavors_supply_are_reported():
         queue("b", "h100", "nvidia.com/gpu", 4)
         queue("c", "l40s", "nvidia.com/gpu", 4)
         queue("d", "mig", "nvidia.com/mig-3g.40gb", 3)
-        k8s.core.v1.ResourceQuota("a-quota", metadata={"name": "quota", "namespace": "tenant-a", "labels": tenant_labels("a")},
-                                  spec={"hard": {"requests.nvidia.com/gpu": "20"}})
+
+        def quota(tenant, domain, gpus):
+            k8s.core.v1.ResourceQuota(f"{tenant}-quota", metadata={"name": "quota", "namespace": f"tenant-{tenant}", "labels": tenant_labels(tenant, domain=domain)},
+                                      spec={"hard": {"requests.nvidia.com/gpu": str(gpus)}})
+
+        # Ceilings (grant plus borrowing): a and b may each reach all 8 of their domain's H100s, 16
+        # in total on 12 GPUs in the fleet, and that is fine; c's 6 exceeds its domain's 4 L40S.
+        quota("a", "internal", 8)
+        quota("b", "internal", 8)
+        quota("c", "inference", 6)
 
     found = violations(stack(program), "gpu-quota-within-supply")
     assert set(found) == {
         "kubernetes:kueue.x-k8s.io/v1beta2:ResourceFlavor::resourceflavor-h100",
         "kubernetes:kueue.x-k8s.io/v1beta2:ResourceFlavor::resourceflavor-mig",
-        "stack",
+        "kubernetes:core/v1:ResourceQuota::c-quota",
     }
     assert "queues promise 10 nvidia.com/gpu (ClusterQueue a: 6, ClusterQueue b: 4) but its nodes supply 8" in found[
         "kubernetes:kueue.x-k8s.io/v1beta2:ResourceFlavor::resourceflavor-h100"][0]
     assert "promise 3 nvidia.com/mig-3g.40gb (ClusterQueue d: 3) but its nodes supply 2" in found[
         "kubernetes:kueue.x-k8s.io/v1beta2:ResourceFlavor::resourceflavor-mig"][0]
-    assert "allow 20 nvidia.com/gpu (tenant-a/quota: 20) but the fleet's flavors supply 12" in found["stack"][0]
+    assert "ResourceQuota tenant-c/quota of tenant 'c' allows 6 nvidia.com/gpu but the flavors of its trust domain 'inference' supply 4" in found[
+        "kubernetes:core/v1:ResourceQuota::c-quota"][0]
 
 
 # --------------------------------------------------------------------------- security

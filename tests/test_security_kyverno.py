@@ -6,8 +6,9 @@ import pytest
 
 from components.kyverno import ALL_CONTAINERS, ESCAPE_VARIABLES, QUEUE_LABEL, VCLUSTER_IMAGES
 from factory.loading import ConfigError, validate
-from factory.placement import advertised_resources, allocations
+from factory.placement import advertised_resources
 from factory.planning import plan_for
+from factory.quotas import gpu_ceiling
 from factory.tenancy import TENANT_LABEL
 from tests.conftest import objects, one, render
 
@@ -89,18 +90,33 @@ def test_device_list_driver_and_host_path_mounts_are_denied(dev):
     assert policy["no-host-path"]["validate"]["pattern"] == {"spec": {"=(volumes)": [{"X(hostPath)": "null"}]}}
 
 
-def test_tenants_may_request_only_the_gpu_resources_granted_to_them(dev, dev_raw):
+def test_tenants_may_request_only_the_gpu_resources_of_their_ceiling(dev, dev_raw):
     cfg = validate(dev_raw[0])
     plan = plan_for(cfg)
     advertised = set(advertised_resources(plan))
-    grants = allocations(plan, {t.name: t.domain for t in cfg.tenants})
-    for tenant, allocation in grants.items():
-        rule = rules(dev, f"tenant-{tenant}-admission")["granted-gpu-resources"]
+    for tenant in cfg.tenants:
+        rule = rules(dev, f"tenant-{tenant.name}-admission")["granted-gpu-resources"]
         limits, requests = conditions(rule)
         assert limits["key"].startswith("{{ keys(element.resources.limits") and requests["key"].startswith("{{ keys(element.resources.requests")
-        assert set(limits["value"]) == set(requests["value"]) == advertised - set(allocation.resources)
+        allowed = {r for r, n in gpu_ceiling(cfg, plan, tenant).resources.items() if n > 0}
+        assert set(limits["value"]) == set(requests["value"]) == advertised - allowed
     forbidden = set(conditions(rules(dev, "tenant-partner-acme-admission")["granted-gpu-resources"])[0]["value"])
     assert "nvidia.com/gpu" not in forbidden and {"nvidia.com/gpumem", "nvidia.com/mig-1g.10gb"} <= forbidden
+
+
+def test_tenants_may_request_gpu_resources_they_can_only_borrow(raw):
+    # Granted whole H100s only: the MIG instances of its trust domain are borrowable, so allowed;
+    # another domain's MIG profiles and HAMi resources stay forbidden.
+    raw["tenants"].append(
+        {"name": "ranker", "trust": "high", "trust_domain": "internal", "owners": {"groups": ["ranker-admins"]}, "gpus": [{"pool": "h100-train", "count": 4}]}
+    )
+    rendered = render(raw)
+    forbidden = set(conditions(rules(rendered, "tenant-ranker-admission")["granted-gpu-resources"])[0]["value"])
+    assert not {"nvidia.com/gpu", "nvidia.com/mig-1g.10gb", "nvidia.com/mig-3g.40gb"} & forbidden
+    assert {"nvidia.com/mig-2g.20gb", "nvidia.com/gpumem"} <= forbidden
+    raw["tenants"][-1]["borrowing"] = {"limit_percent": 0}
+    forbidden = set(conditions(rules(render(raw), "tenant-ranker-admission")["granted-gpu-resources"])[0]["value"])
+    assert "nvidia.com/mig-1g.10gb" in forbidden and "nvidia.com/gpu" not in forbidden
 
 
 def test_runtime_classes_follow_the_trust_level(dev, raw):

@@ -23,6 +23,7 @@ from factory.harness import run_program
 from factory.loading import ConfigError, validate
 from factory.placement import advertised_resources, allocations
 from factory.planning import plan_for
+from factory.quotas import gpu_ceiling
 from factory.render import from_graph
 from tests.conftest import objects, render
 
@@ -130,19 +131,61 @@ def test_vcluster_is_hardened(dev):
     assert container["allowPrivilegeEscalation"] is False
 
 
-def test_quota_caps_every_advertised_gpu_resource_at_the_tenants_grant(dev, dev_raw):
+def gpu_lines(rendered, tenant: str) -> dict[str, int]:
+    hard = the(rendered, "ResourceQuota", f"tenant-{tenant}")["spec"]["hard"]
+    return {k.removeprefix("requests."): int(v) for k, v in hard.items() if "nvidia.com/" in k}
+
+
+def test_quota_caps_every_advertised_gpu_resource_at_the_tenants_ceiling(dev, dev_raw):
     cfg = validate(dev_raw[0])
     plan = plan_for(cfg)
     grants = allocations(plan, {t.name: t.domain for t in cfg.tenants})
-    for tenant in TENANTS:
-        hard = the(dev, "ResourceQuota", f"tenant-{tenant}")["spec"]["hard"]
-        gpu_lines = {k.removeprefix("requests."): int(v) for k, v in hard.items() if "nvidia.com/" in k}
-        assert set(gpu_lines) == set(advertised_resources(plan)), tenant
-        assert {r: n for r, n in gpu_lines.items() if n} == grants[tenant].resources, tenant
+    for tenant in cfg.tenants:
+        lines = gpu_lines(dev, tenant.name)
+        assert set(lines) == set(advertised_resources(plan)), tenant.name
+        assert {r: n for r, n in lines.items() if n} == gpu_ceiling(cfg, plan, tenant).resources, tenant.name
+        assert all(lines[r] >= n for r, n in grants[tenant.name].resources.items()), tenant.name
+        hard = the(dev, "ResourceQuota", f"tenant-{tenant.name}")["spec"]["hard"]
         assert hard["services.nodeports"] == "0"
         assert {"requests.cpu", "requests.memory", "limits.memory", "requests.storage", "count/pods", "count/persistentvolumeclaims"} <= set(hard)
-    assert the(dev, "ResourceQuota", "tenant-search")["spec"]["hard"]["requests.nvidia.com/mig-1g.10gb"] == "6"
-    assert the(dev, "ResourceQuota", "tenant-partner-acme")["spec"]["hard"]["requests.nvidia.com/mig-1g.10gb"] == "0"
+    assert gpu_lines(dev, "search")["nvidia.com/mig-1g.10gb"] == 6
+    assert gpu_lines(dev, "partner-acme")["nvidia.com/mig-1g.10gb"] == 0  # its domain offers none
+    # Unlimited borrowing (the default): assistant's grant is 6 HAMi slots of the 16 its domain's
+    # L40S offering has; its queue may borrow the 10 others, so its quota lets them run.
+    assert grants["assistant"].resources["nvidia.com/gpu"] == 6
+    assert gpu_lines(dev, "assistant")["nvidia.com/gpu"] == 16
+    assert gpu_lines(dev, "assistant")["nvidia.com/gpumem"] == 92136
+
+
+@pytest.mark.parametrize(
+    ("limit_percent", "expected"),
+    [
+        (0, {"nvidia.com/gpu": 6, "nvidia.com/gpucores": 150, "nvidia.com/gpumem": 73728}),  # exactly its grant
+        (50, {"nvidia.com/gpu": 9, "nvidia.com/gpucores": 200, "nvidia.com/gpumem": 92136}),  # grant x 1.5, at most the supply
+    ],
+)
+def test_quota_follows_the_tenants_borrowing_limit(raw, limit_percent, expected):
+    assistant = next(t for t in raw["tenants"] if t["name"] == "assistant")
+    assistant["borrowing"] = {"limit_percent": limit_percent}
+    rendered = render(raw, {"layers"})
+    assert {r: n for r, n in gpu_lines(rendered, "assistant").items() if r in expected} == expected
+    assert gpu_lines(rendered, "assistant")["nvidia.com/mig-2g.20gb"] == 3  # granted the whole offering either way
+    (cq,) = [o for o in objects(rendered, "ClusterQueue") if o["metadata"]["name"] == "tenant-assistant"]
+    hami = next(f for g in cq["spec"]["resourceGroups"] for f in g["flavors"] if f["name"] == "l40s-infer-assistant")
+    gpu = next(r for r in hami["resources"] if r["name"] == "nvidia.com/gpu")
+    assert gpu["nominalQuota"] + gpu["borrowingLimit"] == expected["nvidia.com/gpu"]
+
+
+def test_quota_is_the_grant_without_kueue(raw):
+    raw["layers"]["kueue"] = {"enabled": False}
+    raw["layers"]["kai_scheduler"] = {"enabled": True}
+    raw["fleet"]["pools"][2] = {**raw["fleet"]["pools"][2], "sharing": "exclusive"}  # HAMi needs Kueue
+    raw["tenants"][1]["gpus"][1] = {"pool": "l40s-infer", "count": 2}
+    rendered = render(raw)
+    cfg = validate(raw)
+    grants = allocations(plan_for(cfg), {t.name: t.domain for t in cfg.tenants})
+    for tenant in TENANTS:
+        assert {r: n for r, n in gpu_lines(rendered, tenant).items() if n} == grants[tenant].resources, tenant
 
 
 def test_network_policy_denies_by_default_and_allows_own_namespace_dns_and_platform_flows(dev, raw):
@@ -191,6 +234,19 @@ def test_tenants_may_tolerate_only_the_taints_of_their_offerings(dev):
     assert taints("assistant") == {("ai-factory.io/trust-domain", "assistant")}
     assert taints("partner-acme") == {("ai-factory.io/dedicated", "partner-acme")}
     assert DEFAULT_TOLERATIONS_ANNOTATION not in namespace_of(dev, "search")["metadata"]["annotations"]
+
+
+def test_tenants_may_tolerate_the_taints_of_every_offering_of_their_trust_domain(raw):
+    # Granted whole H100s only, but its queue may borrow the domain's MIG instances: their taint
+    # must pass admission, or what Kueue admits could never be created.
+    raw["tenants"].append(
+        {"name": "ranker", "trust": "high", "trust_domain": "internal", "owners": {"groups": ["ranker-admins"]}, "gpus": [{"pool": "h100-train", "count": 4}]}
+    )
+    rendered = render(raw, {"layers"})
+    tolerated = {(t["key"], t.get("value")) for t in annotation(rendered, "ranker", TOLERATIONS_WHITELIST_ANNOTATION) if t["effect"] == "NoSchedule"}
+    assert tolerated == {("ai-factory.io/trust-domain", "internal")}
+    assert gpu_lines(rendered, "ranker")["nvidia.com/mig-1g.10gb"] == 6
+    assert gpu_lines(rendered, "ranker")["nvidia.com/mig-2g.20gb"] == 0  # assistant's domain's, never its own
 
 
 def test_pod_security_exception_enforces_baseline_and_records_the_review(raw):

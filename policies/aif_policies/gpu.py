@@ -507,26 +507,41 @@ def check_gpu_quota_within_supply(resources: Sequence[PolicyResource], config: M
                 f"{_number(available)}: nominal quotas above supply admit work that can never run; quota at most what the "
                 "plan created (factory/quotas.py)."
             )
-    known = [s for _, s in supplies.values() if s is not None]
-    if not known or any(s is None for f, s in supplies.values() if f.name in {k[0] for k in promised}):
-        return
-    granted: dict[str, list[tuple[str, Fraction]]] = defaultdict(list)
+    # Tenant quotas: each tenant's line against its own trust domain's supply. Lines are ceilings
+    # (grant plus what the tenant's queue may borrow in its domain's cohort), so their sum across
+    # tenants legitimately exceeds the fleet; no single one may exceed what its domain has.
+    if all(s is None for _, s in supplies.values()):
+        return  # no flavor carries a supply (no Kueue): nothing to compare with
+    domain_supplies: dict[str, list[dict[str, Fraction] | None]] = defaultdict(list)
+    for flavor, supply in supplies.values():
+        domain = flavor_domain(flavor)
+        if domain:
+            domain_supplies[domain].append(supply)
     for quota in cluster.of("ResourceQuota"):
-        if cluster.tenant_of_namespace(quota.namespace) is None:
+        tenant = cluster.tenant_of_namespace(quota.namespace)
+        if tenant is None:
             continue
-        for key, value in as_map(quota.spec.get("hard")).items():
+        domain = tenant.trust_domain or tenant.name
+        known = domain_supplies.get(domain, [])
+        if any(s is None for s in known):
+            continue  # a flavor of the domain without a supply figure
+        for key, value in sorted(as_map(quota.spec.get("hard")).items()):
             resource, amount = gpu_resource(str(key)), quantity(value)
-            if resource and amount:
-                granted[resource].append((f"{quota.namespace}/{quota.name}", amount))
-    for resource, parts in sorted(granted.items()):
-        available = sum(s.get(resource, Fraction(0)) for s in known)
-        total = sum(a for _, a in parts)
-        if total > available:
-            who = ", ".join(f"{q}: {_number(a)}" for q, a in parts)
-            yield None, (
-                f"Tenant ResourceQuotas allow {_number(total)} {resource} ({who}) but the fleet's flavors supply "
-                f"{_number(available)}: grant tenants at most what the plan created."
-            )
+            if not resource or not amount:
+                continue
+            available = sum((s.get(resource, Fraction(0)) for s in known if s is not None), Fraction(0))
+            if amount > available:
+                yield quota.resource, (
+                    f"ResourceQuota {quota.namespace}/{quota.name} of tenant {tenant.name!r} allows {_number(amount)} {resource} "
+                    f"but the flavors of its trust domain {domain!r} supply {_number(available)}: a tenant can be admitted at "
+                    "most its domain's GPUs (grant plus borrowing, factory.quotas.gpu_ceiling)."
+                )
+
+
+def flavor_domain(flavor: Obj) -> str | None:
+    """The trust domain a ResourceFlavor serves: its trust-domain label, else its nodeLabels'."""
+    value = flavor.labels.get(TRUST_DOMAIN_LABEL) or as_map(flavor.spec.get("nodeLabels")).get(TRUST_DOMAIN_LABEL)
+    return str(value) if value else None
 
 
 def _number(value: Fraction) -> str:
@@ -563,7 +578,8 @@ POLICIES = [
     ),
     stack_policy(
         "gpu-quota-within-supply",
-        "Queue quotas per flavor, and tenant quotas in total, never exceed the GPUs the fleet supplies.",
+        "Queue quotas per flavor never exceed the GPUs the fleet supplies, and no tenant's quota exceeds the GPUs "
+        "of its trust domain's flavors.",
         check_gpu_quota_within_supply,
     ),
 ]
