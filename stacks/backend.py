@@ -130,13 +130,27 @@ class StackResult(BaseModel):
     """Destroy: the stack itself was removed (nothing was kept in it)."""
 
 
-def preview(stack: auto.Stack, on_output: OnOutput | None, on_event: OnEvent | None) -> StackResult:
-    result = stack.preview(on_output=_lines(on_output), on_event=on_event)
+@dataclass(frozen=True)
+class PolicyPack:
+    """A CrossGuard pack every preview and update runs, with its configuration file if any."""
+
+    path: Path
+    config: Path | None = None
+
+    def options(self) -> dict[str, list[str]]:
+        return {
+            "policy_packs": [str(self.path)],
+            "policy_pack_configs": [str(self.config)] if self.config else [],
+        }
+
+
+def preview(stack: auto.Stack, on_output: OnOutput | None, on_event: OnEvent | None, policy_pack: PolicyPack | None = None) -> StackResult:
+    result = stack.preview(on_output=_lines(on_output), on_event=on_event, **(policy_pack.options() if policy_pack else {}))
     return StackResult(stack=stack.name, operation="preview", changes=_changes(result.change_summary))
 
 
-def up(stack: auto.Stack, on_output: OnOutput | None, on_event: OnEvent | None) -> StackResult:
-    result = stack.up(on_output=_lines(on_output), on_event=on_event)
+def up(stack: auto.Stack, on_output: OnOutput | None, on_event: OnEvent | None, policy_pack: PolicyPack | None = None) -> StackResult:
+    result = stack.up(on_output=_lines(on_output), on_event=on_event, **(policy_pack.options() if policy_pack else {}))
     return StackResult(
         stack=stack.name,
         operation="up",

@@ -7,7 +7,10 @@ environment, run through the Automation API.
 
 The environment's configuration is `Pulumi.<env>.yaml` of the project, as for `pulumi up`; it is
 validated (and planned) offline before the CLI runs, so a mistake fails with every problem and
-its path and nothing is touched. Operations on one environment run one at a time.
+its path and nothing is touched. Operations on one environment run one at a time. Every preview
+and update runs the project's CrossGuard pack (`policies/`, configured by
+`policies/config.<env>.json` when present), as `pulumi preview --policy-pack policies` does in
+pull-request review.
 """
 
 from __future__ import annotations
@@ -19,8 +22,11 @@ from pulumi import automation as auto
 from factory.loading import PROJECT_DIR, load_stack_file
 from factory.planning import plan_for, previous_plan
 from stacks import backend as ops
-from stacks.backend import Backend, KeyedLocks, OnEvent, OnOutput, StackResult, check_name
+from stacks.backend import Backend, KeyedLocks, OnEvent, OnOutput, PolicyPack, StackResult, check_name
 from stacks.contract import CONTRACT_OUTPUT, PLATFORM_PROJECT, ContractError, PlatformContract
+
+
+POLICY_PACK_DIR = "policies"
 
 
 class PlatformStacks:
@@ -33,15 +39,19 @@ class PlatformStacks:
     def stack_name(self, env: str) -> str:
         return self.backend.stack_name(PLATFORM_PROJECT, env)
 
+    def policy_pack(self, env: str) -> PolicyPack:
+        config = self.project_dir / POLICY_PACK_DIR / f"config.{env}.json"
+        return PolicyPack(self.project_dir / POLICY_PACK_DIR, config if config.is_file() else None)
+
     def preview(self, env: str, *, on_output: OnOutput | None = None, on_event: OnEvent | None = None) -> StackResult:
         self._validate(env)
         with self._locks(env):
-            return ops.preview(self._stack(env, create=True), on_output, on_event)
+            return ops.preview(self._stack(env, create=True), on_output, on_event, self.policy_pack(env))
 
     def up(self, env: str, *, on_output: OnOutput | None = None, on_event: OnEvent | None = None) -> StackResult:
         self._validate(env)
         with self._locks(env):
-            return ops.up(self._stack(env, create=True), on_output, on_event)
+            return ops.up(self._stack(env, create=True), on_output, on_event, self.policy_pack(env))
 
     def destroy(self, env: str, *, on_output: OnOutput | None = None, on_event: OnEvent | None = None) -> StackResult:
         """Destroy the environment but its protected resources (stateful parts): they stay, and the

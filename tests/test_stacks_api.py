@@ -36,7 +36,7 @@ def test_platform_up_runs_the_project_program_in_the_project_directory(tmp_path)
     assert commands(cli) == [
         f"stack select --stack {PLATFORM}",
         f"stack init {PLATFORM} --secrets-provider passphrase",
-        f"up --yes --skip-preview --exec-kind auto.local --stack {PLATFORM}",
+        f"up --yes --skip-preview --policy-pack {REPO}/policies --policy-pack-config {REPO}/policies/config.dev.json --exec-kind auto.local --stack {PLATFORM}",
         f"stack output --json --stack {PLATFORM}",
         f"stack output --json --show-secrets --stack {PLATFORM}",
         f"stack history --json --show-secrets --page-size 1 --page 1 --stack {PLATFORM}",
@@ -53,7 +53,7 @@ def test_platform_preview_and_destroy_issue_the_expected_commands(tmp_path):
     destroyed = platforms.destroy("dev")
     assert commands(cli, start) == [
         f"stack select --stack {PLATFORM}",
-        f"preview --exec-kind auto.local --event-log <event-log> --stack {PLATFORM}",
+        f"preview --policy-pack {REPO}/policies --policy-pack-config {REPO}/policies/config.dev.json --exec-kind auto.local --event-log <event-log> --stack {PLATFORM}",
         f"stack select --stack {PLATFORM}",
         f"stack export --stack {PLATFORM}",
         f"destroy --skip-preview --yes --exclude-protected --exec-kind auto.local --stack {PLATFORM}",
