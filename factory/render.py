@@ -193,15 +193,12 @@ def _mark_redacted(obj: dict[str, Any]) -> None:
 
 
 def _prune(value: Any) -> Any:
-    """Drop unset (None) fields, as the provider does before sending an object, and give integers
-    back their type: the engine protocol carries every number as a double, and `500.0` is not an
-    int32 to the API server (a WorkloadPriorityClass value, a runAsUser)."""
+    """Drop unset (None) fields, as the provider does before sending an object. (Whole numbers
+    already came back as integers from the harness.)"""
     if isinstance(value, dict):
         return {k: _prune(v) for k, v in value.items() if v is not None}
     if isinstance(value, list):
         return [_prune(v) for v in value]
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
     return value
 
 
