@@ -1,7 +1,7 @@
 """Render and check environments of growing size; print resources, times and peak memory.
 
     python benchmarks/render_scale.py            # default sizes
-    python benchmarks/render_scale.py 64x16 ...  # <nodes>x<tenants>
+    python benchmarks/render_scale.py 50 200     # tenant counts (the fleet is sized to them)
 
 Each size runs in a fresh process so peak memory (max RSS) is that size's own.
 """
@@ -16,43 +16,56 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-DEFAULT_SIZES = ["8x3", "64x16", "256x50", "1000x100"]
+DEFAULT_SIZES = ["3", "10", "30", "100", "300"]
 
 
-def environment(nodes: int, tenants: int) -> dict:
-    """A fleet of `nodes` 8-GPU nodes split over three pools, and `tenants` tenants of mixed trust
-    each asking for whole GPUs on the training pool."""
-    train, mig = max(1, nodes // 2), max(1, nodes // 4)
-    infer = max(1, nodes - train - mig)
-    pools = [
-        {"name": "h100-train", "site": "dc1", "gpu": {"model": "H100-80GB", "per_node": 8}, "nodes": train,
-         "topology": {"intra_node": "nvswitch", "fabric": "infiniband"}},
-        {"name": "a100-mig", "site": "dc1", "gpu": {"model": "A100-80GB", "per_node": 8}, "nodes": mig, "sharing": "mig"},
-        {"name": "l40s-infer", "site": "dc1", "gpu": {"model": "L40S-48GB", "per_node": 4}, "nodes": infer, "sharing": "hami"},
-    ]
-    trust = ["high", "medium", "low"]
-    return {
-        "kubernetes": {"version": "1.34"},
-        "fleet": {"sites": [{"name": "dc1"}], "pools": pools},
-        "tenants": [
-            {"name": f"team-{i:03d}", "trust": trust[i % 3], "owners": {"groups": [f"team-{i:03d}-admins"]},
-             "gpus": [{"pool": "h100-train", "count": 1}]}
-            for i in range(tenants)
+def environment(tenants: int, spare_nodes: int = 0) -> tuple[dict, set[str]]:
+    """The dev environment's platform sections (layers, identity, Kubernetes) with a generated fleet
+    and `tenants` tenants: every third low-trust (8 whole H100s on a dedicated node), every third
+    medium (MIG and HAMi slices in its own trust domain), every third high (MIG slices and whole
+    GPUs, two tenants per trust domain). Pools are sized to the demand, plus `spare_nodes` idle
+    H100 nodes."""
+    from factory.loading import read_stack_file, stack_file
+
+    raw, secret_sections = read_stack_file(stack_file("dev"))
+    generated = []
+    for i in range(tenants):
+        name = f"team-{i:03d}"
+        owners = {"groups": [f"{name}-admins"]}
+        if i % 3 == 0:
+            generated.append({"name": name, "trust": "low", "owners": owners, "gpus": [{"pool": "h100", "count": 8}]})
+        elif i % 3 == 1:
+            gpus = [{"pool": "a100-mig", "mig": {"1g.10gb": 2, "3g.40gb": 1}},
+                    {"pool": "l40s-hami", "count": 2, "memory_mib": 8192, "cores_percent": 20}]
+            generated.append({"name": name, "trust": "medium", "owners": owners, "gpus": gpus})
+        else:
+            gpus = [{"pool": "a100-mig", "mig": {"1g.10gb": 1}}, {"pool": "h100", "count": 4}]
+            generated.append({"name": name, "trust": "high", "trust_domain": f"internal-{i // 6}", "owners": owners, "gpus": gpus})
+    low, medium, high = (sum(1 for t in generated if t["trust"] == trust) for trust in ("low", "medium", "high"))
+    raw["fleet"] = {
+        "sites": [{"name": "dc1"}],
+        "pools": [
+            {"name": "h100", "site": "dc1", "gpu": {"model": "H100-80GB", "per_node": 8},
+             "nodes": max(1, low + high + spare_nodes), "topology": {"intra_node": "nvswitch", "fabric": "infiniband"}},
+            {"name": "a100-mig", "site": "dc1", "gpu": {"model": "A100-80GB", "per_node": 8}, "nodes": max(1, medium + high), "sharing": "mig"},
+            {"name": "l40s-hami", "site": "dc1", "gpu": {"model": "L40S-48GB", "per_node": 4}, "nodes": max(1, medium), "sharing": "hami"},
         ],
     }
+    raw["tenants"] = generated
+    return raw, secret_sections
 
 
-def measure(nodes: int, tenants: int) -> dict:
+def measure(tenants: int) -> dict:
     sys.path.insert(0, str(REPO))
     from factory.check import run_checks
     from factory.loading import validate
     from factory.oracles import Oracles, locate_upstream_dir
     from factory.render import render_raw
 
-    raw = environment(nodes, tenants)
+    raw, secret_sections = environment(tenants)
     started = time.perf_counter()
     cfg = validate(raw)
-    rendered = render_raw(raw, set(), cfg, stack="bench")
+    rendered = render_raw(raw, secret_sections, cfg, stack="bench")
     render_s = time.perf_counter() - started
     root = locate_upstream_dir()
     check_s = None
@@ -62,7 +75,7 @@ def measure(nodes: int, tenants: int) -> dict:
         findings = len(run_checks(rendered, Oracles(root)))
         check_s = time.perf_counter() - started
     return {
-        "nodes": nodes,
+        "nodes": sum(p["nodes"] for p in raw["fleet"]["pools"]),
         "gpus": sum(p["nodes"] * p["gpu"]["per_node"] for p in raw["fleet"]["pools"]),
         "tenants": tenants,
         "resources": len(rendered.inventory),
@@ -76,8 +89,7 @@ def measure(nodes: int, tenants: int) -> dict:
 
 def main(argv: list[str]) -> None:
     if argv and argv[0] == "--one":
-        nodes, tenants = map(int, argv[1].split("x"))
-        print(json.dumps(measure(nodes, tenants)))
+        print(json.dumps(measure(int(argv[1]))))
         return
     print(f"{'nodes':>6} {'GPUs':>6} {'tenants':>7} {'resources':>9} {'objects':>8} {'render s':>9} {'check s':>8} {'findings':>8} {'peak MiB':>9}")
     for size in argv or DEFAULT_SIZES:
