@@ -159,8 +159,21 @@ def node_placements(plan: Plan) -> list[NodePlacement]:
     return placements
 
 
+_last_offerings: tuple[Plan, tuple[Offering, ...]] | None = None
+
+
 def offerings(plan: Plan) -> list[Offering]:
-    """One offering per (pool, trust domain) that the plan gives GPUs to, in name order."""
+    """One offering per (pool, trust domain) that the plan gives GPUs to, in name order.
+
+    Every tenant's stack, queue and admission rule asks for them; they are computed once for the
+    plan in use (kept with a reference to it, so identity is a safe key)."""
+    global _last_offerings
+    if _last_offerings is None or _last_offerings[0] is not plan:
+        _last_offerings = (plan, tuple(_offerings(plan)))
+    return list(_last_offerings[1])
+
+
+def _offerings(plan: Plan) -> list[Offering]:
     result = []
     for pool in plan.pools:
         domains = sorted({g.trust_domain for n in pool.nodes for g in n.gpus if g.trust_domain and g.mode != "idle"})

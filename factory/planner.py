@@ -27,6 +27,7 @@ import hashlib
 import json
 from collections import Counter, defaultdict
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Iterable, Literal, Mapping, Sequence
 
 from factory.gpus import COMPUTE_SLICES, GPU_MODELS, MEMORY_SLICES, MIG_CLASSES, GpuModel
@@ -216,36 +217,45 @@ class Plan:
         replicas as nvidia.com/gpu, MIG instances by profile resource, HAMi vGPU slots
         (nvidia.com/gpu), memory in MiB (nvidia.com/gpumem) and cores in percent
         (nvidia.com/gpucores)."""
-        capacity: Counter[tuple[str, str]] = Counter()
-        for pool in self.pools:
-            model = GPU_MODELS[pool.gpu_model]
-            for gpu in (gpu for node in pool.nodes for gpu in node.gpus):
-                for owner, resource, amount in _grants(model, gpu):
-                    if owner == tenant:
-                        capacity[pool.name, resource] += amount
-        return dict(sorted(capacity.items()))
+        return dict(self._capacity_by_tenant.get(tenant, {}))
 
     def supply(self, pool: str, trust_domain: str) -> dict[str, int]:
         """What the plan physically creates for `trust_domain` in `pool`: resources advertised by
         the GPUs assigned to it (idle GPUs excluded: no quota may be written against them).
         Queue quotas of the domain's tenants must never add up to more than this."""
-        pool_plan = self.pool(pool)
-        model = GPU_MODELS[pool_plan.gpu_model]
-        supply: Counter[str] = Counter()
-        for gpu in (gpu for node in pool_plan.nodes for gpu in node.gpus):
-            if gpu.trust_domain != trust_domain:
-                continue
-            if gpu.mode == "whole":
-                supply[WHOLE_GPU] += 1
-            elif gpu.mode == "mig":
-                supply.update(model.profile(i.profile).resource_name for i in gpu.mig)
-            elif gpu.mode == "hami":
-                supply[WHOLE_GPU] += pool_plan.hami_split_count
-                supply[HAMI_MEMORY] += _hami_memory_capacity(model, gpu.hami_memory_scaling)
-                supply[HAMI_CORES] += 100
-            elif gpu.mode == "time-sliced":
-                supply[WHOLE_GPU] += pool_plan.time_slicing_replicas
-        return dict(sorted(supply.items()))
+        self.pool(pool)  # an unknown pool is an error, not an empty supply
+        return dict(self._supply_by_domain.get((pool, trust_domain), {}))
+
+    # Every layer asks these per tenant or per offering: index the GPUs once per plan (a frozen
+    # dataclass still has a __dict__, which is where cached_property keeps the index).
+    @cached_property
+    def _capacity_by_tenant(self) -> dict[str, dict[tuple[str, str], int]]:
+        capacity: dict[str, Counter[tuple[str, str]]] = defaultdict(Counter)
+        for pool in self.pools:
+            model = GPU_MODELS[pool.gpu_model]
+            for gpu in (gpu for node in pool.nodes for gpu in node.gpus):
+                for owner, resource, amount in _grants(model, gpu):
+                    capacity[owner][pool.name, resource] += amount
+        return {tenant: dict(sorted(c.items())) for tenant, c in capacity.items()}
+
+    @cached_property
+    def _supply_by_domain(self) -> dict[tuple[str, str], dict[str, int]]:
+        supply: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
+        for pool_plan in self.pools:
+            model = GPU_MODELS[pool_plan.gpu_model]
+            for gpu in (gpu for node in pool_plan.nodes for gpu in node.gpus):
+                domain = supply[pool_plan.name, gpu.trust_domain]
+                if gpu.mode == "whole":
+                    domain[WHOLE_GPU] += 1
+                elif gpu.mode == "mig":
+                    domain.update(model.profile(i.profile).resource_name for i in gpu.mig)
+                elif gpu.mode == "hami":
+                    domain[WHOLE_GPU] += pool_plan.hami_split_count
+                    domain[HAMI_MEMORY] += _hami_memory_capacity(model, gpu.hami_memory_scaling)
+                    domain[HAMI_CORES] += 100
+                elif gpu.mode == "time-sliced":
+                    domain[WHOLE_GPU] += pool_plan.time_slicing_replicas
+        return {key: dict(sorted(c.items())) for key, c in supply.items()}
 
     def node_mig_config(self, node: str) -> str | None:
         for pool in self.pools:
