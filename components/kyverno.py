@@ -277,12 +277,12 @@ class Kyverno(FactoryComponent):
         super().__init__(TOKEN, name, layer="kyverno", opts=opts)
         ns = namespace(self, args.namespace, pod_security="restricted")
         release = helm_release(self, RELEASE, args.chart, namespace=ns.metadata.name, values=chart_values(args), depends_on=[ns])
-        for policy, (annotations, spec) in platform_policies(args).items():
+        for policy, (policy_annotations, spec) in platform_policies(args).items():
             k8s.apiextensions.CustomResource(
                 policy,
                 api_version="kyverno.io/v1",
                 kind="ClusterPolicy",
-                metadata=k8s.meta.v1.ObjectMetaArgs(name=policy, labels=labels(self.layer), annotations=dict(annotations) or None),
+                metadata=k8s.meta.v1.ObjectMetaArgs(name=policy, labels=labels(self.layer), annotations=dict(policy_annotations) or None),
                 spec=spec,
                 opts=self.child(depends_on=[release]),
             )

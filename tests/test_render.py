@@ -7,7 +7,6 @@ import json
 import subprocess
 import sys
 
-import pulumi
 import pulumi_kubernetes as k8s
 import pytest
 
