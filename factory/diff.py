@@ -218,7 +218,7 @@ def without_tenant(env: str, tenant: str) -> TenantRemoval:
             f"{env} has no recorded plan (plans/{stack}.json): `pulumi up` would re-plan every tenant from scratch, "
             f"not from the current plan as here; record it first (`python -m factory plan {env} --lock`)"
         )
-    elif recorded.to_json() != plan_for(cfg, recorded).to_json():
+    elif recorded.pools != plan_for(cfg, recorded).pools:  # the layout, not how it was reached
         result.notes.append(f"the recorded plan of {env} is not the current one; record it first (`python -m factory plan {env} --lock`)")
     return result
 
