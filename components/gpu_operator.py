@@ -41,11 +41,11 @@ from components._common import (
 )
 from factory.catalog import ChartSource
 from factory.config import DriverSettings, RegistryCredentials
-from factory.placement import MIG_DISABLED_CONFIG, time_slicing_config
+from factory.placement import MIG_DISABLED_CONFIG, PLACEMENT_TAINT_KEYS, time_slicing_config
 
 TOKEN = "ai-factory:accelerators:GpuOperator"
 
-NODE_TAINT_KEYS = ("nvidia.com/gpu", "ai-factory.io/trust-domain", "ai-factory.io/dedicated")
+NODE_TAINT_KEYS = ("nvidia.com/gpu", *PLACEMENT_TAINT_KEYS)
 """Taints the platform puts on GPU nodes; every GPU Operator and NFD daemon must tolerate them all."""
 
 TOOLKIT_ENV = (

@@ -19,7 +19,13 @@ Platform-wide policies (one each, whatever the tenants):
 Per tenant (`TenantAdmissionHook`, one `ClusterPolicy` per tenant, created by its stack):
 Pod Security at the tenant's level (restricted, or a reviewed baseline exception), only the GPU
 resource names it can be admitted (`quotas.gpu_ceiling` above 0: granted, or borrowable in its
-trust domain's cohort), only the RuntimeClasses of its trust level.
+trust domain's cohort), only the RuntimeClasses of its trust level, only the placement taints
+(`placement.PLACEMENT_TAINT_KEYS`) it may tolerate (`placement.tolerable_taints`, the list its
+namespace's `PodTolerationRestriction` annotation carries: no `Exists` on those keys, no empty-key
+toleration of every taint), and, for a low-trust tenant, only pods that select its dedicated nodes
+(`nodeSelector` `ai-factory.io/dedicated: <tenant>`). The last two hold where the host API server
+does not enable the `PodNodeSelector`/`PodTolerationRestriction` plugins the namespace annotations
+configure (most managed Kubernetes services do not offer `PodNodeSelector`).
 
 The webhooks exclude kube-system and Kyverno's namespace, and the admission controller runs at
 least 3 replicas (with a disruption budget), so a failing webhook cannot lock the cluster out.
@@ -28,7 +34,7 @@ least 3 replicas (with a disruption budget), so a failing webhook cannot lock th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -36,10 +42,10 @@ import pulumi_kubernetes as k8s
 from components._common import FactoryComponent, helm_release, labels, namespace
 from factory.catalog import ChartSource
 from factory.config import FactoryConfig, RuntimeClasses, Tenant
-from factory.placement import advertised_resources
+from factory.placement import DEDICATED_LABEL, PLACEMENT_TAINT_KEYS, Taint, advertised_resources, tolerable_taints
 from factory.planner import Plan
 from factory.quotas import gpu_ceiling
-from factory.tenancy import TENANT_LABEL, TenantNames
+from factory.tenancy import TENANT_LABEL, TenantNames, tenant_names
 
 TOKEN = "ai-factory:admission:Kyverno"
 RELEASE = "kyverno"
@@ -72,6 +78,12 @@ FORBIDDEN_MOUNTS = (
 VCLUSTER_IMAGES = ("ghcr.io/loft-sh/*", "coredns/coredns:*")
 """What a tenant's vCluster runs in its namespace: the control plane and its CoreDNS."""
 ALL_CONTAINERS = "request.object.spec.[ephemeralContainers, initContainers, containers][]"
+TOLERATIONS = "request.object.spec.tolerations || `[]`"
+TOLERATION_KEY = "{{ element.key || '' }}"
+TOLERATION_OPERATOR = "{{ element.operator || 'Equal' }}"
+TOLERATION_PAIR = "{{ element.key || '' }}={{ element.value || '' }}"
+"""A toleration as `key=value` (`key=` for `operator: Exists`), the form of `toleration_pairs`."""
+DEDICATED_SELECTOR = f"{{{{ request.object.spec.nodeSelector.\"{DEDICATED_LABEL}\" || '' }}}}"
 TENANT_NAMESPACES = {"matchExpressions": [{"key": TENANT_LABEL, "operator": "Exists"}]}
 NO_AUTOGEN = {"pod-policies.kyverno.io/autogen-controllers": "none"}
 
@@ -290,8 +302,16 @@ class Kyverno(FactoryComponent):
         self.register_outputs({"namespace": self.namespace})
 
 
-def tenant_policy_spec(names: TenantNames, pod_security: str, forbidden_gpu: list[str], runtime_classes: list[str]) -> dict[str, Any]:
-    """The tenant's own admission rules."""
+def toleration_pairs(taints: Sequence[Taint]) -> list[str]:
+    """The `key=value` pairs (`TOLERATION_PAIR`) of the placement taints a tenant may tolerate."""
+    return [f"{t.key}={t.value}" for t in taints]
+
+
+def tenant_policy_spec(
+    names: TenantNames, pod_security: str, forbidden_gpu: list[str], runtime_classes: list[str], tolerable: Sequence[Taint]
+) -> dict[str, Any]:
+    """The tenant's own admission rules. `tolerable`: the placement taints it may tolerate
+    (`placement.tolerable_taints`)."""
     own = {"any": [{"resources": {"kinds": ["Pod"], "namespaces": [names.namespace]}}]}
     rules = [
         _rule(
@@ -333,6 +353,42 @@ def tenant_policy_spec(names: TenantNames, pod_security: str, forbidden_gpu: lis
             {"pattern": {"spec": runtime}},
         )
     )
+    pairs = toleration_pairs(tolerable)
+    rules.append(
+        _rule(
+            "placement-tolerations",
+            own,
+            f"Tenant {names.tenant} may tolerate the placement taints ({', '.join(PLACEMENT_TAINT_KEYS)}) only as "
+            f"{', '.join(pairs) or 'nothing'} (operator Equal), and no taint at all with an empty key.",
+            {
+                "foreach": [
+                    {
+                        "list": TOLERATIONS,
+                        # An empty key (with `Exists`) tolerates every taint: checked like a placement key.
+                        "preconditions": {"any": [{"key": TOLERATION_KEY, "operator": "AnyIn", "value": ["", *PLACEMENT_TAINT_KEYS]}]},
+                        "deny": {
+                            "conditions": {
+                                "any": [
+                                    {"key": TOLERATION_OPERATOR, "operator": "NotEquals", "value": "Equal"},
+                                    {"key": TOLERATION_PAIR, "operator": "AnyNotIn", "value": pairs},
+                                ]
+                            }
+                        },
+                    }
+                ]
+            },
+        )
+    )
+    if names.trust == "low":
+        rules.append(
+            _rule(
+                "dedicated-nodes",
+                own,
+                f"Pods of untrusted tenant {names.tenant} must select its dedicated nodes: nodeSelector {DEDICATED_LABEL}: {names.tenant} "
+                f"(and tolerate the taint {DEDICATED_LABEL}={names.tenant}:NoSchedule).",
+                {"deny": {"conditions": {"any": [{"key": DEDICATED_SELECTOR, "operator": "NotEquals", "value": names.tenant}]}}},
+            )
+        )
     return _policy_spec(rules)
 
 
@@ -346,15 +402,20 @@ class TenantAdmissionHook:
     runtime_classes: RuntimeClasses
     baseline_tenants: frozenset[str]
     """Tenants with a reviewed Pod Security `baseline` exception."""
+    tolerable: Mapping[str, tuple[Taint, ...]]
+    """Tenant name -> the placement taints it may tolerate (`placement.tolerable_taints` of the
+    offerings of its ceiling, as its stack's namespace annotations)."""
     layer: str = "kyverno"
 
     @classmethod
     def from_config(cls, cfg: FactoryConfig, plan: Plan) -> TenantAdmissionHook:
+        ceilings = {t.name: gpu_ceiling(cfg, plan, t) for t in cfg.tenants}
         return cls(
             gpu_resources=advertised_resources(plan),
-            allowed={t.name: tuple(r for r, n in gpu_ceiling(cfg, plan, t).resources.items() if n > 0) for t in cfg.tenants},
+            allowed={t.name: tuple(r for r, n in ceilings[t.name].resources.items() if n > 0) for t in cfg.tenants},
             runtime_classes=cfg.layers.kyverno.runtime_classes,
             baseline_tenants=frozenset(e.tenant for e in cfg.layers.tenancy.pod_security_exceptions),
+            tolerable={t.name: tolerable_taints(tenant_names(t), ceilings[t.name].offerings) for t in cfg.tenants},
         )
 
     def attach(self, stack: FactoryComponent, tenant: Tenant, names: TenantNames) -> None:
@@ -364,6 +425,7 @@ class TenantAdmissionHook:
             "baseline" if names.tenant in self.baseline_tenants else "restricted",
             [r for r in self.gpu_resources if r not in allowed],
             list(getattr(self.runtime_classes, names.trust)),
+            self.tolerable.get(names.tenant, ()),
         )
         k8s.apiextensions.CustomResource(
             f"{names.tenant}-admission",

@@ -18,15 +18,18 @@ Every tenant gets, on the host cluster:
   GPU resource name the platform advertises, each at the tenant's ceiling (`quotas.gpu_ceiling`:
   its grant plus what its ClusterQueue may borrow in its trust domain; 0 where its domain offers
   none), and a LimitRange;
-* GPU placement consistent with trust, through two in-tree admission plugins the host API server
-  must enable (`PodNodeSelector`, `PodTolerationRestriction`), configured by namespace
+* GPU placement consistent with trust, through two in-tree admission plugins if the host API server
+  enables them (`PodNodeSelector`, `PodTolerationRestriction`), configured by namespace
   annotations: a tenant may only tolerate the taints of its trust domain's offerings, the ones its
   queue may borrow on included (so it can never reach another trust domain's shared GPUs or
   another tenant's dedicated nodes), and a
   low-trust tenant's pods are pinned to, and tolerate only, the nodes dedicated to it. Kueue
   flavors put the same selectors and tolerations on queued workloads; the quota backs both up.
   With no dedicated node (no GPU granted), a low-trust tenant's pods stay pending: they never run
-  on shared nodes.
+  on shared nodes. The tenant's Kyverno admission policy (`kyverno.TenantAdmissionHook`) enforces the
+  same tolerations (`placement.tolerable_taints`) and dedicated-node selector where the host API
+  server does not enable those plugins; a low-trust tenant's vCluster control plane is pinned to its
+  dedicated nodes accordingly.
 
 Other layers add their per-tenant objects (queues, identity, secrets, ...) through `TenantHook`s;
 every child of the stack waits for the tenant's namespace.
@@ -51,7 +54,7 @@ import yaml
 from components._common import FactoryComponent, TenantHook, helm_release, labels, namespace
 from factory.catalog import ChartSource
 from factory.config import FactoryConfig, Identity, PlatformFlow, Tenant, TenantQuota
-from factory.placement import DEDICATED_LABEL, Offering, Taint, TenantAllocation, advertised_resources, allocations
+from factory.placement import DEDICATED_LABEL, Offering, TenantAllocation, advertised_resources, allocations, dedicated_taint, tolerable_taints
 from factory.planner import Plan
 from factory.quotas import gpu_ceiling
 from factory.tenancy import LABEL_PREFIX, OIDC_PREFIX, TenantNames, tenant_names
@@ -204,16 +207,10 @@ def quota_hard(quota: TenantQuota, gpu_ceilings: Mapping[str, int], advertised: 
 
 
 def allowed_tolerations(args: TenantStackArgs) -> list[dict[str, str]]:
-    """The tolerations the tenant's pods may carry: its trust domain's offerings' (`args.offerings`)
-    and its dedicated nodes'."""
-    taints = {t for o in args.offerings for t in o.tolerations}
-    if args.names.trust == "low":
-        taints.add(dedicated_taint(args.names))
-    return [*NODE_LIFECYCLE_TOLERATIONS, *(t.toleration() for t in sorted(taints, key=lambda t: (t.key, t.value)))]
-
-
-def dedicated_taint(names: TenantNames) -> Taint:
-    return Taint(DEDICATED_LABEL, names.tenant)
+    """The tolerations the tenant's pods may carry: the node-lifecycle ones and its placement taints
+    (`placement.tolerable_taints`: its trust domain's offerings', `args.offerings`, and its
+    dedicated nodes'), which its Kyverno admission policy enforces too."""
+    return [*NODE_LIFECYCLE_TOLERATIONS, *(t.toleration() for t in tolerable_taints(args.names, args.offerings))]
 
 
 def namespace_annotations(args: TenantStackArgs) -> dict[str, str]:
@@ -313,14 +310,22 @@ def vcluster_values(args: TenantStackArgs) -> dict[str, Any]:
     assert args.vcluster is not None
     pod_context, container_context = _security_contexts()
     off = {"enabled": False}
+    statefulset: dict[str, Any] = {
+        "image": {"repository": VCLUSTER_OSS_IMAGE},
+        "security": {"podSecurityContext": pod_context, "containerSecurityContext": container_context},
+    }
+    coredns: dict[str, Any] = {"security": {"podSecurityContext": pod_context, "containerSecurityContext": container_context}}
+    if args.names.trust == "low":
+        # Its Kyverno admission policy admits a low-trust tenant's pods (and pod templates) only on
+        # its dedicated nodes, the control plane's included.
+        taint = dedicated_taint(args.names)
+        statefulset["scheduling"] = {"nodeSelector": {DEDICATED_LABEL: taint.value}, "tolerations": [taint.toleration()]}
+        coredns["deployment"] = {"nodeSelector": {DEDICATED_LABEL: taint.value}, "tolerations": [taint.toleration()]}
     return {
         "controlPlane": {
             "distro": {"k8s": {"enabled": True, "apiServer": {"extraArgs": oidc_args(args.vcluster.identity, args.names.tenant)}, "securityContext": container_context}},
-            "statefulSet": {
-                "image": {"repository": VCLUSTER_OSS_IMAGE},
-                "security": {"podSecurityContext": pod_context, "containerSecurityContext": container_context},
-            },
-            "coredns": {"security": {"podSecurityContext": pod_context, "containerSecurityContext": container_context}},
+            "statefulSet": statefulset,
+            "coredns": coredns,
         },
         "sync": {
             "toHost": {

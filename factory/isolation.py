@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import yaml
 
-from components.kyverno import ESCAPE_VARIABLES, FORBIDDEN_MOUNTS
+from components.kyverno import DEDICATED_SELECTOR, ESCAPE_VARIABLES, FORBIDDEN_MOUNTS, TOLERATION_KEY, TOLERATION_OPERATOR, TOLERATION_PAIR
 from components.tenant_stack import (
     CLOUD_METADATA_CIDRS,
     DEFAULT_TOLERATIONS_ANNOTATION,
@@ -44,6 +44,7 @@ from factory.placement import (
     HAMI_LABEL,
     MIG_CONFIG_LABEL,
     MIG_DISABLED_CONFIG,
+    PLACEMENT_TAINT_KEYS,
 )
 from factory.render import Manifest, Rendered
 from factory.tenancy import OIDC_PREFIX, TENANT_LABEL, TRUST_DOMAIN_LABEL, TRUST_LABEL
@@ -702,25 +703,83 @@ def _node_is_shared(labels: Mapping[str, str]) -> bool:
     return labels.get(HAMI_LABEL) == "enabled" or DEVICE_PLUGIN_CONFIG_LABEL in labels or bool(mig and mig != MIG_DISABLED_CONFIG)
 
 
+def _enforced_pod_rules(view: View, namespace: str) -> list[Mapping[str, Any]]:
+    """The validate rules of Kyverno ClusterPolicies that enforce on Pods of one namespace, by name."""
+    rules = []
+    for m in view.of_kind("ClusterPolicy"):
+        for rule in (m.obj.get("spec") or {}).get("rules") or []:
+            matched = [(f.get("resources") or {}) for f in ((rule.get("match") or {}).get("any") or [])]
+            selects = any("Pod" in (r.get("kinds") or []) and namespace in (r.get("namespaces") or []) for r in matched)
+            if selects and (rule.get("validate") or {}).get("failureAction") == "Enforce":
+                rules.append(rule)
+    return rules
+
+
+def _conditions(block: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
+    conditions = (block or {}).get("conditions", block) or {}
+    return list(conditions.get("any") or []) if isinstance(conditions, Mapping) else []
+
+
+def _kyverno_toleration_pairs(rules: list[Mapping[str, Any]]) -> list[tuple[str, str]] | None:
+    """The (key, value) placement tolerations a tenant's Kyverno rule lets its pods carry; None when
+    no rule restricts them (one iterating the pod's tolerations that checks every placement key and
+    the empty key, and denies any operator but Equal and any pair outside its list)."""
+    for rule in rules:
+        for each in (rule.get("validate") or {}).get("foreach") or []:
+            if "spec.tolerations" not in str(each.get("list", "")):
+                continue
+            guarded = {str(k) for c in _conditions(each.get("preconditions")) if c.get("key") == TOLERATION_KEY and c.get("operator") == "AnyIn" for k in c.get("value") or []}
+            denied = _conditions(each.get("deny"))
+            operator_only_equal = any(c.get("key") == TOLERATION_OPERATOR and c.get("operator") == "NotEquals" and c.get("value") == "Equal" for c in denied)
+            pairs = [c.get("value") for c in denied if c.get("key") == TOLERATION_PAIR and c.get("operator") == "AnyNotIn"]
+            if guarded >= {"", *PLACEMENT_TAINT_KEYS} and operator_only_equal and pairs and isinstance(pairs[0], list):
+                return [(key, value) for key, _, value in (str(p).partition("=") for p in pairs[0])]
+    return None
+
+
+def _kyverno_pinned(rules: list[Mapping[str, Any]], tenant: str) -> bool:
+    """A tenant's Kyverno rule denies every pod whose nodeSelector does not select its dedicated nodes."""
+    for rule in rules:
+        for c in _conditions((rule.get("validate") or {}).get("deny")):
+            if c.get("key") == DEDICATED_SELECTOR and c.get("operator") == "NotEquals" and c.get("value") == tenant:
+                return True
+    return False
+
+
 def gpu_placement(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
     """E39, E40: a tenant's pods may only tolerate its own trust domain's and dedicated nodes'
     taints (so they can never reach another domain's shared GPUs); a low-trust tenant's pods are
     pinned to nodes dedicated to it; a node dedicated to, or shared by, a low-trust tenant is
-    never a shared-GPU node of another domain and carries its taint."""
+    never a shared-GPU node of another domain and carries its taint. Either enforcement counts: the
+    namespace annotations of the `PodTolerationRestriction`/`PodNodeSelector` admission plugins, or
+    the tenant's Kyverno rules (which hold where the plugins are not enabled); what either allows
+    is checked."""
     view = View(rendered)
     low_trust = {t.tenant for t in view.tenant_namespaces.values() if t.trust == "low"}
     for t in sorted(view.tenant_namespaces.values(), key=lambda t: t.tenant):
-        allowed = _tolerations(t, TOLERATIONS_WHITELIST_ANNOTATION)
-        if not allowed:
-            yield _finding("gpu-placement", t.manifest, f"no toleration whitelist ({TOLERATIONS_WHITELIST_ANNOTATION}): tenant {t.tenant}'s pods may tolerate any node's taints", t.tenant)
-            allowed = []
+        kyverno = _enforced_pod_rules(view, t.namespace)
+        annotated = _tolerations(t, TOLERATIONS_WHITELIST_ANNOTATION)
+        pairs = _kyverno_toleration_pairs(kyverno)
+        if not annotated and pairs is None:
+            yield _finding(
+                "gpu-placement",
+                t.manifest,
+                f"no toleration whitelist ({TOLERATIONS_WHITELIST_ANNOTATION} or a Kyverno rule): tenant {t.tenant}'s pods may tolerate any node's taints",
+                t.tenant,
+            )
+        allowed = [*(annotated or []), *({"key": k, "operator": "Equal", "value": v} for k, v in pairs or [])]
         for toleration in [*allowed, *(_tolerations(t, DEFAULT_TOLERATIONS_ANNOTATION) or [])]:
             yield from _toleration_findings(view, t, toleration)
         if t.trust == "low":
             selector = t.annotations.get(NODE_SELECTOR_ANNOTATION, "")
-            pinned = f"{DEDICATED_LABEL}={t.tenant}" in [s.strip() for s in selector.split(",")]
+            pinned = f"{DEDICATED_LABEL}={t.tenant}" in [s.strip() for s in selector.split(",")] or _kyverno_pinned(kyverno, t.tenant)
             if not pinned:
-                yield _finding("gpu-placement", t.manifest, f"untrusted tenant {t.tenant}'s pods are not pinned to its dedicated nodes ({NODE_SELECTOR_ANNOTATION})", t.tenant)
+                yield _finding(
+                    "gpu-placement",
+                    t.manifest,
+                    f"untrusted tenant {t.tenant}'s pods are not pinned to its dedicated nodes ({NODE_SELECTOR_ANNOTATION} or a Kyverno rule)",
+                    t.tenant,
+                )
             foreign = [tol for tol in allowed if tol.get("key") == TRUST_DOMAIN_LABEL]
             if foreign:
                 yield _finding("gpu-placement", t.manifest, f"untrusted tenant {t.tenant} may tolerate shared-GPU nodes ({TRUST_DOMAIN_LABEL})", t.tenant)

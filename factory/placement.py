@@ -15,14 +15,17 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Iterable, Literal
 
 from factory.gpus import GPU_MODELS
 from factory.planner import Plan, PoolPlan
-from factory.tenancy import LABEL_PREFIX, TRUST_DOMAIN_LABEL
+from factory.tenancy import LABEL_PREFIX, TRUST_DOMAIN_LABEL, TenantNames
 
 POOL_LABEL = f"{LABEL_PREFIX}/pool"
 DEDICATED_LABEL = f"{LABEL_PREFIX}/dedicated"
+PLACEMENT_TAINT_KEYS = (TRUST_DOMAIN_LABEL, DEDICATED_LABEL)
+"""The keys of the taints that keep tenants on their own GPU nodes: a tenant may tolerate them only
+with the values `tolerable_taints` gives it."""
 HAMI_LABEL = f"{LABEL_PREFIX}/hami"
 HAMI_DEVICE_PLUGIN_LABEL = ("gpu", "hami")
 """Selects the nodes HAMi's device plugin runs on. The chart fixes the selector's key (`gpu`; its
@@ -220,6 +223,23 @@ def allocations(plan: Plan, tenant_domains: dict[str, str]) -> dict[str, TenantA
         )
         result[tenant] = TenantAllocation(tenant, grants, tuple(sorted(dedicated[tenant])))
     return result
+
+
+def dedicated_taint(names: TenantNames) -> Taint:
+    """The taint of the nodes dedicated to a (low-trust) tenant."""
+    return Taint(DEDICATED_LABEL, names.tenant)
+
+
+def tolerable_taints(names: TenantNames, tenant_offerings: Iterable[Offering]) -> tuple[Taint, ...]:
+    """The placement taints (`PLACEMENT_TAINT_KEYS`) a tenant's pods may tolerate, in (key, value)
+    order: those of the offerings it may be admitted to (`quotas.GpuCeiling.offerings`: with
+    Kueue, all of its trust domain's) and, for a low-trust tenant, its dedicated nodes'. The one
+    rule for both enforcements: the tenant stack's namespace annotations (`PodTolerationRestriction`)
+    and the tenant's Kyverno admission policy."""
+    taints = {t for o in tenant_offerings for t in o.tolerations}
+    if names.trust == "low":
+        taints.add(dedicated_taint(names))
+    return tuple(sorted(taints, key=lambda t: (t.key, t.value)))
 
 
 def advertised_resources(plan: Plan) -> tuple[str, ...]:

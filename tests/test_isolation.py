@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from components.tenant_stack import OWNERS_ANNOTATION, NODE_SELECTOR_ANNOTATION, TOLERATIONS_WHITELIST_ANNOTATION
+from components.tenant_stack import DEFAULT_TOLERATIONS_ANNOTATION, NODE_SELECTOR_ANNOTATION, OWNERS_ANNOTATION, TOLERATIONS_WHITELIST_ANNOTATION
 from factory import isolation
 from factory.check import CHECKS, run_checks
 from factory.render import Manifest, Rendered, load_rendered
@@ -391,24 +391,89 @@ def test_tenant_tolerating_another_trust_domain_is_caught(dev, oracles):
     ]
 
 
+def drop_kyverno_rule(rendered: Rendered, tenant: str, rule: str) -> None:
+    spec = find(rendered, "ClusterPolicy", f"tenant-{tenant}-admission")["spec"]
+    assert rule in [r["name"] for r in spec["rules"]]
+    spec["rules"] = [r for r in spec["rules"] if r["name"] != rule]
+
+
 def test_untrusted_tenant_not_pinned_to_its_dedicated_nodes_is_caught(dev, oracles):
     def change(r):
         find(r, "Namespace", "tenant-partner-acme")["metadata"]["annotations"].pop(NODE_SELECTOR_ANNOTATION)
+        drop_kyverno_rule(r, "partner-acme", "dedicated-nodes")
         del find(r, "Node", "gpu-h100-01")["spec"]["taints"]
 
     assert found(variant(dev, change), oracles, "gpu-placement") == [
         "gpu-placement: Namespace/tenant-partner-acme: untrusted tenant partner-acme's pods are not pinned to its dedicated nodes "
-        "(scheduler.alpha.kubernetes.io/node-selector) [tenants: partner-acme]",
+        "(scheduler.alpha.kubernetes.io/node-selector or a Kyverno rule) [tenants: partner-acme]",
         "gpu-placement: Node/gpu-h100-01: node dedicated to tenant partner-acme is not tainted for it: other tenants' pods can land "
         "there [tenants: partner-acme]",
     ]
 
 
 def test_tenant_without_a_toleration_whitelist_is_caught(dev, oracles):
-    broken = variant(dev, lambda r: find(r, "Namespace", "tenant-search")["metadata"]["annotations"].pop(TOLERATIONS_WHITELIST_ANNOTATION))
-    assert found(broken, oracles, "gpu-placement") == [
-        "gpu-placement: Namespace/tenant-search: no toleration whitelist (scheduler.alpha.kubernetes.io/tolerationsWhitelist): tenant "
-        "search's pods may tolerate any node's taints [tenants: search]"
+    def change(r):
+        find(r, "Namespace", "tenant-search")["metadata"]["annotations"].pop(TOLERATIONS_WHITELIST_ANNOTATION)
+        drop_kyverno_rule(r, "search", "placement-tolerations")
+
+    assert found(variant(dev, change), oracles, "gpu-placement") == [
+        "gpu-placement: Namespace/tenant-search: no toleration whitelist (scheduler.alpha.kubernetes.io/tolerationsWhitelist or a Kyverno "
+        "rule): tenant search's pods may tolerate any node's taints [tenants: search]"
+    ]
+
+
+def test_either_the_plugin_annotations_or_the_kyverno_rules_place_a_tenant(dev, oracles):
+    # Without the PodNodeSelector / PodTolerationRestriction annotations (plugins not enabled, as
+    # on most managed services), the tenant's Kyverno rules are the enforcement: dev stays clean.
+    def without_annotations(r):
+        annotations = find(r, "Namespace", "tenant-partner-acme")["metadata"]["annotations"]
+        for key in (NODE_SELECTOR_ANNOTATION, TOLERATIONS_WHITELIST_ANNOTATION, DEFAULT_TOLERATIONS_ANNOTATION):
+            annotations.pop(key)
+
+    assert found(variant(dev, without_annotations), oracles, "gpu-placement") == []
+
+    # ... and without the Kyverno rules the annotations still are.
+    def without_kyverno(r):
+        for rule in ("dedicated-nodes", "placement-tolerations"):
+            drop_kyverno_rule(r, "partner-acme", rule)
+
+    assert found(variant(dev, without_kyverno), oracles, "gpu-placement") == []
+
+    # Neither: a low-trust tenant's pods can go anywhere.
+    def neither(r):
+        without_annotations(r)
+        without_kyverno(r)
+
+    assert found(variant(dev, neither), oracles, "gpu-placement") == [
+        "gpu-placement: Namespace/tenant-partner-acme: no toleration whitelist (scheduler.alpha.kubernetes.io/tolerationsWhitelist or a "
+        "Kyverno rule): tenant partner-acme's pods may tolerate any node's taints [tenants: partner-acme]",
+        "gpu-placement: Namespace/tenant-partner-acme: untrusted tenant partner-acme's pods are not pinned to its dedicated nodes "
+        "(scheduler.alpha.kubernetes.io/node-selector or a Kyverno rule) [tenants: partner-acme]",
+    ]
+
+
+def test_kyverno_rule_allowing_another_trust_domain_or_in_audit_mode_is_caught(dev, oracles):
+    def foreign(r):
+        without = find(r, "Namespace", "tenant-partner-acme")["metadata"]["annotations"]
+        without.pop(TOLERATIONS_WHITELIST_ANNOTATION)
+        (rule,) = [x for x in find(r, "ClusterPolicy", "tenant-partner-acme-admission")["spec"]["rules"] if x["name"] == "placement-tolerations"]
+        rule["validate"]["foreach"][0]["deny"]["conditions"]["any"][1]["value"].append("ai-factory.io/trust-domain=internal")
+
+    assert found(variant(dev, foreign), oracles, "gpu-placement") == [
+        "gpu-placement: Namespace/tenant-partner-acme: tenant partner-acme (domain partner-acme) may tolerate the shared-GPU nodes of trust "
+        "domain internal [tenants: partner-acme, search]",
+        "gpu-placement: Namespace/tenant-partner-acme: untrusted tenant partner-acme may tolerate shared-GPU nodes "
+        "(ai-factory.io/trust-domain) [tenants: partner-acme]",
+    ]
+
+    def audit(r):
+        find(r, "Namespace", "tenant-partner-acme")["metadata"]["annotations"].pop(NODE_SELECTOR_ANNOTATION)
+        (rule,) = [x for x in find(r, "ClusterPolicy", "tenant-partner-acme-admission")["spec"]["rules"] if x["name"] == "dedicated-nodes"]
+        rule["validate"]["failureAction"] = "Audit"
+
+    assert found(variant(dev, audit), oracles, "gpu-placement") == [
+        "gpu-placement: Namespace/tenant-partner-acme: untrusted tenant partner-acme's pods are not pinned to its dedicated nodes "
+        "(scheduler.alpha.kubernetes.io/node-selector or a Kyverno rule) [tenants: partner-acme]"
     ]
 
 

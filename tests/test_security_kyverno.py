@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from components.kyverno import ALL_CONTAINERS, ESCAPE_VARIABLES, QUEUE_LABEL, VCLUSTER_IMAGES
+from components.kyverno import ALL_CONTAINERS, DEDICATED_SELECTOR, ESCAPE_VARIABLES, QUEUE_LABEL, TOLERATIONS, VCLUSTER_IMAGES
+from components.tenant_stack import NODE_LIFECYCLE_TOLERATIONS, allowed_tolerations, tenant_stack_args
 from factory.loading import ConfigError, validate
-from factory.placement import advertised_resources
+from factory.placement import DEDICATED_LABEL, PLACEMENT_TAINT_KEYS, advertised_resources
 from factory.planning import plan_for
 from factory.quotas import gpu_ceiling
 from factory.tenancy import TENANT_LABEL
@@ -157,3 +158,83 @@ def test_removing_a_tenant_removes_only_its_admission_policy(dev, raw):
     before = {p["metadata"]["name"]: p for p in objects(dev, "ClusterPolicy")}
     assert set(before) - set(without) == {"tenant-partner-acme-admission"}
     assert all(without[name] == before[name] for name in without)
+
+
+def admits_tolerations(rule: dict, tolerations: list[dict]) -> bool:
+    """The rendered `placement-tolerations` rule applied to a pod's tolerations, reading every
+    expression it uses (and failing on any other)."""
+    (each,) = rule["validate"]["foreach"]
+    assert each["list"] == TOLERATIONS
+    (guard,) = each["preconditions"]["any"]
+    assert (guard["key"], guard["operator"]) == ("{{ element.key || '' }}", "AnyIn")
+    expressions = {
+        "{{ element.key || '' }}": lambda t: t.get("key") or "",
+        "{{ element.operator || 'Equal' }}": lambda t: t.get("operator") or "Equal",
+        "{{ element.key || '' }}={{ element.value || '' }}": lambda t: f"{t.get('key') or ''}={t.get('value') or ''}",
+    }
+    operators = {"NotEquals": lambda key, value: key != value, "AnyNotIn": lambda key, value: key not in value}
+    for toleration in tolerations:
+        if expressions[guard["key"]](toleration) not in guard["value"]:
+            continue
+        if any(operators[c["operator"]](expressions[c["key"]](toleration), c["value"]) for c in each["deny"]["conditions"]["any"]):
+            return False
+    return True
+
+
+def test_tenants_may_tolerate_only_their_placement_taints(dev, dev_raw):
+    cfg = validate(dev_raw[0])
+    plan = plan_for(cfg)
+    for tenant in cfg.tenants:
+        rule = rules(dev, f"tenant-{tenant.name}-admission")["placement-tolerations"]
+        assert rule["match"]["any"][0]["resources"] == {"kinds": ["Pod"], "namespaces": [f"tenant-{tenant.name}"]}
+        (each,) = rule["validate"]["foreach"]
+        assert set(each["preconditions"]["any"][0]["value"]) == {"", *PLACEMENT_TAINT_KEYS}
+        operator, pair = each["deny"]["conditions"]["any"]
+        assert (operator["operator"], operator["value"]) == ("NotEquals", "Equal")
+        # Exactly the stack's PodTolerationRestriction whitelist, without the node-lifecycle pairs.
+        whitelist = [t for t in allowed_tolerations(tenant_stack_args(cfg, plan, tenant, ())) if t not in NODE_LIFECYCLE_TOLERATIONS]
+        assert pair["operator"] == "AnyNotIn" and pair["value"] == [f"{t['key']}={t['value']}" for t in whitelist]
+        assert whitelist and {t["key"] for t in whitelist} <= set(PLACEMENT_TAINT_KEYS)
+    acme = rules(dev, "tenant-partner-acme-admission")["placement-tolerations"]
+    assert acme["validate"]["foreach"][0]["deny"]["conditions"]["any"][1]["value"] == [f"{DEDICATED_LABEL}=partner-acme"]
+
+
+def test_foreign_wildcard_and_empty_key_tolerations_are_denied(dev):
+    acme, search = (rules(dev, f"tenant-{t}-admission")["placement-tolerations"] for t in ("partner-acme", "search"))
+    own = {"key": DEDICATED_LABEL, "operator": "Equal", "value": "partner-acme", "effect": "NoSchedule"}
+    ordinary = [
+        *NODE_LIFECYCLE_TOLERATIONS,
+        {"key": "node.kubernetes.io/memory-pressure", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+    ]
+    assert admits_tolerations(acme, [])
+    assert admits_tolerations(acme, [own, *ordinary])
+    assert admits_tolerations(search, [{"key": "ai-factory.io/trust-domain", "value": "internal", "effect": "NoSchedule"}, *ordinary])
+    for foreign in (
+        {"key": "ai-factory.io/trust-domain", "operator": "Equal", "value": "internal", "effect": "NoSchedule"},
+        {"key": "ai-factory.io/trust-domain", "operator": "Equal", "value": "unassigned", "effect": "NoSchedule"},
+        {"key": DEDICATED_LABEL, "operator": "Equal", "value": "someone-else"},
+        {"key": DEDICATED_LABEL, "operator": "Exists"},
+        {"key": "ai-factory.io/trust-domain", "operator": "Exists", "effect": "NoSchedule"},
+        {"operator": "Exists"},
+        {"key": "", "operator": "Exists", "effect": "NoSchedule"},
+    ):
+        assert not admits_tolerations(acme, [own, foreign]), foreign
+    assert not admits_tolerations(search, [own])  # another tenant's dedicated nodes
+
+
+def test_only_low_trust_tenants_must_select_their_dedicated_nodes(dev):
+    rule = rules(dev, "tenant-partner-acme-admission")["dedicated-nodes"]
+    assert rule["match"]["any"][0]["resources"] == {"kinds": ["Pod"], "namespaces": ["tenant-partner-acme"]}
+    (condition,) = rule["validate"]["deny"]["conditions"]["any"]
+    assert condition == {"key": DEDICATED_SELECTOR, "operator": "NotEquals", "value": "partner-acme"}
+    assert condition["key"] == "{{ request.object.spec.nodeSelector.\"ai-factory.io/dedicated\" || '' }}"
+    for tenant in ("search", "assistant"):  # high and medium trust
+        assert "dedicated-nodes" not in rules(dev, f"tenant-{tenant}-admission")
+
+
+def test_a_low_trust_tenants_vcluster_control_plane_runs_on_its_dedicated_nodes(dev):
+    values = one(dev, "HelmRelease", "vcluster-partner-acme")["spec"]["values"]["controlPlane"]
+    pinned = {"nodeSelector": {DEDICATED_LABEL: "partner-acme"}, "tolerations": [{"key": DEDICATED_LABEL, "operator": "Equal", "value": "partner-acme", "effect": "NoSchedule"}]}
+    assert values["statefulSet"]["scheduling"] == pinned and values["coredns"]["deployment"] == pinned
+    assert "scheduling" not in one(dev, "HelmRelease", "vcluster-assistant")["spec"]["values"]["controlPlane"]["statefulSet"]
