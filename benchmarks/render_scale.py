@@ -19,40 +19,16 @@ REPO = Path(__file__).resolve().parent.parent
 DEFAULT_SIZES = ["3", "10", "30", "100", "300"]
 
 
-def environment(tenants: int, spare_nodes: int = 0) -> tuple[dict, set[str]]:
-    """The dev environment's platform sections (layers, identity, Kubernetes) with a generated fleet
-    and `tenants` tenants: every third low-trust (8 whole H100s on a dedicated node), every third
-    medium (MIG and HAMi slices in its own trust domain), every third high (MIG slices and whole
-    GPUs, two tenants per trust domain). Pools are sized to the demand, plus `spare_nodes` idle
-    H100 nodes."""
+def environment(tenants: int) -> tuple[dict, set[str]]:
+    """The dev environment's platform sections (layers, identity, Kubernetes) with the isolation
+    tests' generated fleet and tenants (`tests/tenancy_env.py`): every third tenant low-trust on a
+    dedicated H100 node, every third medium with MIG and HAMi slices, every third high sharing MIG
+    GPUs two tenants per trust domain; pools sized to the demand."""
     from factory.loading import read_stack_file, stack_file
+    from tests.tenancy_env import many_tenants
 
     raw, secret_sections = read_stack_file(stack_file("dev"))
-    generated = []
-    for i in range(tenants):
-        name = f"team-{i:03d}"
-        owners = {"groups": [f"{name}-admins"]}
-        if i % 3 == 0:
-            generated.append({"name": name, "trust": "low", "owners": owners, "gpus": [{"pool": "h100", "count": 8}]})
-        elif i % 3 == 1:
-            gpus = [{"pool": "a100-mig", "mig": {"1g.10gb": 2, "3g.40gb": 1}},
-                    {"pool": "l40s-hami", "count": 2, "memory_mib": 8192, "cores_percent": 20}]
-            generated.append({"name": name, "trust": "medium", "owners": owners, "gpus": gpus})
-        else:
-            gpus = [{"pool": "a100-mig", "mig": {"1g.10gb": 1}}, {"pool": "h100", "count": 4}]
-            generated.append({"name": name, "trust": "high", "trust_domain": f"internal-{i // 6}", "owners": owners, "gpus": gpus})
-    low, medium, high = (sum(1 for t in generated if t["trust"] == trust) for trust in ("low", "medium", "high"))
-    raw["fleet"] = {
-        "sites": [{"name": "dc1"}],
-        "pools": [
-            {"name": "h100", "site": "dc1", "gpu": {"model": "H100-80GB", "per_node": 8},
-             "nodes": max(1, low + high + spare_nodes), "topology": {"intra_node": "nvswitch", "fabric": "infiniband"}},
-            {"name": "a100-mig", "site": "dc1", "gpu": {"model": "A100-80GB", "per_node": 8}, "nodes": max(1, medium + high), "sharing": "mig"},
-            {"name": "l40s-hami", "site": "dc1", "gpu": {"model": "L40S-48GB", "per_node": 4}, "nodes": max(1, medium), "sharing": "hami"},
-        ],
-    }
-    raw["tenants"] = generated
-    return raw, secret_sections
+    return many_tenants(raw, tenants), secret_sections
 
 
 def measure(tenants: int) -> dict:
