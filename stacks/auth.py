@@ -105,11 +105,14 @@ class TokenVerifier:
         if not header.get("kid"):
             raise AuthError("the token names no signing key (kid)")
         key = self.jwks.key(header["kid"])
+        # The key decides the algorithm (its `alg`, or its type's default), never the token.
+        if header["alg"] != key.algorithm_name:
+            raise AuthError(f"the token is signed with {header['alg']!r}, but key {header['kid']!r} signs with {key.algorithm_name!r}")
         try:
             claims = jwt.decode(
                 token,
                 key.key,
-                algorithms=[header["alg"]],
+                algorithms=[key.algorithm_name],
                 audience=self.audience,
                 issuer=self.jwks.issuer,
                 leeway=self.leeway,
@@ -123,6 +126,8 @@ class TokenVerifier:
             raise AuthError(f"the token was not issued by {self.jwks.issuer}") from None
         except jwt.InvalidTokenError as err:
             raise AuthError(f"the token is invalid: {err}") from None
+        if not all(isinstance(claims[c], (int, float)) and not isinstance(claims[c], bool) for c in ("exp", "iat")):
+            raise AuthError("the token's exp and iat claims must be NumericDates (RFC 7519)")
         groups = claims.get(self.groups_claim) or []
         if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
             raise AuthError(f"the token's {self.groups_claim!r} claim is not a list of group names")

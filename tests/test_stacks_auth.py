@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
@@ -25,6 +27,11 @@ class Clock:
         return self.now
 
 
+def _claims() -> dict:
+    now = int(time.time())
+    return {"iss": ISSUER, "aud": AUDIENCE, "sub": "x", "iat": now, "exp": now + 300, "groups": ["platform-admins"]}
+
+
 def verifier(issuer: Issuer, clock: Clock | None = None) -> TokenVerifier:
     jwks = Jwks(ISSUER, issuer.fetch, clock=clock or Clock())
     return TokenVerifier(jwks, audience=AUDIENCE, admin_group="platform-admins")
@@ -46,8 +53,10 @@ def test_a_valid_token_names_the_caller_and_its_groups(issuer):
         (lambda i: jwt.encode({"sub": "x", "groups": ["platform-admins"]}, "a-shared-secret-of-at-least-32-bytes", algorithm="HS256", headers={"kid": i.kid}), "'HS256' are not accepted"),
         (lambda i: i.token(["g"], kid="key-unknown", key=i.keys[i.kid]), "which the issuer does not publish"),
         (lambda i: "not-a-jwt", "not a JWT"),
+        (lambda i: jwt.encode(_claims(), i.keys[i.kid], algorithm="PS256", headers={"kid": i.kid}), "key 'key-1' signs with 'RS256'"),
+        (lambda i: jwt.encode({**_claims(), "exp": str(_claims()["exp"])}, i.keys[i.kid], algorithm="RS256", headers={"kid": i.kid}), "must be NumericDates"),
     ],
-    ids=["expired", "wrong-audience", "wrong-issuer", "forged-signature", "symmetric", "unknown-key", "garbage"],
+    ids=["expired", "wrong-audience", "wrong-issuer", "forged-signature", "symmetric", "unknown-key", "garbage", "algorithm-not-the-keys", "string-exp"],
 )
 def test_a_bad_token_is_refused_with_the_reason(issuer, make, message):
     with pytest.raises(AuthError, match=message):
