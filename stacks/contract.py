@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import copy
 import json
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator, Mapping
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -128,6 +128,10 @@ class PlatformContract(BaseModel):
         """The tenant as the platform configuration registers it, if it does."""
         return next((Tenant.model_validate(t) for t in self.platform_config.get("tenants", []) if t.get("name") == name), None)
 
+    def registered_owners(self) -> dict[str, tuple[str, ...]]:
+        """Owner groups per tenant, as the platform configuration registers them."""
+        return {t["name"]: tuple((t.get("owners") or {}).get("groups", ())) for t in self.platform_config.get("tenants", [])}
+
     # ------------------------------------------------------------------ checking a tenant
 
     def tenant_problems(self, tenant: Tenant) -> list[str]:
@@ -153,6 +157,17 @@ class PlatformContract(BaseModel):
             for field in sorted(given)
             if given[field] != wanted[field]
         ]
+
+
+def owner_conflicts(tenant: Tenant, owners_by_tenant: Mapping[str, Iterable[str]]) -> list[str]:
+    """Owner groups of `tenant` that another tenant holds. Tokens carry group names, not paths: one
+    name in two tenants would open both to its members (the platform config refuses it too)."""
+    holders = {group: name for name, groups in sorted(owners_by_tenant.items()) if name != tenant.name for group in groups}
+    return [
+        f"tenant.owners.groups[{i}]: group {group!r} already owns tenant {holders[group]!r}; an identity group administers one tenant"
+        for i, group in enumerate(tenant.owners.groups)
+        if group in holders
+    ]
 
 
 def platform_contract(cfg: FactoryConfig, plan: Plan, environment: str) -> PlatformContract:

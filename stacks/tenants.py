@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import threading
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -35,7 +36,7 @@ from factory.loading import PROJECT_DIR, ConfigError, read_stack_file, stack_fil
 from factory.platform import tenant_hooks
 from stacks import backend as ops
 from stacks.backend import Backend, KeyedLocks, OnEvent, OnOutput, StackResult, check_name
-from stacks.contract import CONTRACT_OUTPUT, CONTRACT_SECRETS_OUTPUT, ContractError, PlatformContract
+from stacks.contract import CONTRACT_OUTPUT, CONTRACT_SECRETS_OUTPUT, ContractError, PlatformContract, owner_conflicts
 from stacks.platform import PlatformStacks
 
 TENANT_PROJECT = "ai-factory-tenant"
@@ -152,6 +153,8 @@ class TenantStacks:
         self.platforms = platforms or PlatformStacks(self.backend, project_dir=project_dir, pulumi_command=pulumi_command)
         self._pulumi_command = pulumi_command
         self._locks = KeyedLocks()
+        self._project_workspace_lock = threading.Lock()
+        self._project_workspace_cache: auto.LocalWorkspace | None = None
 
     def stack_name(self, env: str, name: str) -> str:
         return self.backend.stack_name(TENANT_PROJECT, f"{env}.{name}")
@@ -161,7 +164,14 @@ class TenantStacks:
         (`ConfigError` listing every problem with its path). Reads only; runs no program."""
         check_name("environment", env)
         tenant = validate_tenant(tenant.model_dump(mode="json") if isinstance(tenant, Tenant) else tenant)
-        if problems := self.platforms.contract(env).tenant_problems(tenant):
+        contract = self.platforms.contract(env)
+        problems = contract.tenant_problems(tenant)
+        # Owners are the tenant's to change: no group another tenant holds, registered or deployed.
+        owners = {name: set(groups) for name, groups in contract.registered_owners().items()}
+        for deployed in self.list(env):
+            owners.setdefault(deployed.name, set()).update(deployed.owners)
+        problems += owner_conflicts(tenant, owners)
+        if problems:
             raise ConfigError(problems, source=f"tenant {tenant.name!r} of {env}")
         return tenant
 
@@ -175,7 +185,7 @@ class TenantStacks:
             except auto.StackAlreadyExistsError:
                 raise TenantExists(f"tenant {tenant.name!r} of {env} exists already ({self.stack_name(env, tenant.name)})") from None
             _configure(stack, settings)
-            return ops.up(stack, on_output, on_event)
+            return ops.up(stack, on_output, on_event, self.platforms.policy_pack(env))
 
     def update(self, env: str, tenant: TenantInput, *, on_output: OnOutput | None = None, on_event: OnEvent | None = None) -> StackResult:
         """The tenant's stack brought to `tenant` (and to the platform's current contract)."""
@@ -184,7 +194,7 @@ class TenantStacks:
         with self._locks(self.stack_name(env, tenant.name)):
             stack = self._existing(env, tenant.name)
             _configure(stack, settings)
-            return ops.up(stack, on_output, on_event)
+            return ops.up(stack, on_output, on_event, self.platforms.policy_pack(env))
 
     def preview(self, env: str, tenant: TenantInput, *, on_output: OnOutput | None = None, on_event: OnEvent | None = None) -> StackResult:
         """What `create` or `update` would change. A stack made only for the preview is removed after it."""
@@ -197,7 +207,7 @@ class TenantStacks:
                 stack, new = self._stack(env, tenant.name, auto.Stack.create), True
             try:
                 _configure(stack, settings)
-                return ops.preview(stack, on_output, on_event)
+                return ops.preview(stack, on_output, on_event, self.platforms.policy_pack(env))
             finally:
                 if new:
                     self._remove(stack, env, tenant.name)
@@ -298,9 +308,15 @@ class TenantStacks:
         shutil.rmtree(self._workspaces() / f"{env}.{name}", ignore_errors=True)
 
     def _project_workspace(self) -> auto.LocalWorkspace:
-        """A workspace of the tenant project for commands on any of its stacks (list, outputs)."""
-        self._workspaces().mkdir(parents=True, exist_ok=True)
-        return self._workspace(self._workspaces())
+        """A workspace of the tenant project for commands on any of its stacks (list, outputs).
+
+        Made once: a new LocalWorkspace rewrites the folder's Pulumi.yaml, which a command of a
+        concurrent operation may be reading at that moment."""
+        with self._project_workspace_lock:
+            if self._project_workspace_cache is None:
+                self._workspaces().mkdir(parents=True, exist_ok=True)
+                self._project_workspace_cache = self._workspace(self._workspaces())
+            return self._project_workspace_cache
 
     def _workspaces(self) -> Path:
         return self.backend.state_dir / "tenants"

@@ -20,6 +20,7 @@ from tests.stacks_support import KUBECONFIG, PASSPHRASE, REGISTRY_PASSWORD, REPO
 
 TENANT = "organization/ai-factory-tenant/dev.vision"
 PLATFORM = "organization/ai-factory/dev"
+PACK = f"{REPO}/policies --policy-pack-config {REPO}/policies/config.dev.json"
 
 
 def commands(cli, since: int = 0) -> list[str]:
@@ -36,7 +37,7 @@ def test_platform_up_runs_the_project_program_in_the_project_directory(tmp_path)
     assert commands(cli) == [
         f"stack select --stack {PLATFORM}",
         f"stack init {PLATFORM} --secrets-provider passphrase",
-        f"up --yes --skip-preview --policy-pack {REPO}/policies --policy-pack-config {REPO}/policies/config.dev.json --exec-kind auto.local --stack {PLATFORM}",
+        f"up --yes --skip-preview --policy-pack {PACK} --exec-kind auto.local --stack {PLATFORM}",
         f"stack output --json --stack {PLATFORM}",
         f"stack output --json --show-secrets --stack {PLATFORM}",
         f"stack history --json --show-secrets --page-size 1 --page 1 --stack {PLATFORM}",
@@ -53,7 +54,7 @@ def test_platform_preview_and_destroy_issue_the_expected_commands(tmp_path):
     destroyed = platforms.destroy("dev")
     assert commands(cli, start) == [
         f"stack select --stack {PLATFORM}",
-        f"preview --policy-pack {REPO}/policies --policy-pack-config {REPO}/policies/config.dev.json --exec-kind auto.local --event-log <event-log> --stack {PLATFORM}",
+        f"preview --policy-pack {PACK} --exec-kind auto.local --event-log <event-log> --stack {PLATFORM}",
         f"stack select --stack {PLATFORM}",
         f"stack export --stack {PLATFORM}",
         f"destroy --skip-preview --yes --exclude-protected --exec-kind auto.local --stack {PLATFORM}",
@@ -121,11 +122,12 @@ def test_tenant_create_configures_the_stack_then_runs_the_inline_program(tmp_pat
     tenant_json = json.dumps(Tenant.model_validate(tenant()).model_dump(mode="json"), sort_keys=True)
     assert commands(cli, start) == [
         f"stack output --json --stack {PLATFORM}",
+        "stack ls --json",  # other tenants' owners: no group may own two tenants
         f"stack init {TENANT} --secrets-provider passphrase",
         f"config set ai-factory-tenant:tenant --plaintext --stack {TENANT} -- {tenant_json}",
         f"config set ai-factory-tenant:platform --plaintext --stack {TENANT} -- {PLATFORM}",
         f"config set kubernetes:context --plaintext --stack {TENANT} -- dev-admin",
-        f"up --yes --skip-preview --client --exec-kind auto.inline --stack {TENANT}",
+        f"up --yes --skip-preview --policy-pack {PACK} --client --exec-kind auto.inline --stack {TENANT}",
         f"stack output --json --stack {TENANT}",
         f"stack output --json --show-secrets --stack {TENANT}",
         f"stack history --json --show-secrets --page-size 1 --page 1 --stack {TENANT}",
@@ -142,12 +144,12 @@ def test_tenant_update_preview_and_delete_issue_the_expected_commands(tmp_path):
     tenants.update("dev", tenant(owners={"groups": ["vision-admins"], "users": ["ana@example.com"]}))
     tenants.preview("dev", tenant())
     tenants.delete("dev", "vision")
-    ops = [c for c in commands(cli, start) if not c.startswith(("config set", "stack output", "stack history"))]
+    ops = [c for c in commands(cli, start) if not c.startswith(("config set", "stack output", "stack history", "stack ls"))]
     assert ops == [
         f"stack select --stack {TENANT}",
-        f"up --yes --skip-preview --client --exec-kind auto.inline --stack {TENANT}",
+        f"up --yes --skip-preview --policy-pack {PACK} --client --exec-kind auto.inline --stack {TENANT}",
         f"stack select --stack {TENANT}",
-        f"preview --client --exec-kind auto.inline --event-log <event-log> --stack {TENANT}",
+        f"preview --policy-pack {PACK} --client --exec-kind auto.inline --event-log <event-log> --stack {TENANT}",
         f"stack select --stack {TENANT}",
         f"stack export --stack {TENANT}",
         f"destroy --skip-preview --yes --exclude-protected --client --exec-kind auto.inline --stack {TENANT}",
@@ -232,7 +234,28 @@ def test_a_tenant_the_contract_refuses_is_refused_before_its_stack_is_touched(tm
     with pytest.raises(ConfigError) as err:
         tenants.create("dev", registered("assistant").model_copy(update={"trust": "high"}))
     assert [p.split(":")[0] for p in err.value.problems] == ["tenant.isolation", "tenant.trust"]
-    assert commands(cli, start) == [f"stack output --json --stack {PLATFORM}"]
+    assert commands(cli, start) == [f"stack output --json --stack {PLATFORM}", "stack ls --json"]
+
+
+def test_no_owner_group_of_another_tenant_is_accepted(tmp_path):
+    cli, _, tenants = deployed_platform(tmp_path)
+    tenants.create("dev", tenant())
+    start = len(cli.calls)
+    # `speech` is registered with speech-admins, `search` is a platform-built tenant with search-admins.
+    with pytest.raises(ConfigError) as err:
+        tenants.update("dev", tenant(owners={"groups": ["vision-admins", "speech-admins", "search-admins"]}))
+    assert err.value.problems == [
+        "tenant.owners.groups[1]: group 'speech-admins' already owns tenant 'speech'; an identity group administers one tenant",
+        "tenant.owners.groups[2]: group 'search-admins' already owns tenant 'search'; an identity group administers one tenant",
+    ]
+    assert not any(c.startswith(("up", "preview")) for c in commands(cli, start))
+
+
+def test_a_group_another_tenant_stack_took_is_refused_too(tmp_path):
+    cli, _, tenants = deployed_platform(tmp_path)
+    tenants.create("dev", tenant("vision", owners={"groups": ["vision-admins", "ml-leads"]}))
+    with pytest.raises(ConfigError, match=r"tenant.owners.groups\[1\]: group 'ml-leads' already owns tenant 'vision'"):
+        tenants.create("dev", tenant("speech", owners={"groups": ["speech-admins", "ml-leads"]}))
 
 
 def test_tenants_need_a_deployed_platform(tmp_path):

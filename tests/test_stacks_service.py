@@ -101,7 +101,7 @@ def test_platform_admins_act_on_every_tenant(service):
     admin = service.auth("platform-admins", sub="root")
     assert service.client.get(f"{TENANTS}/vision", headers=admin).status_code == 200
     assert [t["name"] for t in service.client.get(TENANTS, headers=admin).json()] == ["vision"]
-    handed = service.finished(service.client.put(f"{TENANTS}/vision", json=tenant(owners={"groups": ["speech-admins"]}), headers=admin), admin)
+    handed = service.finished(service.client.put(f"{TENANTS}/vision", json=tenant(owners={"groups": ["vision-team-b"]}), headers=admin), admin)
     assert handed["state"] == "succeeded"
     deleted = service.finished(service.client.delete(f"{TENANTS}/vision", headers=admin), admin)
     assert deleted["result"]["operation"] == "destroy"
