@@ -23,6 +23,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from factory.config import SECTIONS, FactoryConfig, KubernetesSpec, Tenant
 from factory.gpus import GPU_MODELS
+from factory.placement import UNASSIGNED, offering_name
 from factory.secrets import offline_placeholder
 
 NAMESPACE = "ai-factory"
@@ -162,14 +163,14 @@ def cross_check(raw: dict[str, Any]) -> list[str]:
     problems += _duplicates("fleet.pools", pools)
     problems += _duplicates("tenants", tenants)
 
-    site_names = {s.get("name") for s in map(_as_dict, sites)}
+    site_names = {name for s in map(_as_dict, sites) if isinstance(name := s.get("name"), str)}
     pools_by_name: dict[str, dict] = {}
     node_names: Counter[str] = Counter()
     for i, pool in enumerate(map(_as_dict, pools)):
         path = f"fleet.pools[{i}]"
         if isinstance(pool.get("name"), str):
             pools_by_name.setdefault(pool["name"], pool)
-        if "site" in pool and pool["site"] not in site_names:
+        if isinstance(pool.get("site"), str) and pool["site"] not in site_names:
             problems.append(f"{path}.site: unknown site {pool['site']!r}{_did_you_mean(pool['site'], site_names)}")
         model = _as_dict(pool.get("gpu")).get("model")
         if isinstance(model, str) and model not in GPU_MODELS:
@@ -192,6 +193,8 @@ def cross_check(raw: dict[str, Any]) -> list[str]:
     problems += _check_tenancy(raw, tenants)
     problems += _check_security_layers(raw)
     problems += _check_scheduling(raw, pools, tenants)
+    problems += _check_owners(tenants)
+    problems += _check_offering_names(pools_by_name, tenants)
 
     domains: dict[str, list[tuple[str, str]]] = {}
     for i, tenant in enumerate(map(_as_dict, tenants)):
@@ -251,12 +254,6 @@ def _check_security_layers(raw: dict[str, Any]) -> list[str]:
         for key in ("admin_password", "database"):
             if keycloak.get(key) is None:
                 problems.append(f"layers.keycloak.{key}: required while the layer is enabled")
-        # Tokens carry group names, not paths: one name in two tenants would open both to its members.
-        owners: dict[str, str] = {}
-        for i, tenant in enumerate(map(_as_dict, _as_list(raw.get("tenants")))):
-            for group in _as_list(_as_dict(tenant.get("owners")).get("groups")):
-                if isinstance(group, str) and owners.setdefault(group, str(tenant.get("name"))) != tenant.get("name"):
-                    problems.append(f"tenants[{i}].owners.groups: group {group!r} already owns tenant {owners[group]!r}; an identity group administers one tenant")
     openbao = _as_dict(layers.get("openbao"))
     if openbao.get("enabled", True) is not False and openbao.get("storage_provisioner") is None:
         problems.append("layers.openbao.storage_provisioner: required while the layer is enabled (the CSI driver of its Retain StorageClass)")
@@ -360,9 +357,46 @@ def _minor_version(version: str) -> tuple[int, ...]:
 
 def _tenant_rules(path: str, tenant: dict) -> list[str]:
     """Rules a tenant obeys on its own, whatever the rest of the config says."""
+    problems = []
     if tenant.get("trust") == "low" and tenant.get("isolation") == "namespace":
-        return [f"{path}.isolation: a low-trust tenant needs its own control plane (vcluster)"]
-    return []
+        problems.append(f"{path}.isolation: a low-trust tenant needs its own control plane (vcluster)")
+    field = "trust_domain" if tenant.get("trust_domain") else "name"
+    if tenant.get(field) == UNASSIGNED:
+        problems.append(f"{path}.{field}: {UNASSIGNED!r} is reserved for the nodes the plan gives to no trust domain")
+    return problems
+
+
+def _check_owners(tenants: list) -> list[str]:
+    """Tokens carry group and user names, not paths: one owner in two tenants would open both."""
+    problems = []
+    for kind in ("groups", "users"):
+        holders: dict[str, Any] = {}
+        for i, tenant in enumerate(map(_as_dict, tenants)):
+            for owner in _as_list(_as_dict(tenant.get("owners")).get(kind)):
+                if isinstance(owner, str) and holders.setdefault(owner, tenant.get("name")) != tenant.get("name"):
+                    problems.append(f"tenants[{i}].owners.{kind}: {kind[:-1]} {owner!r} already owns tenant {holders[owner]!r}; an identity {kind[:-1]} administers one tenant")
+    return problems
+
+
+def _check_offering_names(pools: dict[str, dict], tenants: list) -> list[str]:
+    """Each (pool, trust domain) a tenant uses becomes a flavor named `<pool>-<domain>`; two pairs
+    must never meet in one name (pool `a` of domain `b-c` and pool `a-b` of domain `c`)."""
+    problems = []
+    seen: dict[str, tuple[str, str]] = {}
+    for i, tenant in enumerate(map(_as_dict, tenants)):
+        domain = tenant.get("trust_domain") or tenant.get("name")
+        for j, demand in enumerate(map(_as_dict, _as_list(tenant.get("gpus")))):
+            pool = demand.get("pool")
+            if not (isinstance(domain, str) and isinstance(pool, str) and pool in pools):
+                continue
+            name = offering_name(pool, domain)
+            other = seen.setdefault(name, (pool, domain))
+            if other != (pool, domain):
+                problems.append(
+                    f"tenants[{i}].gpus[{j}].pool: the flavor of pool {pool!r} for trust domain {domain!r} would be named "
+                    f"{name!r}, like that of pool {other[0]!r} for trust domain {other[1]!r}; rename a pool or a trust domain"
+                )
+    return problems
 
 
 def _check_demand(path: str, demand: dict, pools: dict[str, dict], trust: Any) -> list[str]:
@@ -373,6 +407,8 @@ def _check_demand(path: str, demand: dict, pools: dict[str, dict], trust: Any) -
     if pool is None:
         return [f"{path}.pool: unknown pool {pool_name!r}{_did_you_mean(pool_name, pools)}"]
     sharing = pool.get("sharing", "exclusive")
+    if not isinstance(sharing, str):
+        return []  # the pool's own field error says what is wrong
     problems = []
     if trust == "low" and sharing not in ("exclusive", "dra"):
         problems.append(f"{path}.pool: low-trust tenants get whole GPUs only; pool {pool_name!r} shares GPUs ({sharing})")
@@ -384,7 +420,8 @@ def _check_demand(path: str, demand: dict, pools: dict[str, dict], trust: Any) -
         problems.append(f"{path}.{key}: required by {sharing} pool {pool_name!r}")
     if demand.get("memory_oversubscription", 1.0) != 1.0 and sharing != "hami":
         problems.append(f"{path}.memory_oversubscription: only HAMi pools can oversubscribe GPU memory")
-    model = GPU_MODELS.get(_as_dict(pool.get("gpu")).get("model"))
+    model_name = _as_dict(pool.get("gpu")).get("model")
+    model = GPU_MODELS.get(model_name) if isinstance(model_name, str) else None
     if sharing == "mig" and model is not None:
         profiles = {p.name for p in model.mig_profiles}
         for profile in _as_dict(demand.get("mig")):
@@ -398,7 +435,7 @@ def _duplicates(path: str, items: list) -> list[str]:
     return [
         f"{path}[{i}].name: duplicate name {item['name']!r}"
         for i, item in enumerate(map(_as_dict, items))
-        if names.get(item.get("name"), 0) > 1 and i != _first_index(items, item["name"])
+        if isinstance(item.get("name"), str) and names[item["name"]] > 1 and i != _first_index(items, item["name"])
     ]
 
 
@@ -501,7 +538,7 @@ def _unwrap(annotation: Any, want_item: bool) -> Any:
 
 def _did_you_mean(word: str, choices: Iterable[str]) -> str:
     choices = sorted(c for c in choices if isinstance(c, str))
-    close = difflib.get_close_matches(word, choices, n=1)
+    close = difflib.get_close_matches(word, choices, n=1) if isinstance(word, str) else []
     if close:
         return f" (did you mean {close[0]!r}?)"
     if 0 < len(choices) <= 12:

@@ -60,6 +60,21 @@ def test_defaults_follow_trust(dev_raw):
         (lambda r: r["layers"]["gpu_operator"]["registry"].update(password="hunter2"), "layers.gpu_operator.registry.password: must be a secret"),
         (lambda r: r["tenants"][1].update(trust_domain="partner-acme"), "tenants: trust domain 'partner-acme' mixes a low-trust tenant with others"),
         (lambda r: r.pop("fleet"), "fleet: required"),
+        # Wrong types where cross-references look: reported as field errors, never a crash.
+        (lambda r: r["fleet"]["pools"][0].update(name=["h100"]), "fleet.pools[0].name: must be a string"),
+        (lambda r: r["fleet"]["sites"][0].update(name={"x": 1}), "fleet.sites[0].name: must be a string"),
+        (lambda r: r["fleet"]["pools"][1].update(site={"name": "par1"}), "fleet.pools[1].site: must be a string"),
+        (lambda r: r["fleet"]["pools"][1]["gpu"].update(model=["A100-80GB"]), "fleet.pools[1].gpu.model: must be a string"),
+        (lambda r: r["fleet"]["pools"][0].update(sharing=["exclusive"]), "fleet.pools[0].sharing: must be one of"),
+        (lambda r: r["tenants"][1].update(trust_domain="unassigned"), "tenants[1].trust_domain: 'unassigned' is reserved"),
+        (lambda r: r["layers"].update(keycloak={"enabled": False}) or r["tenants"][1]["owners"]["groups"].append("search-admins"),
+         "tenants[1].owners.groups: group 'search-admins' already owns tenant 'search'; an identity group administers one tenant"),
+        (lambda r: r["tenants"][2]["owners"].update(users=["lea@example.com"]), "tenants[2].owners.users: user 'lea@example.com' already owns tenant 'assistant'; an identity user administers one tenant"),
+        (lambda r: r["fleet"]["pools"].append({**r["fleet"]["pools"][2], "name": "l40s-infer-x"}) or r["tenants"].extend(
+            {"name": name, "trust": "medium", "trust_domain": domain, "owners": {"groups": [f"{name}-admins"]},
+             "gpus": [{"pool": pool, "count": 1, "memory_mib": 1024, "cores_percent": 10}]}
+            for name, domain, pool in (("t1", "x-y", "l40s-infer"), ("t2", "y", "l40s-infer-x"))),
+         "tenants[4].gpus[0].pool: the flavor of pool 'l40s-infer-x' for trust domain 'y' would be named 'l40s-infer-x-y'"),
     ],
     ids=lambda v: v if isinstance(v, str) else "",
 )
