@@ -52,16 +52,19 @@ import pulumi_kubernetes as k8s
 import yaml
 
 from components._common import FactoryComponent, TenantHook, helm_release, labels, namespace
+from components.dra import whole_gpu_class
 from factory.catalog import ChartSource
 from factory.config import FactoryConfig, Identity, PlatformFlow, Tenant, TenantQuota
 from factory.placement import DEDICATED_LABEL, Offering, TenantAllocation, advertised_resources, allocations, dedicated_taint, tolerable_taints
-from factory.planner import Plan
-from factory.quotas import gpu_ceiling
+from factory.planner import WHOLE_GPU, Plan
+from factory.quotas import GpuCeiling, gpu_ceiling
 from factory.tenancy import LABEL_PREFIX, OIDC_PREFIX, TenantNames, tenant_names
 
 TOKEN = "ai-factory:tenancy:TenantStack"
 
 OWNERS_ANNOTATION = f"{LABEL_PREFIX}/owners"
+DEVICE_CLASS_QUOTA_SUFFIX = ".deviceclass.resource.k8s.io/devices"
+"""ResourceQuota counts the devices of a DeviceClass that ResourceClaims request under this name."""
 """JSON list of the RBAC subjects (`{"kind", "name"}`) that own the tenant: how an offline analysis
 tells whose subject a binding names. The tenant cannot edit its Namespace, so it cannot forge it."""
 POD_SECURITY_EXCEPTION_ANNOTATION = f"{LABEL_PREFIX}/pod-security-exception"
@@ -134,6 +137,10 @@ class TenantStackArgs:
     its quota lines."""
     advertised_resources: tuple[str, ...]
     """Every GPU resource name the platform's nodes advertise: each gets a quota line."""
+    device_class_ceilings: dict[str, int]
+    """Per DRA DeviceClass of the platform, the most devices the tenant's ResourceClaims may hold
+    (its ceiling on the DRA offerings of that class, 0 elsewhere): a quota line each, since
+    Kubernetes counts claimed devices there, not under `requests.nvidia.com/gpu`."""
     platform_flows: tuple[PlatformFlow, ...]
     """Platform services the tenant's pods may reach or be reached from, besides DNS."""
     kubernetes_version: str
@@ -166,6 +173,7 @@ def tenant_stack_args(cfg: FactoryConfig, plan: Plan, tenant: Tenant, hooks: Seq
         offerings=ceiling.offerings,
         gpu_ceilings=dict(ceiling.resources),
         advertised_resources=advertised_resources(plan),
+        device_class_ceilings=device_class_ceilings(plan, ceiling),
         platform_flows=tuple(tenancy.platform_flows),
         kubernetes_version=cfg.kubernetes.version,
         vcluster=vcluster,
@@ -182,7 +190,18 @@ def owner_subjects(names: TenantNames) -> list[dict[str, str]]:
     return groups + [{"kind": "User", "name": u} for u in names.user_subjects]
 
 
-def quota_hard(quota: TenantQuota, gpu_ceilings: Mapping[str, int], advertised: Sequence[str]) -> dict[str, str]:
+def device_class_ceilings(plan: Plan, ceiling: GpuCeiling) -> dict[str, int]:
+    dra_models = {p.name: p.gpu_model for p in plan.pools if p.sharing == "dra"}
+    classes = {whole_gpu_class(model): 0 for model in dra_models.values()}
+    for offering in ceiling.offerings:
+        if offering.pool in dra_models:
+            classes[whole_gpu_class(offering.gpu_model)] += ceiling.per_offering.get((offering.name, WHOLE_GPU), 0)
+    return dict(sorted(classes.items()))
+
+
+def quota_hard(
+    quota: TenantQuota, gpu_ceilings: Mapping[str, int], advertised: Sequence[str], device_classes: Mapping[str, int]
+) -> dict[str, str]:
     """ResourceQuota `hard`: the tenant's settings, no NodePort, and one line per advertised GPU
     resource (extended resources are only quota'd as `requests.<name>`) at the tenant's ceiling,
     not its grant, so that what its ClusterQueue admits by borrowing can run; 0 where its trust
@@ -203,6 +222,8 @@ def quota_hard(quota: TenantQuota, gpu_ceilings: Mapping[str, int], advertised: 
     }
     for resource in sorted(set(advertised) | set(gpu_ceilings)):
         hard[f"requests.{resource}"] = str(gpu_ceilings.get(resource, 0))
+    for device_class, devices in device_classes.items():
+        hard[f"{device_class}{DEVICE_CLASS_QUOTA_SUFFIX}"] = str(devices)
     return hard
 
 
@@ -404,7 +425,7 @@ class TenantStack(FactoryComponent):
             automount_service_account_token=False,
             opts=self.child(**retained),
         )
-        hard = quota_hard(args.tenant.quota, args.gpu_ceilings, args.advertised_resources)
+        hard = quota_hard(args.tenant.quota, args.gpu_ceilings, args.advertised_resources, args.device_class_ceilings)
         k8s.core.v1.ResourceQuota(f"{names.tenant}-quota", metadata=meta("tenant-quota"), spec={"hard": hard}, opts=self.child(**retained))
         k8s.core.v1.LimitRange(
             f"{names.tenant}-limits",

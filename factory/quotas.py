@@ -243,6 +243,8 @@ class GpuCeiling:
     not: it may borrow there); without, the ones it holds grants on."""
     resources: dict[str, int]
     """Per GPU resource name, summed over those offerings (names at 0 left out)."""
+    per_offering: dict[tuple[str, str], int]
+    """Per (offering, GPU resource name), before summing (pairs at 0 left out)."""
 
 
 def gpu_ceiling(cfg: FactoryConfig, plan: Plan, tenant: Tenant) -> GpuCeiling:
@@ -259,9 +261,14 @@ def gpu_ceiling(cfg: FactoryConfig, plan: Plan, tenant: Tenant) -> GpuCeiling:
     if not cfg.layers.kueue.enabled:
         granted = {flavor for flavor, _ in grants}
         granted_totals = _sum([{r: a for (_, r), a in grants.items()}])
-        return GpuCeiling(tuple(o for o in own if o.name in granted), {r: n for r, n in sorted(granted_totals.items()) if n})
+        return GpuCeiling(
+            tuple(o for o in own if o.name in granted),
+            {r: n for r, n in sorted(granted_totals.items()) if n},
+            {key: n for key, n in sorted(grants.items()) if n},
+        )
     supply = {o.name: o.supply for o in own}
     totals: dict[str, int] = {}
+    per_offering: dict[tuple[str, str], int] = {}
     for group in _cluster_queue(tenant, own, grants).groups:
         if group.covered == CPU_RESOURCES:
             continue
@@ -270,7 +277,9 @@ def gpu_ceiling(cfg: FactoryConfig, plan: Plan, tenant: Tenant) -> GpuCeiling:
                 available = supply[flavor.flavor].get(quota.resource, 0)
                 most = available if quota.borrowing_limit is None else min(available, int(quota.nominal) + quota.borrowing_limit)
                 totals[quota.resource] = totals.get(quota.resource, 0) + most
-    return GpuCeiling(own, {r: n for r, n in sorted(totals.items()) if n})
+                if most:
+                    per_offering[flavor.flavor, quota.resource] = most
+    return GpuCeiling(own, {r: n for r, n in sorted(totals.items()) if n}, dict(sorted(per_offering.items())))
 
 
 def _domain_cohort(domain: str, organisation: str | None, flavors: tuple[Offering, ...], queues: list[ClusterQueueSpec]) -> CohortSpec:

@@ -336,3 +336,23 @@ def test_hooks_attach_under_the_tenant_stack_and_outputs_name_the_tenant(dev_raw
         "labels": {"ai-factory.io/tenant": "assistant", "ai-factory.io/trust": "medium", "ai-factory.io/trust-domain": "assistant"},
         "control_plane": "vcluster",
     }
+
+
+def test_gpus_claimed_through_dra_are_capped_by_the_namespace_quota(dev_raw, oracles):
+    # Kubernetes counts ResourceClaim devices per DeviceClass, not under requests.nvidia.com/gpu.
+    import copy
+
+    from factory.check import run_checks
+    from tests.scheduling_env import bigger_environment
+
+    raw = bigger_environment(copy.deepcopy(dev_raw[0]))
+    rendered = render(raw, dev_raw[1])
+    line = "h200-141gb-whole.deviceclass.resource.k8s.io/devices"
+    ads = the(rendered, "ResourceQuota", "tenant-ads")["spec"]["hard"]
+    cfg = validate(raw)
+    tenant = next(t for t in cfg.tenants if t.name == "ads")
+    ceiling = gpu_ceiling(cfg, plan_for(cfg), tenant)
+    dra = sum(n for (offering, resource), n in ceiling.per_offering.items() if offering.startswith("h200-dra-") and resource == "nvidia.com/gpu")
+    assert int(ads[line]) == dra >= 4  # its grant of 4, or more where it may borrow
+    assert the(rendered, "ResourceQuota", "tenant-vision")["spec"]["hard"][line] == "0"  # another domain's DRA GPUs
+    assert [str(f) for f in run_checks(rendered, oracles) if f.check in ("schema", "quota")] == []
