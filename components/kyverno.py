@@ -307,6 +307,67 @@ def toleration_pairs(taints: Sequence[Taint]) -> list[str]:
     return [f"{t.key}={t.value}" for t in taints]
 
 
+POD_SECURITY_RULE = "pod-security"
+"""The first rule of a tenant's policy; its `match` (the tenant's own pods) is every rule's."""
+GPU_RESOURCES_RULE = "granted-gpu-resources"
+"""The rule of a tenant's policy that denies the GPU resource names it cannot be admitted."""
+TOLERATIONS_RULE = "placement-tolerations"
+"""The rule of a tenant's policy that allows only its placement taints' `key=value` pairs."""
+
+
+def granted_gpu_resources_rule(tenant: str, match: dict[str, Any], forbidden_gpu: list[str]) -> dict[str, Any]:
+    """A tenant's rule denying the GPU resource names `forbidden_gpu` (the advertised ones it cannot
+    be admitted) to the pods `match` selects: its only variable part is that list."""
+    return _rule(
+        GPU_RESOURCES_RULE,
+        match,
+        f"Tenant {tenant} may only request the GPU resources its trust domain offers it (granted or borrowable).",
+        {
+            "foreach": [
+                {
+                    "list": ALL_CONTAINERS,
+                    "deny": {
+                        "conditions": {
+                            "any": [
+                                {"key": "{{ keys(element.resources.limits || `{}`) }}", "operator": "AnyIn", "value": forbidden_gpu},
+                                {"key": "{{ keys(element.resources.requests || `{}`) }}", "operator": "AnyIn", "value": forbidden_gpu},
+                            ]
+                        }
+                    },
+                }
+            ]
+        },
+    )
+
+
+def placement_tolerations_rule(tenant: str, match: dict[str, Any], pairs: list[str]) -> dict[str, Any]:
+    """A tenant's rule allowing the pods `match` selects only the placement-taint tolerations
+    `pairs` (`toleration_pairs`): its only variable part is that list."""
+    return _rule(
+        TOLERATIONS_RULE,
+        match,
+        f"Tenant {tenant} may tolerate the placement taints ({', '.join(PLACEMENT_TAINT_KEYS)}) only as "
+        f"{', '.join(pairs) or 'nothing'} (operator Equal), and no taint at all with an empty key.",
+        {
+            "foreach": [
+                {
+                    "list": TOLERATIONS,
+                    # An empty key (with `Exists`) tolerates every taint: checked like a placement key.
+                    "preconditions": {"any": [{"key": TOLERATION_KEY, "operator": "AnyIn", "value": ["", *PLACEMENT_TAINT_KEYS]}]},
+                    "deny": {
+                        "conditions": {
+                            "any": [
+                                {"key": TOLERATION_OPERATOR, "operator": "NotEquals", "value": "Equal"},
+                                {"key": TOLERATION_PAIR, "operator": "AnyNotIn", "value": pairs},
+                            ]
+                        }
+                    },
+                }
+            ]
+        },
+    )
+
+
 def tenant_policy_spec(
     names: TenantNames, pod_security: str, forbidden_gpu: list[str], runtime_classes: list[str], tolerable: Sequence[Taint]
 ) -> dict[str, Any]:
@@ -315,35 +376,14 @@ def tenant_policy_spec(
     own = {"any": [{"resources": {"kinds": ["Pod"], "namespaces": [names.namespace]}}]}
     rules = [
         _rule(
-            "pod-security",
+            POD_SECURITY_RULE,
             own,
             f"Pods of tenant {names.tenant} must meet Pod Security {pod_security}.",
             {"podSecurity": {"level": pod_security, "version": "latest"}},
         )
     ]
     if forbidden_gpu:
-        rules.append(
-            _rule(
-                "granted-gpu-resources",
-                own,
-                f"Tenant {names.tenant} may only request the GPU resources its trust domain offers it (granted or borrowable).",
-                {
-                    "foreach": [
-                        {
-                            "list": ALL_CONTAINERS,
-                            "deny": {
-                                "conditions": {
-                                    "any": [
-                                        {"key": "{{ keys(element.resources.limits || `{}`) }}", "operator": "AnyIn", "value": forbidden_gpu},
-                                        {"key": "{{ keys(element.resources.requests || `{}`) }}", "operator": "AnyIn", "value": forbidden_gpu},
-                                    ]
-                                }
-                            },
-                        }
-                    ]
-                },
-            )
-        )
+        rules.append(granted_gpu_resources_rule(names.tenant, own, forbidden_gpu))
     runtime = {"=(runtimeClassName)": _any_of(runtime_classes)} if runtime_classes else {"X(runtimeClassName)": "null"}
     rules.append(
         _rule(
@@ -353,32 +393,7 @@ def tenant_policy_spec(
             {"pattern": {"spec": runtime}},
         )
     )
-    pairs = toleration_pairs(tolerable)
-    rules.append(
-        _rule(
-            "placement-tolerations",
-            own,
-            f"Tenant {names.tenant} may tolerate the placement taints ({', '.join(PLACEMENT_TAINT_KEYS)}) only as "
-            f"{', '.join(pairs) or 'nothing'} (operator Equal), and no taint at all with an empty key.",
-            {
-                "foreach": [
-                    {
-                        "list": TOLERATIONS,
-                        # An empty key (with `Exists`) tolerates every taint: checked like a placement key.
-                        "preconditions": {"any": [{"key": TOLERATION_KEY, "operator": "AnyIn", "value": ["", *PLACEMENT_TAINT_KEYS]}]},
-                        "deny": {
-                            "conditions": {
-                                "any": [
-                                    {"key": TOLERATION_OPERATOR, "operator": "NotEquals", "value": "Equal"},
-                                    {"key": TOLERATION_PAIR, "operator": "AnyNotIn", "value": pairs},
-                                ]
-                            }
-                        },
-                    }
-                ]
-            },
-        )
-    )
+    rules.append(placement_tolerations_rule(names.tenant, own, toleration_pairs(tolerable)))
     if names.trust == "low":
         rules.append(
             _rule(

@@ -10,9 +10,13 @@ Three renders of the real program (as `pulumi up` runs it) answer it in two step
 2. **release** — the same without the tenant, against it re-planned from the current plan (as
    `pulumi up` does, which applies both steps at once): the GPUs the tenant held return to the
    pool, so platform objects that follow the plan (node labels and taints, MIG layouts, queue
-   flavors) change; no other tenant's object may, but for the GPU lines of its trust-domain
-   peers' ResourceQuotas: they are ceilings (`factory.quotas.gpu_ceiling`: grant plus what the
-   peer may borrow in the domain), which follow the domain's supply.
+   flavors) change; no other tenant's object may, but for what of its trust-domain peers' objects
+   follows the domain's offerings (`TenantRemoval.follows_domain`): the GPU lines of their
+   ResourceQuotas (ceilings, `factory.quotas.gpu_ceiling`: grant plus what the peer may borrow in
+   the domain), the GPU resource groups of their ClusterQueues made only of the domain's flavors
+   (`factory.placement.offering_name(pool, domain)`), and, in their admission ClusterPolicy, the
+   GPU resource names denied them and the placement tolerations allowed them. Anything else of a
+   peer, and anything of a tenant of another domain, is unexpected.
 
 Objects are compared file by file (path and content), Pulumi resources by inventory entry
 (dependency edges aside: they order operations and update nothing).
@@ -25,14 +29,30 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any
 
+from components.kyverno import (
+    GPU_RESOURCES_RULE,
+    POD_SECURITY_RULE,
+    TOLERATIONS_RULE,
+    granted_gpu_resources_rule,
+    placement_tolerations_rule,
+)
+from components.tenant_stack import DEVICE_CLASS_QUOTA_SUFFIX, TOLERATIONS_WHITELIST_ANNOTATION
 from factory.loading import ConfigError, read_stack_file, stack_file, stack_name, validate
+from factory.placement import offering_name
 from factory.planner import Plan
 from factory.planning import plan_for, previous_plan
+from factory.quotas import CPU_FLAVOR
 from factory.render import Manifest, Rendered, dump_yaml, render_raw
 from factory.tenancy import TRUST_DOMAIN_LABEL
 
 DIFF_CONTEXT_LINES = 12
 """Lines of an unexpected object change shown in the report."""
+MASKED = "<follows the trust domain's offerings>"
+"""Stands for a list that may follow the trust domain's offerings, in a masked object."""
+OFFERED_RULES = {GPU_RESOURCES_RULE: (granted_gpu_resources_rule, 0), TOLERATIONS_RULE: (placement_tolerations_rule, 1)}
+"""The rules of a tenant's admission ClusterPolicy (`components.kyverno.TenantAdmissionHook`)
+whose only variable part follows the offerings of its ceiling: rule name -> (its builder, the
+index of the deny condition holding that list)."""
 
 
 @dataclass
@@ -83,6 +103,74 @@ def _without_edges(entry: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in entry.items() if k != "dependsOn"}
 
 
+def _without_gpu_lines(obj: dict[str, Any]) -> dict[str, Any]:
+    """A ResourceQuota without its GPU lines (`spec.hard["requests.<gpu resource>"]`, and the
+    devices of each DRA DeviceClass)."""
+    obj = copy.deepcopy(obj)
+    hard = (obj.get("spec") or {}).get("hard") or {}
+    for key in [k for k in hard if _extended_quota_key(k) or k.endswith(DEVICE_CLASS_QUOTA_SUFFIX)]:
+        del hard[key]
+    return obj
+
+
+def _without_tolerations_whitelist(obj: dict[str, Any]) -> dict[str, Any]:
+    """A tenant Namespace without the tolerations its pods may carry (they follow its domain's offerings)."""
+    obj = copy.deepcopy(obj)
+    ((obj.get("metadata") or {}).get("annotations") or {}).pop(TOLERATIONS_WHITELIST_ANNOTATION, None)
+    return obj
+
+
+def _without_flavors(obj: dict[str, Any], flavors: set[str]) -> dict[str, Any]:
+    """A ClusterQueue without the resource groups made only of `flavors` (covered resources,
+    flavors and quotas); every other group and field is kept as is."""
+
+    def only_those(group: Any) -> bool:
+        listed = group.get("flavors") if isinstance(group, dict) else None
+        return bool(listed) and isinstance(listed, list) and all(isinstance(f, dict) and f.get("name") in flavors for f in listed)
+
+    obj = copy.deepcopy(obj)
+    spec = obj.get("spec")
+    if isinstance(spec, dict) and isinstance(spec.get("resourceGroups"), list):
+        spec["resourceGroups"] = [g for g in spec["resourceGroups"] if not only_those(g)]
+    return obj
+
+
+def _masked_offered_rule(rule: Any, tenant: str) -> dict[str, Any] | None:
+    """`rule` with its list masked, if it is exactly what its builder (`OFFERED_RULES`) makes of
+    that list for `tenant` and the pods it matches; None otherwise."""
+    if not isinstance(rule, dict) or rule.get("name") not in OFFERED_RULES:
+        return None
+    build, index = OFFERED_RULES[rule["name"]]
+    try:
+        match, values = rule["match"], rule["validate"]["foreach"][0]["deny"]["conditions"]["any"][index]["value"]
+    except (KeyError, IndexError, TypeError):
+        return None
+    if not isinstance(values, list) or rule != build(tenant, match, values):
+        return None
+    return build(tenant, match, [MASKED])
+
+
+def _without_offered_lists(obj: dict[str, Any], tenant: str) -> dict[str, Any]:
+    """A tenant's admission ClusterPolicy with the lists that follow its offerings masked: the GPU
+    resource names denied it (the rule goes altogether: there is none when it may be admitted every
+    advertised one; it must match the tenant's pods, as its Pod Security rule does) and the placement
+    tolerations allowed it. Every other rule and field is kept as is."""
+    obj = copy.deepcopy(obj)
+    spec = obj.get("spec")
+    if not isinstance(spec, dict) or not isinstance(spec.get("rules"), list):
+        return obj
+    own = next((r.get("match") for r in spec["rules"] if isinstance(r, dict) and r.get("name") == POD_SECURITY_RULE), None)
+    rules = []
+    for rule in spec["rules"]:
+        masked = _masked_offered_rule(rule, tenant)
+        if masked is None:
+            rules.append(rule)
+        elif not (rule["name"] == GPU_RESOURCES_RULE and own is not None and rule["match"] == own):
+            rules.append(masked)
+    spec["rules"] = rules
+    return obj
+
+
 def _owner(tenant: str | None) -> str:
     return f"tenant {tenant}" if tenant else "platform"
 
@@ -100,6 +188,8 @@ class TenantRemoval:
     removal: Difference
     release: Difference
     notes: list[str] = field(default_factory=list)
+    pools: tuple[str, ...] = ()
+    """The fleet's pools: the trust domain's GPU flavors are `placement.offering_name(pool, domain)`."""
 
     def _of_domain(self, m: Manifest) -> bool:
         """A platform object of the tenant's trust domain only (its queue cohort, ...): the
@@ -107,25 +197,39 @@ class TenantRemoval:
         labels = (m.obj.get("metadata") or {}).get("labels") or {}
         return m.tenant is None and self.domain is not None and labels.get(TRUST_DOMAIN_LABEL) == self.domain
 
-    def _peer_ceiling(self, before: Manifest, after: Manifest) -> bool:
-        """A ResourceQuota of another tenant of the same trust domain whose GPU lines alone change:
-        its ceiling follows the domain's supply, which re-planning changes."""
+    @property
+    def _domain_flavors(self) -> set[str]:
+        """The GPU flavors (offerings) the tenant's trust domain may have, one per pool."""
+        if self.domain is None:
+            return set()
+        return {offering_name(pool, self.domain) for pool in self.pools} - {CPU_FLAVOR}
+
+    def follows_domain(self, before: Manifest, after: Manifest) -> str | None:
+        """What an object of another tenant of the same trust domain follows, if only what follows
+        the domain's offerings (which re-planning changes) changes in it; None otherwise:
+        - a ResourceQuota: its GPU lines (its ceilings, `factory.quotas.gpu_ceiling`);
+        - its Namespace: the tolerations its pods may carry;
+        - a ClusterQueue: its resource groups made only of the domain's GPU flavors;
+        - its admission ClusterPolicy: the GPU resource names denied it, the placement
+          tolerations allowed it."""
         labels = (before.obj.get("metadata") or {}).get("labels") or {}
-        if before.kind != "ResourceQuota" or self.domain is None or labels.get(TRUST_DOMAIN_LABEL) != self.domain:
-            return False
-
-        def without_gpu_lines(m: Manifest) -> dict[str, Any]:
-            obj = copy.deepcopy(m.obj)
-            hard = (obj.get("spec") or {}).get("hard") or {}
-            for key in [k for k in hard if _extended_quota_key(k)]:
-                del hard[key]
-            return obj
-
-        return without_gpu_lines(before) == without_gpu_lines(after)
+        if not before.tenant or before.tenant == self.tenant or self.domain is None or labels.get(TRUST_DOMAIN_LABEL) != self.domain:
+            return None
+        masks = {
+            "ResourceQuota": ("GPU ceiling", _without_gpu_lines),
+            "Namespace": ("allowed tolerations", _without_tolerations_whitelist),
+            "ClusterQueue": ("GPU queue flavors", lambda obj: _without_flavors(obj, self._domain_flavors)),
+            "ClusterPolicy": ("admitted GPU resources and tolerations", lambda obj: _without_offered_lists(obj, before.tenant)),
+        }
+        if before.kind != after.kind or before.kind not in masks:
+            return None
+        what, mask = masks[before.kind]
+        return what if mask(before.obj) == mask(after.obj) else None
 
     @property
-    def peer_ceilings(self) -> list[str]:
-        return [f"  ~ changed {b.path} (GPU ceiling of tenant {b.tenant})" for b, a in self.release.changed if b.tenant and self._peer_ceiling(b, a)]
+    def peers_following_domain(self) -> list[str]:
+        changed = ((b, self.follows_domain(b, a)) for b, a in self.release.changed)
+        return [f"  ~ changed {b.path} ({what} of tenant {b.tenant})" for b, what in changed if what]
 
     @property
     def returned_to_domain(self) -> list[str]:
@@ -156,7 +260,7 @@ class TenantRemoval:
         lines += [f"re-planning deletes {m.path} (tenant {m.tenant})" for m in release.removed if m.tenant]
         lines += [f"re-planning adds {m.path} (tenant {m.tenant})" for m in release.added if m.tenant]
         for before, after in release.changed:
-            if before.tenant and not self._peer_ceiling(before, after):
+            if before.tenant and not self.follows_domain(before, after):
                 lines += [f"re-planning changes {before.path} (tenant {before.tenant})", *_object_diff(before, after)]
         for verb, entries in (("deletes", release.resources_removed), ("adds", release.resources_added), ("changes", release.resources_changed)):
             lines += [f"re-planning {verb} Pulumi resource {_key(e)} (tenant {e['tenant']})" for e in entries if e.get("tenant")]
@@ -186,10 +290,10 @@ class TenantRemoval:
         ]
         lines.append(f"re-planning without it releases its GPUs ({len(released)} platform object(s) change; `pulumi up` does both at once):")
         lines += released or ["  nothing"]
-        ceilings = self.peer_ceilings
-        if ceilings:
-            lines.append(f"its trust domain's supply changes, and with it the GPU quota ceilings of {len(ceilings)} peer tenant(s):")
-            lines += ceilings
+        peers = self.peers_following_domain
+        if peers:
+            lines.append(f"its trust domain's offerings change, and with them {len(peers)} object(s) of its peer tenants that follow them:")
+            lines += peers
         lines += [f"note: {n}" for n in self.notes]
         unexpected = self.unexpected
         if unexpected:
@@ -236,4 +340,5 @@ def tenant_removal(raw: dict[str, Any], secret_sections: set[str], tenant: str, 
     replanned = render_raw(reduced_raw, secret_sections, reduced_cfg, stack, plan=plan_for(reduced_cfg, current))
     domains = [(m.obj["metadata"].get("labels") or {}).get(TRUST_DOMAIN_LABEL) for m in full.manifests if m.kind == "Namespace" and m.tenant == tenant]
     domain = next((d for d in domains if d), None)
-    return TenantRemoval(tenant, domain, difference(full, without), difference(without, replanned))
+    pools = tuple(p.name for p in cfg.fleet.pools)
+    return TenantRemoval(tenant, domain, difference(full, without), difference(without, replanned), pools=pools)

@@ -6,10 +6,11 @@ import copy
 
 import pytest
 
+from components.kyverno import granted_gpu_resources_rule, placement_tolerations_rule
 from factory.cli import main
 from factory.diff import TenantRemoval, difference, tenant_removal, without_tenant
 from factory.render import Manifest, Rendered
-from factory.tenancy import TRUST_DOMAIN_LABEL
+from factory.tenancy import TENANT_LABEL, TRUST_DOMAIN_LABEL
 from tests.conftest import REPO
 
 SEARCH_EVAL = """\
@@ -40,7 +41,7 @@ def test_removing_a_tenant_changes_only_its_objects(shared_domain_stack, capsys)
     assert "[protected, kept in the cluster]" in out
     assert "its grant returns to its trust domain internal (1 object(s) of that domain only):" in out
     # Re-planning returns its MIG instance to the pool: search's ceiling (its domain's supply) follows.
-    assert "the GPU quota ceilings of 1 peer tenant(s):" in out
+    assert "its trust domain's offerings change, and with them 1 object(s) of its peer tenants that follow them:" in out
     assert "manifests/tenant-search/tenant-search/resourcequota-tenant-quota.yaml (GPU ceiling of tenant search)" in out
     assert out.rstrip().endswith("no other object changes: nothing shared with another trust domain, nothing of another tenant")
 
@@ -103,7 +104,7 @@ def test_only_the_gpu_lines_of_a_domain_peers_quota_may_follow_a_release():
     after = rendered(quota("b", "d", **{gpu: "6", "requests.cpu": "4"}), quota("c", "d", **{gpu: "6", "requests.cpu": "2"}),
                      quota("e", "other", **{gpu: "6"}))
     removal = TenantRemoval("a", "d", difference(before, before), difference(before, after))
-    assert removal.peer_ceilings == ["  ~ changed manifests/tenant-b/_cluster/resourcequota-q.yaml (GPU ceiling of tenant b)"]
+    assert removal.peers_following_domain == ["  ~ changed manifests/tenant-b/_cluster/resourcequota-q.yaml (GPU ceiling of tenant b)"]
     changed = [line for line in removal.unexpected if line.startswith("re-planning changes")]
     assert changed == [
         "re-planning changes manifests/tenant-c/_cluster/resourcequota-q.yaml (tenant c)",
@@ -116,3 +117,105 @@ def test_the_committed_dev_plan_is_recognised_as_current():
     # is all that matters (not how many GPUs the re-plan changed).
     notes = without_tenant("dev", "partner-acme").notes
     assert not any("plan" in note for note in notes), notes
+
+
+ONE_POOL_USER = """\
+  ai-factory:tenants:
+    # Two tenants of one trust domain; alpha alone uses h100-train.
+    - name: alpha
+      trust: high
+      trust_domain: internal
+      owners: {groups: [alpha-admins]}
+      gpus:
+        - {pool: h100-train, count: 4}
+    - name: beta
+      trust: high
+      trust_domain: internal
+      owners: {groups: [beta-admins]}
+      gpus:
+        - {pool: a100-mig, mig: {1g.10gb: 2}}
+"""
+
+
+def test_removing_a_domains_only_user_of_a_pool_changes_only_what_follows_its_offerings(tmp_path, capsys):
+    dev = (REPO / "Pulumi.dev.yaml").read_text()
+    path = tmp_path / "Pulumi.peers.yaml"
+    path.write_text(dev[: dev.index("  ai-factory:tenants:\n")] + ONE_POOL_USER)
+    assert main(["diff", str(path), "--without-tenant", "alpha"]) == 0
+    out = capsys.readouterr().out
+    # The domain no longer offers h100-train: beta's queue drops that flavor, its policy denies the resource.
+    assert "  - deleted manifests/kueue/_cluster/resourceflavor-h100-train-internal.yaml" in out
+    assert "its trust domain's offerings change, and with them 3 object(s) of its peer tenants that follow them:" in out
+    assert "manifests/tenant-beta/_cluster/clusterqueue-tenant-beta.yaml (GPU queue flavors of tenant beta)" in out
+    assert "manifests/tenant-beta/_cluster/clusterpolicy-tenant-beta-admission.yaml (admitted GPU resources and tolerations of tenant beta)" in out
+    assert "manifests/tenant-beta/tenant-beta/resourcequota-tenant-quota.yaml (GPU ceiling of tenant beta)" in out
+    assert "UNEXPECTED" not in out
+    # The other way round the domain loses its MIG offering: alpha's pods may no longer tolerate its taint.
+    assert main(["diff", str(path), "--without-tenant", "beta"]) == 0
+    out = capsys.readouterr().out
+    assert "manifests/tenant-alpha/_cluster/namespace-tenant-alpha.yaml (allowed tolerations of tenant alpha)" in out
+    assert "UNEXPECTED" not in out
+
+
+def cluster_queue(tenant: str, domain: str, *gpu_flavors: str, cohort: str | None = None, selected: str | None = None) -> Manifest:
+    groups = [{"coveredResources": ["cpu", "memory"], "flavors": [{"name": "cpu-memory", "resources": [{"name": "cpu", "nominalQuota": "8"}]}]}]
+    groups += [{"coveredResources": ["nvidia.com/gpu"], "flavors": [{"name": f, "resources": [{"name": "nvidia.com/gpu", "nominalQuota": 0}]}]} for f in gpu_flavors]
+    spec = {
+        "cohortName": cohort or f"trust-domain-{domain}",
+        "namespaceSelector": {"matchLabels": {TENANT_LABEL: selected or tenant}},
+        "preemption": {"reclaimWithinCohort": "Any"},
+        "resourceGroups": groups,
+    }
+    obj = {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue", "metadata": {"name": f"tenant-{tenant}", "labels": {TRUST_DOMAIN_LABEL: domain}}, "spec": spec}
+    return Manifest(obj, f"tenant-{tenant}", tenant, "test")
+
+
+def test_only_a_domain_peers_gpu_flavors_may_follow_its_offerings():
+    before = rendered(
+        cluster_queue("b", "d", "h100-d", "a100-d"),
+        cluster_queue("c", "d", "h100-d", "a100-d"),
+        cluster_queue("e", "d", "h100-d", "a100-d"),
+        cluster_queue("f", "other", "h100-other", "a100-other"),
+        cluster_queue("g", "d", "h100-d", "a100-d", "h100-other"),
+    )
+    after = rendered(
+        cluster_queue("b", "d", "a100-d"),  # the domain no longer offers h100: expected
+        cluster_queue("c", "d", "a100-d", cohort="elsewhere"),
+        cluster_queue("e", "d", "a100-d", selected="someone-else"),
+        cluster_queue("f", "other", "a100-other"),  # another domain's queue
+        cluster_queue("g", "d", "a100-d"),  # a flavor of another domain is not its domain's to drop
+    )
+    removal = TenantRemoval("a", "d", difference(before, before), difference(before, after), pools=("h100", "a100"))
+    assert removal.peers_following_domain == ["  ~ changed manifests/tenant-b/_cluster/clusterqueue-tenant-b.yaml (GPU queue flavors of tenant b)"]
+    changed = [line for line in removal.unexpected if line.startswith("re-planning changes")]
+    assert changed == [f"re-planning changes manifests/tenant-{t}/_cluster/clusterqueue-tenant-{t}.yaml (tenant {t})" for t in "cefg"]
+
+
+def test_only_the_offered_lists_of_a_domain_peers_admission_policy_may_follow_its_offerings():
+    own = {"any": [{"resources": {"kinds": ["Pod"], "namespaces": ["tenant-b"]}}]}
+
+    def policy(tenant: str, domain: str, denied: list[str], pairs: list[str], runtime: str = "nvidia", match: dict | None = None) -> Manifest:
+        rules = [{"name": "pod-security", "match": own, "validate": {"podSecurity": {"level": "restricted"}}}]
+        rules += [granted_gpu_resources_rule(tenant, match or own, denied)] if denied else []
+        rules += [{"name": "runtime-classes", "match": own, "validate": {"pattern": {"spec": {"=(runtimeClassName)": runtime}}}}]
+        rules += [placement_tolerations_rule(tenant, own, pairs)]
+        obj = {"apiVersion": "kyverno.io/v1", "kind": "ClusterPolicy", "metadata": {"name": f"tenant-{tenant}-admission", "labels": {TRUST_DOMAIN_LABEL: domain}}, "spec": {"rules": rules}}
+        return Manifest(obj, f"tenant-{tenant}", tenant, "test")
+
+    pairs = ["ai-factory.io/trust-domain=d"]
+    before = rendered(policy("b", "d", [], pairs), policy("c", "d", ["x/mig"], pairs), policy("e", "other", ["x/mig"], pairs),
+                      policy("f", "d", ["x/mig"], pairs), policy("g", "d", [], pairs))
+    after = rendered(
+        policy("b", "d", ["x/gpu"], []),  # the rule appears, the tolerations shrink: expected
+        policy("c", "d", ["x/gpu", "x/mig"], pairs),  # expected
+        policy("e", "other", ["x/gpu", "x/mig"], pairs),  # another domain's tenant
+        policy("f", "d", ["x/gpu", "x/mig"], pairs, runtime="runc"),  # another rule changes
+        policy("g", "d", ["x/gpu"], pairs, match={"any": [{"resources": {"kinds": ["Pod"]}}]}),  # a rule not of its own pods
+    )
+    removal = TenantRemoval("a", "d", difference(before, before), difference(before, after))
+    assert [line.split()[2] for line in removal.peers_following_domain] == [
+        "manifests/tenant-b/_cluster/clusterpolicy-tenant-b-admission.yaml",
+        "manifests/tenant-c/_cluster/clusterpolicy-tenant-c-admission.yaml",
+    ]
+    changed = [line for line in removal.unexpected if line.startswith("re-planning changes")]
+    assert changed == [f"re-planning changes manifests/tenant-{t}/_cluster/clusterpolicy-tenant-{t}-admission.yaml (tenant {t})" for t in "efg"]
