@@ -499,12 +499,16 @@ def test_plaintext_credentials_are_reported():
         k8s.core.v1.ConfigMap("key", metadata={"name": "key", "namespace": "apps"}, data={"tls.key": "-----BEGIN RSA PRIVATE KEY-----\nMIIE\n-----END RSA PRIVATE KEY-----"})
         k8s.core.v1.ConfigMap("settings", metadata={"name": "settings", "namespace": "apps"}, data={"app.yaml": "server:\n  port: 80\nstorage:\n  accessKey: AKIAABCDEFGHIJKLMNOP\n"})
         k8s.core.v1.ConfigMap("leak", metadata={"name": "leak", "namespace": "apps"}, data={"url": pulumi.Output.secret("postgres://u:p@db")})
+        k8s.core.v1.ConfigMap("dsn", metadata={"name": "dsn", "namespace": "apps"}, data={"DATABASE_URL": "postgres://app:hunter2hunter2@db:5432/x"})
+        k8s.core.v1.ConfigMap("dsn-ref", metadata={"name": "dsn-ref", "namespace": "apps"},
+                              data={"DATABASE_URL": "postgres://app:${DB_PASSWORD}@db:5432/x", "docs": "https://example.com/a@b"})
         deployment("env", "apps", {"image": "app:1.0", "env": [{"name": "API_TOKEN", "value": "s3cr3t"}, {"name": "LOG_LEVEL", "value": "debug"},
                                                               {"name": "DB_PASSWORD", "valueFrom": {"secretKeyRef": {"name": "db", "key": "password"}}}]})
 
     found = violations(stack(program), "no-plaintext-secrets")
     assert set(found) == {f"kubernetes:{t}::{n}" for t, n in (("helm.sh/v3:Release", "identity"), ("core/v1:ConfigMap", "key"), ("core/v1:ConfigMap", "settings"),
-                                                               ("core/v1:ConfigMap", "leak"), ("apps/v1:Deployment", "env"))}
+                                                               ("core/v1:ConfigMap", "leak"), ("core/v1:ConfigMap", "dsn"), ("apps/v1:Deployment", "env"))}
+    assert "data.DATABASE_URL (a password in a URL)" in found["kubernetes:core/v1:ConfigMap::dsn"][0]
     assert "(values.auth.adminPassword)" in found["kubernetes:helm.sh/v3:Release::identity"][0]
     assert "data.tls.key (a private key)" in found["kubernetes:core/v1:ConfigMap::key"][0]
     assert "data.app.yaml.storage.accessKey" in found["kubernetes:core/v1:ConfigMap::settings"][0]

@@ -392,6 +392,8 @@ CREDENTIAL_PATTERNS = {
     "an NGC API key": re.compile(r"\bnvapi-[A-Za-z0-9_-]{20,}"),
     "a Slack token": re.compile(r"\bxox[baprs]-[A-Za-z0-9-]{10,}"),
     "a JSON web token": re.compile(r"\beyJ[A-Za-z0-9_-]{10,}\.eyJ[A-Za-z0-9_-]{10,}\."),
+    # user:password@ in a URL; a placeholder (`${...}`, `$(...)`, `{{ ... }}`, `%s`) is not a password.
+    "a password in a URL": re.compile(r"\b[a-z][a-z0-9+.-]*://[^/\s:@]+:(?![$%{])[^/\s@]+@", re.IGNORECASE),
 }
 
 
