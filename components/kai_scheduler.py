@@ -31,7 +31,7 @@ from components._topology import SchedulingTopology, pool_topology
 from factory.catalog import ChartSource
 from factory.config import FactoryConfig, Tenant
 from factory.planner import Plan
-from factory.quotas import KaiQueueSpec, queue_plan
+from factory.quotas import KaiQueueSpec, planned_for, queue_plan
 from factory.tenancy import TRUST_DOMAIN_LABEL, TenantNames
 
 TOKEN = "ai-factory:scheduling:KaiScheduler"
@@ -128,9 +128,7 @@ class KaiTenantHook:
         return cls(tuple(q for q in queue_plan(cfg, plan).kai_queues if q.tenant))
 
     def attach(self, stack: FactoryComponent, tenant: Tenant, names: TenantNames) -> None:
-        queue = next((q for q in self.queues if q.tenant == tenant.name), None)
-        if queue is None:
-            raise KeyError(f"no KAI queue planned for tenant {tenant.name!r}: the hook was built from another configuration")
+        queue = planned_for(self.queues, tenant.name, "KAI queue")
         k8s.apiextensions.CustomResource(
             f"{names.tenant}-kai-queue",
             api_version=QUEUE_API_VERSION,

@@ -38,7 +38,7 @@ from factory.catalog import ChartSource
 from factory.config import FactoryConfig, Tenant
 from factory.placement import Offering
 from factory.planner import WHOLE_GPU, Plan
-from factory.quotas import CPU_FLAVOR, SUPPLY_ANNOTATION, ClusterQueueSpec, CohortSpec, ResourceGroup, queue_plan
+from factory.quotas import CPU_FLAVOR, SUPPLY_ANNOTATION, ClusterQueueSpec, CohortSpec, ResourceGroup, planned_for, queue_plan
 from factory.tenancy import TENANT_LABEL, TRUST_DOMAIN_LABEL, TenantNames
 
 TOKEN = "ai-factory:scheduling:Kueue"
@@ -288,9 +288,7 @@ class KueueTenantHook:
         return cls(queue_plan(cfg, plan).cluster_queues)
 
     def attach(self, stack: FactoryComponent, tenant: Tenant, names: TenantNames) -> None:
-        queue = next((q for q in self.queues if q.tenant == tenant.name), None)
-        if queue is None:
-            raise KeyError(f"no ClusterQueue planned for tenant {tenant.name!r}: the hook was built from another configuration")
+        queue = planned_for(self.queues, tenant.name, "ClusterQueue")
         object_labels = labels(self.layer, tenant=names.tenant, extra=names.labels)
         cluster_queue = k8s.apiextensions.CustomResource(
             f"{names.tenant}-cluster-queue",

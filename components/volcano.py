@@ -22,7 +22,7 @@ from factory.catalog import ChartSource
 from factory.config import FactoryConfig, Tenant
 from factory.placement import advertised_resources
 from factory.planner import Plan
-from factory.quotas import VolcanoQueueSpec, queue_plan
+from factory.quotas import VolcanoQueueSpec, planned_for, queue_plan
 from factory.tenancy import TenantNames
 
 TOKEN = "ai-factory:scheduling:Volcano"
@@ -87,9 +87,7 @@ class VolcanoTenantHook:
         return cls(queue_plan(cfg, plan).volcano_queues)
 
     def attach(self, stack: FactoryComponent, tenant: Tenant, names: TenantNames) -> None:
-        queue = next((q for q in self.queues if q.tenant == tenant.name), None)
-        if queue is None:
-            raise KeyError(f"no Volcano queue planned for tenant {tenant.name!r}: the hook was built from another configuration")
+        queue = planned_for(self.queues, tenant.name, "Volcano queue")
         k8s.apiextensions.CustomResource(
             f"{names.tenant}-volcano-queue",
             api_version=API_VERSION,

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Mapping
+from typing import Iterable, Mapping, TypeVar
 
 from factory.config import FactoryConfig, Tenant
 from factory.gpus import GPU_MODELS
@@ -159,6 +159,17 @@ class QueuePlan:
     cluster_queues: tuple[ClusterQueueSpec, ...]
     kai_queues: tuple[KaiQueueSpec, ...]
     volcano_queues: tuple[VolcanoQueueSpec, ...]
+
+
+Q = TypeVar("Q", "ClusterQueueSpec", "KaiQueueSpec", "VolcanoQueueSpec")
+
+
+def planned_for(queues: Iterable[Q], tenant: str, what: str) -> Q:
+    """The queue planned for `tenant`; a tenant hook rebuilt from another configuration has none."""
+    queue = next((q for q in queues if q.tenant == tenant), None)
+    if queue is None:
+        raise KeyError(f"no {what} planned for tenant {tenant!r}: the hook was built from another configuration")
+    return queue
 
 
 def queue_plan(cfg: FactoryConfig, plan: Plan) -> QueuePlan:
