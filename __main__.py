@@ -1,5 +1,5 @@
-"""Entry point of `pulumi up`: the program lives in factory.program."""
+"""Entry point of `pulumi up`: the program lives in ai_factory.factory.rendering.program."""
 
-from factory.program import main
+from ai_factory.factory.rendering.program import main
 
 main()

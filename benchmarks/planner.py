@@ -16,8 +16,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from factory.gpus import GPU_MODELS, MIG_CLASSES  # noqa: E402
-from factory.planner import (  # noqa: E402
+from ai_factory.factory.model.gpus import GPU_MODELS, MIG_CLASSES  # noqa: E402
+from ai_factory.factory.planning.planner import (  # noqa: E402
     MIG_CLASS_ORDER,
     Demand,
     HamiSlice,

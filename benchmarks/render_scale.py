@@ -24,7 +24,7 @@ def environment(tenants: int) -> tuple[dict, set[str]]:
     tests' generated fleet and tenants (`tests/tenancy_env.py`): every third tenant low-trust on a
     dedicated H100 node, every third medium with MIG and HAMi slices, every third high sharing MIG
     GPUs two tenants per trust domain; pools sized to the demand."""
-    from factory.loading import read_stack_file, stack_file
+    from ai_factory.factory.model.loading import read_stack_file, stack_file
     from tests.tenancy_env import many_tenants
 
     raw, secret_sections = read_stack_file(stack_file("dev"))
@@ -33,10 +33,10 @@ def environment(tenants: int) -> tuple[dict, set[str]]:
 
 def measure(tenants: int) -> dict:
     sys.path.insert(0, str(REPO))
-    from factory.check import run_checks
-    from factory.loading import validate
-    from factory.oracles import Oracles, locate_upstream_dir
-    from factory.render import render_raw
+    from ai_factory.factory.checking.check import run_checks
+    from ai_factory.factory.model.loading import validate
+    from ai_factory.factory.checking.oracles import Oracles, locate_upstream_dir
+    from ai_factory.factory.rendering.bundle import render_raw
 
     raw, secret_sections = environment(tenants)
     started = time.perf_counter()

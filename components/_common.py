@@ -7,10 +7,10 @@ from typing import Any, Mapping, Protocol
 import pulumi
 import pulumi_kubernetes as k8s
 
-from factory.catalog import ChartSource
-from factory.harness import COMPONENT_LAYER_KEY, COMPONENT_TENANT_KEY
-from factory.config import Tenant
-from factory.tenancy import LABEL_PREFIX, TENANT_LABEL, TenantNames
+from ai_factory.factory.model.catalog import ChartSource
+from ai_factory.factory.rendering.harness import COMPONENT_LAYER_KEY, COMPONENT_TENANT_KEY
+from ai_factory.factory.model.config import Tenant
+from ai_factory.factory.model.tenancy import LABEL_PREFIX, TENANT_LABEL, TenantNames
 
 POOL_LABEL = f"{LABEL_PREFIX}/pool"
 SITE_LABEL = f"{LABEL_PREFIX}/site"

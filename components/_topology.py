@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from components._common import BLOCK_LABEL, NVLINK_DOMAIN_LABEL, RACK_LABEL
-from factory.config import Pool
+from ai_factory.components._common import BLOCK_LABEL, NVLINK_DOMAIN_LABEL, RACK_LABEL
+from ai_factory.factory.model.config import Pool
 
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 """Always the last level: Kueue allows it only there, and respects node taints only with it."""

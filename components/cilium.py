@@ -27,9 +27,9 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
-from components._common import FactoryComponent, helm_release, labels
-from factory.catalog import ChartSource
-from factory.config import FactoryConfig
+from ai_factory.components._common import FactoryComponent, helm_release, labels
+from ai_factory.factory.model.catalog import ChartSource
+from ai_factory.factory.model.config import FactoryConfig
 
 TOKEN = "ai-factory:network:Cilium"
 NAMESPACE = "kube-system"

@@ -26,13 +26,13 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_kubernetes as k8s
 
-from components._common import GPU_MODEL_LABEL, FactoryComponent, helm_release, labels, namespace
-from components.gpu_operator import tolerations
-from factory.catalog import ChartSource
-from factory.config import FactoryConfig, Tenant
-from factory.placement import DRA_LABEL
-from factory.planner import Plan
-from factory.tenancy import TenantNames
+from ai_factory.components._common import GPU_MODEL_LABEL, FactoryComponent, helm_release, labels, namespace
+from ai_factory.components.gpu_operator import tolerations
+from ai_factory.factory.model.catalog import ChartSource
+from ai_factory.factory.model.config import FactoryConfig, Tenant
+from ai_factory.factory.planning.placement import DRA_LABEL
+from ai_factory.factory.planning.planner import Plan
+from ai_factory.factory.model.tenancy import TenantNames
 
 TOKEN = "ai-factory:accelerators:DraDriver"
 DRIVER = "gpu.nvidia.com"

@@ -24,12 +24,12 @@ import pulumi
 import pulumi_kubernetes as k8s
 import pulumi_vault as vault
 
-from components._common import FactoryComponent, helm_release, labels, namespace
-from components.openbao import KUBERNETES_AUTH_PATH, OpenBaoArgs, service_address
-from factory.catalog import ChartSource
-from factory.config import FactoryConfig, Tenant
-from factory.secrets import SecretValue
-from factory.tenancy import TenantNames
+from ai_factory.components._common import FactoryComponent, helm_release, labels, namespace
+from ai_factory.components.openbao import KUBERNETES_AUTH_PATH, OpenBaoArgs, service_address
+from ai_factory.factory.model.catalog import ChartSource
+from ai_factory.factory.model.config import FactoryConfig, Tenant
+from ai_factory.factory.model.secrets import SecretValue
+from ai_factory.factory.model.tenancy import TenantNames
 
 TOKEN = "ai-factory:secrets:ExternalSecrets"
 RELEASE = "external-secrets"

@@ -24,10 +24,10 @@ from typing import Any
 import pulumi
 import yaml
 
-from components._common import FactoryComponent, helm_release, namespace
-from components.gpu_operator import tolerations as gpu_node_tolerations
-from factory.catalog import ChartSource
-from factory.config import FactoryConfig
+from ai_factory.components._common import FactoryComponent, helm_release, namespace
+from ai_factory.components.gpu_operator import tolerations as gpu_node_tolerations
+from ai_factory.factory.model.catalog import ChartSource
+from ai_factory.factory.model.config import FactoryConfig
 
 TOKEN = "ai-factory:runtime:Falco"
 RELEASE = "falco"

@@ -5,7 +5,7 @@ Node objects belong to the provisioning layer; this component only server-side-a
 and taints the platform selects on (`NodePatch`), so drivers, flavors and policies can target a
 pool or a topology domain without a second source of truth, and a trust domain's shared GPUs (or a
 low-trust tenant's dedicated node) take no one else's pods. The plan's part comes from
-`factory.placement.node_placements`: trust-domain and dedicated labels and taints, the MIG and
+`ai_factory.factory.planning.placement.node_placements`: trust-domain and dedicated labels and taints, the MIG and
 device-plugin configs each node selects, and the labels that hand a node to HAMi or DRA.
 
 `spec.taints` is an atomic list under server-side apply: the patch owns the whole list, so taints
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_kubernetes as k8s
 
-from components._common import (
+from ai_factory.components._common import (
     BLOCK_LABEL,
     FABRIC_LABEL,
     GPU_MODEL_LABEL,
@@ -29,9 +29,9 @@ from components._common import (
     SITE_LABEL,
     FactoryComponent,
 )
-from factory.config import FactoryConfig, Pool
-from factory.placement import NodePlacement, node_placements
-from factory.planner import Plan
+from ai_factory.factory.model.config import FactoryConfig, Pool
+from ai_factory.factory.planning.placement import NodePlacement, node_placements
+from ai_factory.factory.planning.planner import Plan
 
 TOKEN = "ai-factory:fleet:Fleet"
 
@@ -40,7 +40,7 @@ TOKEN = "ai-factory:fleet:Fleet"
 class FleetArgs:
     pools: tuple[Pool, ...]
     placements: tuple[NodePlacement, ...]
-    """The plan's labels and taints per node (`factory.placement.node_placements`)."""
+    """The plan's labels and taints per node (`ai_factory.factory.planning.placement.node_placements`)."""
 
     @classmethod
     def from_config(cls, cfg: FactoryConfig, plan: Plan) -> FleetArgs:

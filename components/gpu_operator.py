@@ -32,16 +32,16 @@ import pulumi
 import pulumi_kubernetes as k8s
 import yaml
 
-from components._common import (
+from ai_factory.components._common import (
     POOL_LABEL,
     FactoryComponent,
     helm_release,
     labels,
     namespace,
 )
-from factory.catalog import ChartSource
-from factory.config import DriverSettings, RegistryCredentials
-from factory.placement import MIG_DISABLED_CONFIG, PLACEMENT_TAINT_KEYS, time_slicing_config
+from ai_factory.factory.model.catalog import ChartSource
+from ai_factory.factory.model.config import DriverSettings, RegistryCredentials
+from ai_factory.factory.planning.placement import MIG_DISABLED_CONFIG, PLACEMENT_TAINT_KEYS, time_slicing_config
 
 TOKEN = "ai-factory:accelerators:GpuOperator"
 

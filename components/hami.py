@@ -27,12 +27,12 @@ from dataclasses import dataclass
 
 import pulumi
 
-from components._common import FactoryComponent, helm_release, namespace
-from components.gpu_operator import tolerations
-from factory.catalog import ChartSource
-from factory.config import FactoryConfig
-from factory.placement import HAMI_DEVICE_PLUGIN_LABEL
-from factory.planner import NodePlan, Plan
+from ai_factory.components._common import FactoryComponent, helm_release, namespace
+from ai_factory.components.gpu_operator import tolerations
+from ai_factory.factory.model.catalog import ChartSource
+from ai_factory.factory.model.config import FactoryConfig
+from ai_factory.factory.planning.placement import HAMI_DEVICE_PLUGIN_LABEL
+from ai_factory.factory.planning.planner import NodePlan, Plan
 
 TOKEN = "ai-factory:accelerators:Hami"
 OPERATING_MODE = "hami-core"

@@ -3,7 +3,7 @@ chart (kai-scheduler/KAI-Scheduler, formerly NVIDIA/KAI-Scheduler).
 
 Queues form a tree: organisation (when the config names one) -> trust domain -> tenant. Only
 leaves take work; a pod names its leaf with the `kai.scheduler/queue` label and runs with
-`schedulerName: kai-scheduler`. Quotas come from the plan (`factory.quotas`): `quota`,
+`schedulerName: kai-scheduler`. Quotas come from the plan (`ai_factory.factory.planning.quotas`): `quota`,
 `overQuotaWeight` and `limit` are written for GPU, CPU and memory on every queue, because KAI
 reads an unset limit as 0; a MIG instance costs its `g` GPUs there. A trust domain's queue is
 capped at the GPUs the plan gave the domain, so over-quota work never takes another domain's GPUs.
@@ -26,13 +26,13 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
-from components._common import FactoryComponent, helm_release, labels, namespace
-from components._topology import SchedulingTopology, pool_topology
-from factory.catalog import ChartSource
-from factory.config import FactoryConfig, Tenant
-from factory.planner import Plan
-from factory.quotas import KaiQueueSpec, planned_for, queue_plan
-from factory.tenancy import TRUST_DOMAIN_LABEL, TenantNames
+from ai_factory.components._common import FactoryComponent, helm_release, labels, namespace
+from ai_factory.components._topology import SchedulingTopology, pool_topology
+from ai_factory.factory.model.catalog import ChartSource
+from ai_factory.factory.model.config import FactoryConfig, Tenant
+from ai_factory.factory.planning.planner import Plan
+from ai_factory.factory.planning.quotas import KaiQueueSpec, planned_for, queue_plan
+from ai_factory.factory.model.tenancy import TRUST_DOMAIN_LABEL, TenantNames
 
 TOKEN = "ai-factory:scheduling:KaiScheduler"
 QUEUE_API_VERSION = "scheduling.run.ai/v2"

@@ -38,11 +38,11 @@ import pulumi_keycloak as keycloak
 import pulumi_kubernetes as k8s
 import yaml
 
-from components._common import FactoryComponent, helm_release, labels, namespace
-from factory.catalog import ChartSource
-from factory.config import FactoryConfig, Identity, KeycloakDatabase, KeycloakRedirects, Tenant
-from factory.secrets import SecretValue
-from factory.tenancy import TENANT_LABEL, TRUST_LABEL, TenantNames
+from ai_factory.components._common import FactoryComponent, helm_release, labels, namespace
+from ai_factory.factory.model.catalog import ChartSource
+from ai_factory.factory.model.config import FactoryConfig, Identity, KeycloakDatabase, KeycloakRedirects, Tenant
+from ai_factory.factory.model.secrets import SecretValue
+from ai_factory.factory.model.tenancy import TENANT_LABEL, TRUST_LABEL, TenantNames
 
 TOKEN = "ai-factory:identity:Keycloak"
 RELEASE = "keycloak"

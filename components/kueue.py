@@ -12,7 +12,7 @@ domain, pinned to its nodes by labels and tolerations, its supply in an annotati
 cohort when the config names one), the `Topology` of the fleet attached to the whole-GPU flavors of
 pools with a GPU fabric, and the `WorkloadPriorityClass`es of the platform's tiers. Per-tenant
 objects (the ClusterQueue and LocalQueue) come from `KueueTenantHook`, attached by each tenant's
-stack. Quotas are computed in `factory.quotas`.
+stack. Quotas are computed in `ai_factory.factory.planning.quotas`.
 
 Fair sharing is on. Preemption protects a tenant's guaranteed quota: other queues only reclaim
 what a queue borrowed beyond its nominal quota (`reclaimWithinCohort: Any` under fair sharing
@@ -31,15 +31,15 @@ import pulumi
 import pulumi_kubernetes as k8s
 import yaml
 
-from components._common import GPU_MODEL_LABEL, POOL_LABEL, FactoryComponent, helm_release, labels, namespace
-from components._topology import SchedulingTopology, pool_topology
-from components.dra import whole_gpu_class
-from factory.catalog import ChartSource
-from factory.config import FactoryConfig, Tenant
-from factory.placement import Offering
-from factory.planner import WHOLE_GPU, Plan
-from factory.quotas import CPU_FLAVOR, SUPPLY_ANNOTATION, ClusterQueueSpec, CohortSpec, ResourceGroup, planned_for, queue_plan
-from factory.tenancy import TENANT_LABEL, TRUST_DOMAIN_LABEL, TenantNames
+from ai_factory.components._common import GPU_MODEL_LABEL, POOL_LABEL, FactoryComponent, helm_release, labels, namespace
+from ai_factory.components._topology import SchedulingTopology, pool_topology
+from ai_factory.components.dra import whole_gpu_class
+from ai_factory.factory.model.catalog import ChartSource
+from ai_factory.factory.model.config import FactoryConfig, Tenant
+from ai_factory.factory.planning.placement import Offering
+from ai_factory.factory.planning.planner import WHOLE_GPU, Plan
+from ai_factory.factory.planning.quotas import CPU_FLAVOR, SUPPLY_ANNOTATION, ClusterQueueSpec, CohortSpec, ResourceGroup, planned_for, queue_plan
+from ai_factory.factory.model.tenancy import TENANT_LABEL, TRUST_DOMAIN_LABEL, TenantNames
 
 TOKEN = "ai-factory:scheduling:Kueue"
 API_VERSION = "kueue.x-k8s.io/v1beta2"

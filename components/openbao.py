@@ -22,10 +22,10 @@ import pulumi
 import pulumi_kubernetes as k8s
 import pulumi_vault as vault
 
-from components._common import FactoryComponent, helm_release, labels, namespace
-from factory.catalog import ChartSource
-from factory.config import FactoryConfig
-from factory.secrets import SecretValue
+from ai_factory.components._common import FactoryComponent, helm_release, labels, namespace
+from ai_factory.factory.model.catalog import ChartSource
+from ai_factory.factory.model.config import FactoryConfig
+from ai_factory.factory.model.secrets import SecretValue
 
 TOKEN = "ai-factory:secrets:OpenBao"
 RELEASE = "openbao"

@@ -14,11 +14,11 @@ from typing import Any
 
 import pulumi
 
-from components._common import FactoryComponent, helm_release, namespace
-from components.gpu_operator import tolerations as gpu_node_tolerations
-from factory.catalog import ChartSource
-from factory.config import FactoryConfig
-from factory.tenancy import TENANT_LABEL, TRUST_DOMAIN_LABEL, TRUST_LABEL
+from ai_factory.components._common import FactoryComponent, helm_release, namespace
+from ai_factory.components.gpu_operator import tolerations as gpu_node_tolerations
+from ai_factory.factory.model.catalog import ChartSource
+from ai_factory.factory.model.config import FactoryConfig
+from ai_factory.factory.model.tenancy import TENANT_LABEL, TRUST_DOMAIN_LABEL, TRUST_LABEL
 
 TOKEN = "ai-factory:supply-chain:Trivy"
 RELEASE = "trivy-operator"

@@ -17,13 +17,13 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
-from components._common import FactoryComponent, helm_release, labels, namespace
-from factory.catalog import ChartSource
-from factory.config import FactoryConfig, Tenant
-from factory.placement import advertised_resources
-from factory.planner import Plan
-from factory.quotas import VolcanoQueueSpec, planned_for, queue_plan
-from factory.tenancy import TenantNames
+from ai_factory.components._common import FactoryComponent, helm_release, labels, namespace
+from ai_factory.factory.model.catalog import ChartSource
+from ai_factory.factory.model.config import FactoryConfig, Tenant
+from ai_factory.factory.planning.placement import advertised_resources
+from ai_factory.factory.planning.planner import Plan
+from ai_factory.factory.planning.quotas import VolcanoQueueSpec, planned_for, queue_plan
+from ai_factory.factory.model.tenancy import TenantNames
 
 TOKEN = "ai-factory:scheduling:Volcano"
 API_VERSION = "scheduling.volcano.sh/v1beta1"

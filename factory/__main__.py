@@ -1,5 +1,5 @@
 import sys
 
-from factory.cli import main
+from ai_factory.factory.cli import main
 
 sys.exit(main())

@@ -1,4 +1,4 @@
-"""`python -m factory render|check|plan|diff ...`: the offline tools."""
+"""`ai-factory render|check|plan|diff ...` (also `python -m ai_factory.factory`): the offline tools."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from factory.loading import ConfigError, stack_file, stack_name
+from ai_factory.factory.model.loading import ConfigError, stack_file, stack_name
 
 EXIT_FINDINGS = 1
 EXIT_CONFIG = 2
@@ -15,7 +15,7 @@ EXIT_NO_ORACLES = 3
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m factory", description=__doc__)
+    parser = argparse.ArgumentParser(prog="ai-factory", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
 
     render = commands.add_parser("render", help="render an environment to manifests, a Flux bundle and an inventory")
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _render(env: str, out: Path) -> int:
-    from factory.render import render_env
+    from ai_factory.factory.rendering.bundle import render_env
 
     started = time.perf_counter()
     rendered = render_env(env)
@@ -67,8 +67,8 @@ def _render(env: str, out: Path) -> int:
 def _plan(env: str, out: Path, lock: bool) -> int:
     """Plan from the locked plan when there is one (as `pulumi up` does), so re-planning keeps
     existing tenants' GPUs; the output is a function of the config and the lock only."""
-    from factory.loading import load_stack_file
-    from factory.planning import plan_for, plan_path, previous_plan
+    from ai_factory.factory.model.loading import load_stack_file
+    from ai_factory.factory.planning.from_config import plan_for, plan_path, previous_plan
 
     path = stack_file(env)
     cfg = load_stack_file(env)
@@ -83,7 +83,7 @@ def _plan(env: str, out: Path, lock: bool) -> int:
 
 
 def _diff(env: str, tenant: str) -> int:
-    from factory.diff import without_tenant
+    from ai_factory.factory.rendering.diff import without_tenant
 
     removal = without_tenant(env, tenant)
     print(removal.render(env))
@@ -91,9 +91,9 @@ def _diff(env: str, tenant: str) -> int:
 
 
 def _check(target: str, upstream: Path | None) -> int:
-    from factory.check import run_checks
-    from factory.oracles import OracleError, Oracles, locate_upstream_dir
-    from factory.render import load_rendered, render_env
+    from ai_factory.factory.checking.check import run_checks
+    from ai_factory.factory.checking.oracles import OracleError, Oracles, locate_upstream_dir
+    from ai_factory.factory.rendering.bundle import load_rendered, render_env
 
     try:
         root = upstream or locate_upstream_dir()

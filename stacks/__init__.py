@@ -5,5 +5,5 @@
   built by an inline program against the platform's contract;
 - `stacks.contract.PlatformContract`: what the platform stack exports for tenant stacks, versioned;
 - `stacks.backend.Backend`: where state lives and how secrets are encrypted;
-- `stacks.service`: the tenant API service (`python -m stacks serve`), with `stacks.auth` for OIDC tokens.
+- `stacks.service`: the tenant API service (`ai-factory-stacks serve`), with `stacks.auth` for OIDC tokens.
 """

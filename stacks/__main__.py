@@ -1,11 +1,11 @@
-"""`python -m stacks ...`: platform and tenant stacks through the Automation API, and the tenant
+"""`ai-factory-stacks ...`: platform and tenant stacks through the Automation API, and the tenant
 API service. Progress goes to stderr as it happens, the result to stdout as JSON.
 
-    python -m stacks platform preview|up|destroy <env>
-    python -m stacks tenant create|update|preview <env> <tenant.yaml | ->
-    python -m stacks tenant delete|status <env> <name>
-    python -m stacks tenant list <env>
-    python -m stacks serve --environment <env> [--environment ...]
+    ai-factory-stacks platform preview|up|destroy <env>
+    ai-factory-stacks tenant create|update|preview <env> <tenant.yaml | ->
+    ai-factory-stacks tenant delete|status <env> <name>
+    ai-factory-stacks tenant list <env>
+    ai-factory-stacks serve --environment <env> [--environment ...]
 
 Exit status: 0 done, 1 the operation failed, 2 invalid input (every problem is listed).
 """
@@ -22,11 +22,11 @@ from typing import Any
 import yaml
 from pulumi.automation import CommandError
 
-from factory.loading import ConfigError
-from stacks.backend import Backend, BackendError, default_state_dir
-from stacks.contract import ContractError
-from stacks.platform import PlatformStacks
-from stacks.tenants import TenantExists, TenantNotFound, TenantStacks
+from ai_factory.factory.model.loading import ConfigError
+from ai_factory.stacks.backend import Backend, BackendError, default_state_dir
+from ai_factory.stacks.contract import ContractError
+from ai_factory.stacks.platform import PlatformStacks
+from ai_factory.stacks.tenants import TenantExists, TenantNotFound, TenantStacks
 
 EXIT_FAILED = 1
 EXIT_INVALID = 2
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     backend_options.add_argument("--organization", default="organization", help="organisation in stack names (`organization` on self-managed backends)")
     backend_options.add_argument("--secrets-provider", default="passphrase", help="secrets provider of new stacks (default: passphrase)")
     backend_options.add_argument("--passphrase-file", type=Path, help="passphrase file (default: PULUMI_CONFIG_PASSPHRASE_FILE or PULUMI_CONFIG_PASSPHRASE)")
-    parser = argparse.ArgumentParser(prog="python -m stacks", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="ai-factory-stacks", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
 
     platform = commands.add_parser("platform", parents=[backend_options], help="the platform stack of an environment")
@@ -114,7 +114,7 @@ def _read_tenant(file: str) -> Any:
 def _serve(args: argparse.Namespace, backend: Backend) -> int:
     import uvicorn
 
-    from stacks.service import ServiceSettings, service_app
+    from ai_factory.stacks.service import ServiceSettings, service_app
 
     settings = ServiceSettings(environments=tuple(args.environment), audience=args.audience, admin_group=args.admin_group)
     uvicorn.run(service_app(settings, backend), host=args.host, port=args.port, log_config=None)

@@ -26,7 +26,7 @@ from pulumi import automation as auto
 from pulumi.automation.events import EngineEvent
 from pydantic import BaseModel
 
-from factory.secrets import REDACTED
+from ai_factory.factory.model.secrets import REDACTED
 
 log = logging.getLogger("stacks")
 

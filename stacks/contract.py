@@ -1,6 +1,6 @@
 """The platform contract: what the platform stack exports for tenant stacks, versioned.
 
-The platform program (`factory.program`) exports the stack output `contract`, built here from the
+The platform program (`ai_factory.factory.rendering.program`) exports the stack output `contract`, built here from the
 validated configuration and the plan. Tenant stacks read it through a `StackReference` and never
 see the platform's resources:
 
@@ -30,13 +30,13 @@ from typing import Any, Iterable, Iterator, Mapping
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from factory.config import SECTIONS, FactoryConfig, Identity, Tenant
-from factory.loading import ConfigError, validate
-from factory.placement import Offering, TenantAllocation, advertised_resources, allocations, offerings
-from factory.planner import Plan
-from factory.quotas import queue_plan
-from factory.secrets import SecretValue
-from factory.tenancy import TenantNames, tenant_names
+from ai_factory.factory.model.config import SECTIONS, FactoryConfig, Identity, Tenant
+from ai_factory.factory.model.loading import ConfigError, validate
+from ai_factory.factory.planning.placement import Offering, TenantAllocation, advertised_resources, allocations, offerings
+from ai_factory.factory.planning.planner import Plan
+from ai_factory.factory.planning.quotas import queue_plan
+from ai_factory.factory.model.secrets import SecretValue
+from ai_factory.factory.model.tenancy import TenantNames, tenant_names
 
 CONTRACT_VERSION = 1
 CONTRACT_OUTPUT = "contract"
@@ -90,7 +90,7 @@ class PlatformContract(BaseModel):
     def from_output(cls, output: Any, stack: str) -> PlatformContract:
         """The contract a platform stack exported, or a `ContractError` saying what to do."""
         if output is None:
-            raise ContractError(f"platform stack {stack} exports no {CONTRACT_OUTPUT!r}: deploy it first (python -m stacks platform up)")
+            raise ContractError(f"platform stack {stack} exports no {CONTRACT_OUTPUT!r}: deploy it first (ai-factory-stacks platform up)")
         try:
             value = json.loads(output)
         except (TypeError, ValueError):

@@ -19,11 +19,11 @@ from pathlib import Path
 
 from pulumi import automation as auto
 
-from factory.loading import PROJECT_DIR, load_stack_file
-from factory.planning import plan_for, previous_plan
-from stacks import backend as ops
-from stacks.backend import Backend, KeyedLocks, OnEvent, OnOutput, PolicyPack, StackResult, check_name
-from stacks.contract import CONTRACT_OUTPUT, PLATFORM_PROJECT, ContractError, PlatformContract
+from ai_factory.factory.model.loading import PROJECT_DIR, load_stack_file
+from ai_factory.factory.planning.from_config import plan_for, previous_plan
+from ai_factory.stacks import backend as ops
+from ai_factory.stacks.backend import Backend, KeyedLocks, OnEvent, OnOutput, PolicyPack, StackResult, check_name
+from ai_factory.stacks.contract import CONTRACT_OUTPUT, PLATFORM_PROJECT, ContractError, PlatformContract
 
 
 POLICY_PACK_DIR = "policies"
@@ -69,7 +69,7 @@ class PlatformStacks:
         try:
             outputs = ops.masked_outputs(self._workspace(), name)
         except auto.StackNotFoundError:
-            raise ContractError(f"no platform stack {name}: deploy it first (python -m stacks platform up {env})") from None
+            raise ContractError(f"no platform stack {name}: deploy it first (ai-factory-stacks platform up {env})") from None
         return PlatformContract.from_output(outputs.get(CONTRACT_OUTPUT), name)
 
     def _validate(self, env: str) -> None:

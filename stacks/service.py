@@ -1,6 +1,6 @@
 """The tenant API service: tenant stacks over HTTP, for other services and for people.
 
-    python -m stacks serve --environment dev            # http://127.0.0.1:8080/docs
+    ai-factory-stacks serve --environment dev            # http://127.0.0.1:8080/docs
 
 A thin layer over `stacks.tenants.TenantStacks`: it authenticates, authorises, validates, runs
 long operations as jobs, and maps errors to status codes; every decision about tenants lives in
@@ -44,14 +44,14 @@ from pulumi.automation import CommandError
 from pulumi.automation.events import EngineEvent
 from pydantic import BaseModel
 
-from factory.config import Tenant
-from factory.loading import PROJECT_DIR, ConfigError, load_stack_file, stack_file, validate_tenant
-from stacks.auth import AuthError, Caller, IssuerUnavailable, Jwks, TokenVerifier
-from stacks.backend import Backend, BackendError, StackResult, check_name
-from stacks.contract import ContractError
-from stacks.tenants import TenantExists, TenantNotFound, TenantRecord, TenantStacks, TenantStatus, TenantSummary
+from ai_factory.factory.model.config import Tenant
+from ai_factory.factory.model.loading import PROJECT_DIR, ConfigError, load_stack_file, stack_file, validate_tenant
+from ai_factory.stacks.auth import AuthError, Caller, IssuerUnavailable, Jwks, TokenVerifier
+from ai_factory.stacks.backend import Backend, BackendError, StackResult, check_name
+from ai_factory.stacks.contract import ContractError
+from ai_factory.stacks.tenants import TenantExists, TenantNotFound, TenantRecord, TenantStacks, TenantStatus, TenantSummary
 
-log = logging.getLogger("stacks.service")
+log = logging.getLogger("ai_factory.stacks.service")
 
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 RECENT_STEPS = 50

@@ -30,14 +30,14 @@ import yaml
 from pulumi import automation as auto
 from pydantic import BaseModel
 
-from components.tenant_stack import TenantStack, tenant_stack_args
-from factory.config import Tenant
-from factory.loading import PROJECT_DIR, ConfigError, read_stack_file, stack_file, validate_tenant
-from factory.platform import tenant_hooks
-from stacks import backend as ops
-from stacks.backend import Backend, KeyedLocks, OnEvent, OnOutput, StackResult, check_name
-from stacks.contract import CONTRACT_OUTPUT, CONTRACT_SECRETS_OUTPUT, ContractError, PlatformContract, owner_conflicts
-from stacks.platform import PlatformStacks
+from ai_factory.components.tenant_stack import TenantStack, tenant_stack_args
+from ai_factory.factory.model.config import Tenant
+from ai_factory.factory.model.loading import PROJECT_DIR, ConfigError, read_stack_file, stack_file, validate_tenant
+from ai_factory.factory.rendering.platform import tenant_hooks
+from ai_factory.stacks import backend as ops
+from ai_factory.stacks.backend import Backend, KeyedLocks, OnEvent, OnOutput, StackResult, check_name
+from ai_factory.stacks.contract import CONTRACT_OUTPUT, CONTRACT_SECRETS_OUTPUT, ContractError, PlatformContract, owner_conflicts
+from ai_factory.stacks.platform import PlatformStacks
 
 TENANT_PROJECT = "ai-factory-tenant"
 TENANT_KEY = f"{TENANT_PROJECT}:tenant"

@@ -9,10 +9,10 @@ from typing import Any, Callable
 
 import pytest
 
-from factory.loading import read_stack_file, stack_file, validate
-from factory.oracles import Oracles, locate_upstream_dir
-from factory.render import Rendered, render_raw
-from factory.secrets import SecretValue
+from ai_factory.factory.model.loading import read_stack_file, stack_file, validate
+from ai_factory.factory.checking.oracles import Oracles, locate_upstream_dir
+from ai_factory.factory.rendering.bundle import Rendered, render_raw
+from ai_factory.factory.model.secrets import SecretValue
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -9,11 +9,11 @@ from typing import Any, Callable
 import pulumi
 import pulumi_kubernetes as k8s
 
-from components.tenant_stack import OWNERS_ANNOTATION
-from factory.harness import Graph, run_program
-from factory.policy_check import resources_from_graph, run_policies
-from factory.render import Rendered
-from factory.tenancy import OIDC_PREFIX, TENANT_LABEL, TRUST_DOMAIN_LABEL, TRUST_LABEL
+from ai_factory.components.tenant_stack import OWNERS_ANNOTATION
+from ai_factory.factory.rendering.harness import Graph, run_program
+from ai_factory.factory.checking.policies import resources_from_graph, run_policies
+from ai_factory.factory.rendering.bundle import Rendered
+from ai_factory.factory.model.tenancy import OIDC_PREFIX, TENANT_LABEL, TRUST_DOMAIN_LABEL, TRUST_LABEL
 
 RBAC = "rbac.authorization.k8s.io"
 KUEUE = "kueue.x-k8s.io/v1beta2"

@@ -12,13 +12,13 @@ from typing import Any
 import jwt
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from factory.config import FactoryConfig, Tenant
-from factory.loading import load_stack_file, read_stack_file, stack_file, validate
-from factory.planning import plan_for
-from stacks.backend import Backend
-from stacks.contract import CONTRACT_OUTPUT, CONTRACT_SECRETS_OUTPUT, platform_contract, platform_secrets
-from stacks.platform import PlatformStacks
-from stacks.tenants import TENANT_KEY, TenantStacks
+from ai_factory.factory.model.config import FactoryConfig, Tenant
+from ai_factory.factory.model.loading import load_stack_file, read_stack_file, stack_file, validate
+from ai_factory.factory.planning.from_config import plan_for
+from ai_factory.stacks.backend import Backend
+from ai_factory.stacks.contract import CONTRACT_OUTPUT, CONTRACT_SECRETS_OUTPUT, platform_contract, platform_secrets
+from ai_factory.stacks.platform import PlatformStacks
+from ai_factory.stacks.tenants import TENANT_KEY, TenantStacks
 from tests.fake_pulumi import Deployed, FakePulumi
 
 REPO = Path(__file__).resolve().parent.parent

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from factory.catalog import CHARTS
+from ai_factory.factory.model.catalog import CHARTS
 
 
 @pytest.mark.parametrize("product", sorted(CHARTS))

@@ -8,8 +8,8 @@ import sys
 
 import yaml
 
-from factory.check import run_checks
-from factory.render import Rendered
+from ai_factory.factory.checking.check import run_checks
+from ai_factory.factory.rendering.bundle import Rendered
 from tests.conftest import REPO
 
 
@@ -56,13 +56,13 @@ def test_chart_outside_the_catalog_fails(dev, oracles):
 
 def test_check_on_a_rendered_directory_catches_an_edited_value(tmp_path, oracles):
     out = tmp_path / "dev"
-    subprocess.run([sys.executable, "-m", "factory", "render", "dev", "--out", str(out)], cwd=REPO, check=True, capture_output=True, timeout=120)
-    clean = subprocess.run([sys.executable, "-m", "factory", "check", str(out), "--upstream", str(oracles.root)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    subprocess.run([sys.executable, "-m", "ai_factory.factory", "render", "dev", "--out", str(out)], cwd=REPO, check=True, capture_output=True, timeout=120)
+    clean = subprocess.run([sys.executable, "-m", "ai_factory.factory", "check", str(out), "--upstream", str(oracles.root)], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert clean.returncode == 0, clean.stdout + clean.stderr
     path = out / "manifests/gpu-operator/gpu-operator/helmrelease-gpu-operator.yaml"
     release = yaml.safe_load(path.read_text())
     release["spec"]["values"]["devicePlugin"]["enabledd"] = release["spec"]["values"]["devicePlugin"].pop("enabled")
     path.write_text(yaml.safe_dump(release))
-    broken = subprocess.run([sys.executable, "-m", "factory", "check", str(out), "--upstream", str(oracles.root)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    broken = subprocess.run([sys.executable, "-m", "ai_factory.factory", "check", str(out), "--upstream", str(oracles.root)], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert broken.returncode == 1
     assert "devicePlugin.enabledd" in broken.stdout

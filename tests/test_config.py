@@ -9,10 +9,10 @@ import sys
 import pulumi
 import pytest
 
-from factory.harness import RecordingMocks, RecordingMonitor, run_program
-from factory.loading import ConfigError, load_pulumi_config, read_stack_file, validate
-from factory.program import main
-from factory.secrets import SecretValue
+from ai_factory.factory.rendering.harness import RecordingMocks, RecordingMonitor, run_program
+from ai_factory.factory.model.loading import ConfigError, load_pulumi_config, read_stack_file, validate
+from ai_factory.factory.rendering.program import main
+from ai_factory.factory.model.secrets import SecretValue
 from tests.conftest import REPO
 
 
@@ -148,7 +148,7 @@ def test_cli_exits_2_without_traceback_listing_every_path(tmp_path):
     text = text.replace("- {pool: h100-train, count: 8}", "- {pool: h200-train, count: 8}", 1)
     (tmp_path / "Pulumi.broken.yaml").write_text(text)
     proc = subprocess.run(
-        [sys.executable, "-m", "factory", "render", str(tmp_path / "Pulumi.broken.yaml"), "--out", str(tmp_path / "out")],
+        [sys.executable, "-m", "ai_factory.factory", "render", str(tmp_path / "Pulumi.broken.yaml"), "--out", str(tmp_path / "out")],
         cwd=REPO, capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 2, proc.stderr

@@ -13,14 +13,14 @@ from collections import Counter
 import pytest
 import yaml
 
-from components.dra import PRODUCT_NAMES, whole_gpu_class
-from components.gpu_operator import NODE_TAINT_KEYS
-from factory.check import run_checks
-from factory.gpus import GPU_MODELS
-from factory.loading import ConfigError, validate
-from factory.placement import DEDICATED_LABEL, MIG_CONFIG_LABEL, allocations, node_placements
-from factory.planning import plan_for
-from factory.tenancy import TRUST_DOMAIN_LABEL
+from ai_factory.components.dra import PRODUCT_NAMES, whole_gpu_class
+from ai_factory.components.gpu_operator import NODE_TAINT_KEYS
+from ai_factory.factory.checking.check import run_checks
+from ai_factory.factory.model.gpus import GPU_MODELS
+from ai_factory.factory.model.loading import ConfigError, validate
+from ai_factory.factory.planning.placement import DEDICATED_LABEL, MIG_CONFIG_LABEL, allocations, node_placements
+from ai_factory.factory.planning.from_config import plan_for
+from ai_factory.factory.model.tenancy import TRUST_DOMAIN_LABEL
 from tests.conftest import objects, one, render
 
 STACK = "device-test"  # never `dev`: a locked plans/dev.json must not change these tests

@@ -6,11 +6,11 @@ import copy
 
 import pytest
 
-from components.kyverno import granted_gpu_resources_rule, placement_tolerations_rule
-from factory.cli import main
-from factory.diff import TenantRemoval, difference, tenant_removal, without_tenant
-from factory.render import Manifest, Rendered
-from factory.tenancy import TENANT_LABEL, TRUST_DOMAIN_LABEL
+from ai_factory.components.kyverno import granted_gpu_resources_rule, placement_tolerations_rule
+from ai_factory.factory.cli import main
+from ai_factory.factory.rendering.diff import TenantRemoval, difference, tenant_removal, without_tenant
+from ai_factory.factory.rendering.bundle import Manifest, Rendered
+from ai_factory.factory.model.tenancy import TENANT_LABEL, TRUST_DOMAIN_LABEL
 from tests.conftest import REPO
 
 SEARCH_EVAL = """\

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from components.gpu_operator import NODE_TAINT_KEYS
-from factory.catalog import CHARTS
+from ai_factory.components.gpu_operator import NODE_TAINT_KEYS
+from ai_factory.factory.model.catalog import CHARTS
 from tests.conftest import objects, one, render
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from factory.gpus import GPU_MODELS
+from ai_factory.factory.model.gpus import GPU_MODELS
 
 REFERENCE = Path(__file__).resolve().parent.parent.parent / "shared" / "reference" / "mig-profiles.yaml"
 NON_MIG_MODELS = {"L40S-48GB", "L4-24GB"}

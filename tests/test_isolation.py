@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from components.tenant_stack import DEFAULT_TOLERATIONS_ANNOTATION, NODE_SELECTOR_ANNOTATION, OWNERS_ANNOTATION, TOLERATIONS_WHITELIST_ANNOTATION
-from factory import isolation
-from factory.check import CHECKS, run_checks
-from factory.render import Manifest, Rendered, load_rendered
+from ai_factory.components.tenant_stack import DEFAULT_TOLERATIONS_ANNOTATION, NODE_SELECTOR_ANNOTATION, OWNERS_ANNOTATION, TOLERATIONS_WHITELIST_ANNOTATION
+from ai_factory.factory.checking import isolation
+from ai_factory.factory.checking.check import CHECKS, run_checks
+from ai_factory.factory.rendering.bundle import Manifest, Rendered, load_rendered
 from tests.conftest import render
 from tests.tenancy_env import many_tenants
 

@@ -10,15 +10,15 @@ from collections import defaultdict
 import pytest
 import yaml
 
-from components._common import FactoryComponent
-from components.kueue import KueueTenantHook
-from factory.catalog import CHARTS
-from factory.harness import run_program
-from factory.loading import validate
-from factory.placement import offerings
-from factory.planning import plan_for
-from factory.render import from_graph
-from factory.tenancy import TENANT_LABEL, TRUST_DOMAIN_LABEL, tenant_names
+from ai_factory.components._common import FactoryComponent
+from ai_factory.components.kueue import KueueTenantHook
+from ai_factory.factory.model.catalog import CHARTS
+from ai_factory.factory.rendering.harness import run_program
+from ai_factory.factory.model.loading import validate
+from ai_factory.factory.planning.placement import offerings
+from ai_factory.factory.planning.from_config import plan_for
+from ai_factory.factory.rendering.bundle import from_graph
+from ai_factory.factory.model.tenancy import TENANT_LABEL, TRUST_DOMAIN_LABEL, tenant_names
 from tests.conftest import objects, one, render
 from tests.scheduling_env import bigger_environment
 

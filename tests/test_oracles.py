@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from factory.oracles import OracleError, Oracles, is_core_api, locate_upstream_dir
+from ai_factory.factory.checking.oracles import OracleError, Oracles, is_core_api, locate_upstream_dir
 
 KUBERNETES = "1.34"
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import yaml
 
-from factory.cli import main
-from factory.loading import load_stack_file
-from factory.planner import Plan
-from factory.planning import plan_for
+from ai_factory.factory.cli import main
+from ai_factory.factory.model.loading import load_stack_file
+from ai_factory.factory.planning.planner import Plan
+from ai_factory.factory.planning.from_config import plan_for
 from tests.conftest import REPO
 
 
@@ -29,7 +29,7 @@ def stack_file(tmp_path: Path, edit=None, name: str = "plantest") -> Path:
 
 def run_cli(*args: str, seed: str = "0") -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONHASHSEED": seed}
-    return subprocess.run([sys.executable, "-m", "factory", "plan", *args], cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
+    return subprocess.run([sys.executable, "-m", "ai_factory.factory", "plan", *args], cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
 
 
 def test_plan_prints_the_table_and_writes_the_plan_json(tmp_path, capsys):

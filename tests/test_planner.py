@@ -10,8 +10,8 @@ from functools import lru_cache
 
 import pytest
 
-from factory.gpus import GPU_MODELS
-from factory.planner import (
+from ai_factory.factory.model.gpus import GPU_MODELS
+from ai_factory.factory.planning.planner import (
     MIG_CLASS_ORDER,
     Demand,
     HamiSlice,

@@ -9,16 +9,16 @@ import pulumi
 import pulumi_kubernetes as k8s
 import pytest
 
-import components.fleet
-import components.gpu_operator
-import components.kueue
-import components.openbao
-import components.tenant_stack
-from components.tenant_stack import POD_SECURITY_EXCEPTION_ANNOTATION
-from factory.placement import DEDICATED_LABEL, DEVICE_PLUGIN_CONFIG_LABEL, DEVICE_PLUGIN_DEPLOY_LABEL, MIG_CONFIG_LABEL, POOL_LABEL, NodePlacement
-from factory.quotas import SUPPLY_ANNOTATION
-from factory.tenancy import TENANT_LABEL, TRUST_DOMAIN_LABEL
-from policies.aif_policies import POLICIES
+import ai_factory.components.fleet
+import ai_factory.components.gpu_operator
+import ai_factory.components.kueue
+import ai_factory.components.openbao
+import ai_factory.components.tenant_stack
+from ai_factory.components.tenant_stack import POD_SECURITY_EXCEPTION_ANNOTATION
+from ai_factory.factory.planning.placement import DEDICATED_LABEL, DEVICE_PLUGIN_CONFIG_LABEL, DEVICE_PLUGIN_DEPLOY_LABEL, MIG_CONFIG_LABEL, POOL_LABEL, NodePlacement
+from ai_factory.factory.planning.quotas import SUPPLY_ANNOTATION
+from ai_factory.factory.model.tenancy import TENANT_LABEL, TRUST_DOMAIN_LABEL
+from ai_factory.policies.aif_policies import POLICIES
 from tests.conftest import render
 from tests.policy_stacks import (
     all_violations,
@@ -123,8 +123,8 @@ def test_cluster_role_binding_to_a_tenant_subject_is_reported():
 
 
 def test_tenant_role_that_can_edit_its_quota_is_reported(raw, monkeypatch):
-    rules = components.tenant_stack.TENANT_ADMIN_RULES + (("", ("resourcequotas",), ("patch",)),)
-    monkeypatch.setattr(components.tenant_stack, "TENANT_ADMIN_RULES", rules)
+    rules = ai_factory.components.tenant_stack.TENANT_ADMIN_RULES + (("", ("resourcequotas",), ("patch",)),)
+    monkeypatch.setattr(ai_factory.components.tenant_stack, "TENANT_ADMIN_RULES", rules)
     found = violations(render(raw), "tenant-cannot-edit-isolation")
     assert list(found) == ["kubernetes:rbac.authorization.k8s.io/v1:RoleBinding::search-admin-binding"]
     assert "lets Group oidc:search-admins of tenant 'search' patch resourcequotas through Role tenant-admin" in found[
@@ -161,8 +161,8 @@ def broken_fleet(monkeypatch):
     """Patch the fleet layer's placements with `edit(placement) -> placement`."""
 
     def patch(edit):
-        real = components.fleet.node_placements
-        monkeypatch.setattr(components.fleet, "node_placements", lambda plan: [edit(p) for p in real(plan)])
+        real = ai_factory.components.fleet.node_placements
+        monkeypatch.setattr(ai_factory.components.fleet, "node_placements", lambda plan: [edit(p) for p in real(plan)])
 
     return patch
 
@@ -289,13 +289,13 @@ def test_hami_node_also_served_by_the_nvidia_device_plugin_is_reported(raw, brok
 
 
 def test_gpu_namespace_outside_a_queue_is_reported(raw, monkeypatch):
-    real = components.kueue.manager_config
+    real = ai_factory.components.kueue.manager_config
 
     def without_default_queueing(*args, **kwargs):
         return {k: v for k, v in real(*args, **kwargs).items() if k != "manageJobsWithoutQueueName"}
 
-    monkeypatch.setattr(components.kueue, "manager_config", without_default_queueing)
-    monkeypatch.setattr(components.kueue.KueueTenantHook, "attach", lambda self, stack, tenant, names: None)
+    monkeypatch.setattr(ai_factory.components.kueue, "manager_config", without_default_queueing)
+    monkeypatch.setattr(ai_factory.components.kueue.KueueTenantHook, "attach", lambda self, stack, tenant, names: None)
     found = violations(render(raw), "gpu-namespaces-queued")
     assert set(found) == {
         "kubernetes:helm.sh/v3:Release::kueue",
@@ -459,8 +459,8 @@ def test_gpu_operator_below_the_version_floor_is_reported(raw):
 
 
 def test_gpu_operator_without_the_toolkit_settings_is_reported(raw, monkeypatch):
-    monkeypatch.setattr(components.gpu_operator, "TOOLKIT_ENV", ())
-    monkeypatch.setattr(components.gpu_operator, "DEVICE_PLUGIN_ENV", ({"name": "DEVICE_LIST_STRATEGY", "value": "envvar"},))
+    monkeypatch.setattr(ai_factory.components.gpu_operator, "TOOLKIT_ENV", ())
+    monkeypatch.setattr(ai_factory.components.gpu_operator, "DEVICE_PLUGIN_ENV", ({"name": "DEVICE_LIST_STRATEGY", "value": "envvar"},))
     rendered = render(raw)
     messages = violations(rendered, "gpu-operator-secure-toolkit")["kubernetes:helm.sh/v3:Release::gpu-operator"]
     assert [m.split(": ", 1)[1].split(" ")[0] for m in messages] == ["toolkit.env", "devicePlugin.env", "toolkit.env"]
@@ -520,7 +520,7 @@ def test_plaintext_credentials_are_reported():
 
 
 def test_stateful_platform_parts_without_protection_are_reported(raw, monkeypatch):
-    monkeypatch.setattr(components.openbao, "STATEFUL", {})
+    monkeypatch.setattr(ai_factory.components.openbao, "STATEFUL", {})
     found = violations(render(raw), "stateful-resources-protected")
     assert set(found) == {"kubernetes:helm.sh/v3:Release::openbao", "kubernetes:core/v1:Namespace::openbao-namespace"}
     assert "holds OpenBao's integrated Raft storage (every tenant's secrets) but is not protected" in found["kubernetes:helm.sh/v3:Release::openbao"][0]

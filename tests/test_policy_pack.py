@@ -23,12 +23,12 @@ from pulumi_policy import EnforcementLevel, ResourceValidationArgs
 from pulumi_policy.policy import _PolicyAnalyzerServicer
 from pulumi_policy.proxy import UNKNOWN_STRING_VALUE, UnknownValueError, unknown_checking_proxy
 
-import policies.aif_policies
-from factory import policy_check
-from factory.check import CHECKS
-from factory.policy_check import OfflineOptions, policy_config, resources_from_graph, run_policies
-from factory.render import load_rendered, render_env
-from policies.aif_policies import PACK_NAME, POLICIES
+import ai_factory.policies.aif_policies
+from ai_factory.factory.checking import policies as policy_check
+from ai_factory.factory.checking.check import CHECKS
+from ai_factory.factory.checking.policies import OfflineOptions, policy_config, resources_from_graph, run_policies
+from ai_factory.factory.rendering.bundle import load_rendered, render_env
+from ai_factory.policies.aif_policies import PACK_NAME, POLICIES
 from tests.conftest import REPO
 from tests.policy_stacks import deployment, group, namespace, release, role_binding, stack, tenant_labels
 
@@ -38,7 +38,7 @@ POLICY_DIR = REPO / "policies"
 def rule_functions() -> set[str]:
     """Every `check_*` rule defined in the policy modules."""
     names = set()
-    for module in pkgutil.iter_modules(policies.aif_policies.__path__):
+    for module in pkgutil.iter_modules(ai_factory.policies.aif_policies.__path__):
         tree = ast.parse((POLICY_DIR / "aif_policies" / f"{module.name}.py").read_text())
         names |= {n.name for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("check_")}
     return names
@@ -61,7 +61,7 @@ def test_pack_registers_every_policy_of_the_module(monkeypatch):
 def test_policy_module_imports_without_starting_a_server():
     # PolicyPack(...) would print a port and block forever: the import must return at once.
     done = subprocess.run(
-        [sys.executable, "-c", "import policies.aif_policies as p; print(len(p.POLICIES))"],
+        [sys.executable, "-c", "import ai_factory.policies.aif_policies as p; print(len(p.POLICIES))"],
         cwd=REPO, capture_output=True, text=True, timeout=60,
     )
     assert done.returncode == 0, done.stderr

@@ -1,4 +1,4 @@
-"""Queue quotas from the plan (`factory.quotas`): they add up to the supply, stay in their trust
+"""Queue quotas from the plan (`ai_factory.factory.planning.quotas`): they add up to the supply, stay in their trust
 domain and follow the tenants' borrowing settings, for Kueue, KAI Scheduler and Volcano."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ from collections import defaultdict
 
 import pytest
 
-from factory.config import FactoryConfig
-from factory.loading import validate
-from factory.placement import advertised_resources, offerings
-from factory.planning import plan_for
-from factory.quotas import CPU_FLAVOR, CPU_RESOURCES, KaiShare, megabytes, millicores, queue_plan
+from ai_factory.factory.model.config import FactoryConfig
+from ai_factory.factory.model.loading import validate
+from ai_factory.factory.planning.placement import advertised_resources, offerings
+from ai_factory.factory.planning.from_config import plan_for
+from ai_factory.factory.planning.quotas import CPU_FLAVOR, CPU_RESOURCES, KaiShare, megabytes, millicores, queue_plan
 from tests.scheduling_env import bigger_environment
 
 

@@ -10,7 +10,7 @@ import sys
 import pulumi_kubernetes as k8s
 import pytest
 
-from factory.harness import DuplicateResourceError, run_program
+from ai_factory.factory.rendering.harness import DuplicateResourceError, run_program
 from tests.conftest import REPO, objects, one, render
 
 
@@ -21,7 +21,7 @@ def test_render_is_deterministic(dev_raw, dev):
 
 def test_render_is_byte_identical_across_processes(tmp_path):
     for out in ("a", "b"):
-        subprocess.run([sys.executable, "-m", "factory", "render", "dev", "--out", str(tmp_path / out)], cwd=REPO, check=True, capture_output=True, timeout=120)
+        subprocess.run([sys.executable, "-m", "ai_factory.factory", "render", "dev", "--out", str(tmp_path / out)], cwd=REPO, check=True, capture_output=True, timeout=120)
     comparison = filecmp.dircmp(tmp_path / "a", tmp_path / "b")
     files = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*") if p.is_file())
     assert files and not comparison.diff_files and not comparison.left_only and not comparison.right_only
@@ -74,9 +74,9 @@ def test_duplicate_resource_names_are_refused():
 
 def test_secret_values_never_reach_the_output(raw):
     needle = "s3cr3t-ngc-api-key-value"
-    from factory.loading import validate
-    from factory.render import render_raw
-    from factory.secrets import SecretValue
+    from ai_factory.factory.model.loading import validate
+    from ai_factory.factory.rendering.bundle import render_raw
+    from ai_factory.factory.model.secrets import SecretValue
 
     # As inside `pulumi up`: the engine hands the program the decrypted value of a secret key.
     raw["layers"]["gpu_operator"]["registry"]["password"] = needle
@@ -93,7 +93,7 @@ def test_secret_values_never_reach_the_output(raw):
 
 
 def test_render_prints_a_summary_per_layer(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "factory", "render", "dev", "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "ai_factory.factory", "render", "dev", "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert f"to {tmp_path}/" in proc.stdout
     assert "layer gpu-operator" in proc.stdout and "layer fleet" in proc.stdout

@@ -9,10 +9,10 @@ from typing import Callable
 
 import pytest
 
-from factory import checks_scheduling
-from factory.findings import Finding
-from factory.loading import ConfigError, validate
-from factory.render import Manifest, Rendered
+from ai_factory.factory.checking import scheduling as checks_scheduling
+from ai_factory.factory.checking.findings import Finding
+from ai_factory.factory.model.loading import ConfigError, validate
+from ai_factory.factory.rendering.bundle import Manifest, Rendered
 from tests.conftest import objects, one, render
 from tests.scheduling_env import bigger_environment
 
@@ -130,7 +130,7 @@ def test_scheduling_objects_validate_against_the_upstream_crds(variant, request,
 
 @pytest.mark.parametrize("variant", ["big_kai", "big_volcano"])
 def test_scheduler_chart_values_exist_in_the_chart(variant, request, oracles):
-    from factory.check import helm_values
+    from ai_factory.factory.checking.check import helm_values
 
     rendered = request.getfixturevalue(variant)
     assert [str(f) for f in helm_values(rendered, oracles) if f.ref.startswith("HelmRelease/kai") or "volcano" in f.ref] == []

@@ -6,12 +6,12 @@ import json
 
 import pytest
 
-from components._common import FactoryComponent
-from components.keycloak import IdentityHook
-from factory.config import Tenant
-from factory.harness import Graph, run_program
-from factory.loading import ConfigError, validate
-from factory.tenancy import tenant_names
+from ai_factory.components._common import FactoryComponent
+from ai_factory.components.keycloak import IdentityHook
+from ai_factory.factory.model.config import Tenant
+from ai_factory.factory.rendering.harness import Graph, run_program
+from ai_factory.factory.model.loading import ConfigError, validate
+from ai_factory.factory.model.tenancy import tenant_names
 from tests.conftest import one
 
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from components.kyverno import ALL_CONTAINERS, DEDICATED_SELECTOR, ESCAPE_VARIABLES, QUEUE_LABEL, TOLERATIONS, VCLUSTER_IMAGES
-from components.tenant_stack import NODE_LIFECYCLE_TOLERATIONS, allowed_tolerations, tenant_stack_args
-from factory.loading import ConfigError, validate
-from factory.placement import DEDICATED_LABEL, PLACEMENT_TAINT_KEYS, advertised_resources
-from factory.planning import plan_for
-from factory.quotas import gpu_ceiling
-from factory.tenancy import TENANT_LABEL
+from ai_factory.components.kyverno import ALL_CONTAINERS, DEDICATED_SELECTOR, ESCAPE_VARIABLES, QUEUE_LABEL, TOLERATIONS, VCLUSTER_IMAGES
+from ai_factory.components.tenant_stack import NODE_LIFECYCLE_TOLERATIONS, allowed_tolerations, tenant_stack_args
+from ai_factory.factory.model.loading import ConfigError, validate
+from ai_factory.factory.planning.placement import DEDICATED_LABEL, PLACEMENT_TAINT_KEYS, advertised_resources
+from ai_factory.factory.planning.from_config import plan_for
+from ai_factory.factory.planning.quotas import gpu_ceiling
+from ai_factory.factory.model.tenancy import TENANT_LABEL
 from tests.conftest import objects, one, render
 
 PLATFORM_POLICIES = ("tenant-gpu-queue", "tenant-gpu-escape-env", "tenant-gpu-device-mounts", "tenant-image-registries", "tenant-service-exposure")

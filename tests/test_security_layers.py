@@ -8,13 +8,13 @@ import copy
 import pytest
 import yaml
 
-from components.gpu_operator import NODE_TAINT_KEYS
-from factory.catalog import CHARTS
-from factory.check import helm_values, schema
-from factory.loading import validate
-from factory.placement import node_placements
-from factory.planning import plan_for
-from factory.render import Rendered
+from ai_factory.components.gpu_operator import NODE_TAINT_KEYS
+from ai_factory.factory.model.catalog import CHARTS
+from ai_factory.factory.checking.check import helm_values, schema
+from ai_factory.factory.model.loading import validate
+from ai_factory.factory.planning.placement import node_placements
+from ai_factory.factory.planning.from_config import plan_for
+from ai_factory.factory.rendering.bundle import Rendered
 from tests.conftest import objects, one, render
 
 SECURITY_LAYERS = ("cilium", "keycloak", "openbao", "external-secrets", "kyverno", "falco", "trivy")
@@ -159,7 +159,7 @@ def test_disabled_layers_render_nothing(raw):
 
 
 def test_external_secrets_without_openbao_is_refused(raw):
-    from factory.loading import ConfigError
+    from ai_factory.factory.model.loading import ConfigError
 
     raw["layers"]["openbao"] = {"enabled": False}
     with pytest.raises(ConfigError, match="layers.external_secrets.enabled: tenants' secret stores read OpenBao"):

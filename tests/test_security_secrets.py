@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 import re
 
-from components._common import FactoryComponent
-from components.external_secrets import STORE_SERVICE_ACCOUNT, TenantSecretsHook
-from factory.harness import run_program
-from factory.loading import validate
-from factory.render import render_raw
-from factory.secrets import SecretValue
-from factory.tenancy import tenant_names
+from ai_factory.components._common import FactoryComponent
+from ai_factory.components.external_secrets import STORE_SERVICE_ACCOUNT, TenantSecretsHook
+from ai_factory.factory.rendering.harness import run_program
+from ai_factory.factory.model.loading import validate
+from ai_factory.factory.rendering.bundle import render_raw
+from ai_factory.factory.model.secrets import SecretValue
+from ai_factory.factory.model.tenancy import tenant_names
 from tests.conftest import objects, render
 
 TENANTS = ("search", "assistant", "partner-acme")

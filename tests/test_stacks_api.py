@@ -10,12 +10,12 @@ import threading
 
 import pytest
 
-from factory.config import Tenant
-from factory.loading import ConfigError
-from stacks.backend import Backend, BackendError
-from stacks.contract import ContractError
-from stacks.platform import PlatformStacks
-from stacks.tenants import TENANT_KEY, TenantExists, TenantNotFound, TenantStacks
+from ai_factory.factory.model.config import Tenant
+from ai_factory.factory.model.loading import ConfigError
+from ai_factory.stacks.backend import Backend, BackendError
+from ai_factory.stacks.contract import ContractError
+from ai_factory.stacks.platform import PlatformStacks
+from ai_factory.stacks.tenants import TENANT_KEY, TenantExists, TenantNotFound, TenantStacks
 from tests.stacks_support import KUBECONFIG, PASSPHRASE, REGISTRY_PASSWORD, REPO, backend, deployed_platform, fake_cli, registered, tenant
 
 TENANT = "organization/ai-factory-tenant/dev.vision"

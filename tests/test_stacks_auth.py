@@ -8,7 +8,7 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from stacks.auth import AuthError, IssuerUnavailable, Jwks, TokenVerifier
+from ai_factory.stacks.auth import AuthError, IssuerUnavailable, Jwks, TokenVerifier
 from tests.stacks_support import AUDIENCE, ISSUER, Issuer
 
 DISCOVERY = f"{ISSUER}/.well-known/openid-configuration"

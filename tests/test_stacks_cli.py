@@ -1,4 +1,4 @@
-"""`python -m stacks`, and the Automation API against the real `pulumi` CLI where it is installed."""
+"""`ai-factory-stacks`, and the Automation API against the real `pulumi` CLI where it is installed."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import shutil
 
 import pytest
 
-from stacks.__main__ import EXIT_FAILED, EXIT_INVALID, main
-from stacks.contract import ContractError
-from stacks.platform import PlatformStacks
-from stacks.tenants import TenantNotFound, TenantStacks
+from ai_factory.stacks.__main__ import EXIT_FAILED, EXIT_INVALID, main
+from ai_factory.stacks.contract import ContractError
+from ai_factory.stacks.platform import PlatformStacks
+from ai_factory.stacks.tenants import TenantNotFound, TenantStacks
 from tests.stacks_support import REPO, backend
 
 

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from factory.config import Tenant
-from factory.planning import plan_for
-from stacks.contract import ContractError, PlatformContract, platform_contract, platform_secrets
+from ai_factory.factory.model.config import Tenant
+from ai_factory.factory.planning.from_config import plan_for
+from ai_factory.stacks.contract import ContractError, PlatformContract, platform_contract, platform_secrets
 from tests.stacks_support import registered, self_service_env, tenant
 
 STACK = "organization/ai-factory/dev"
@@ -33,7 +33,7 @@ def test_the_contract_reads_back_the_platform_it_was_made_from(dev_cfg, contract
 
 
 def test_a_missing_or_other_version_contract_is_refused_with_what_to_do(contract):
-    with pytest.raises(ContractError, match=r"exports no 'contract': deploy it first \(python -m stacks platform up\)"):
+    with pytest.raises(ContractError, match=r"exports no 'contract': deploy it first \(ai-factory-stacks platform up\)"):
         PlatformContract.from_output(None, STACK)
     newer = json.dumps({**json.loads(contract.to_output()), "contract_version": 2})
     with pytest.raises(ContractError, match="exports contract version 2; this library reads version 1"):

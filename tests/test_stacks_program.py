@@ -11,11 +11,11 @@ import pulumi
 import pytest
 from pulumi.runtime import rpc
 
-from factory.harness import Graph, RecordingMocks, RecordingMonitor, run_program
-from factory.loading import NAMESPACE
-from factory.program import main as platform_main
-from stacks.contract import CONTRACT_OUTPUT, CONTRACT_SECRETS_OUTPUT, CONTRACT_VERSION
-from stacks.tenants import PLATFORM_KEY, TENANT_KEY, tenant_program
+from ai_factory.factory.rendering.harness import Graph, RecordingMocks, RecordingMonitor, run_program
+from ai_factory.factory.model.loading import NAMESPACE
+from ai_factory.factory.rendering.program import main as platform_main
+from ai_factory.stacks.contract import CONTRACT_OUTPUT, CONTRACT_SECRETS_OUTPUT, CONTRACT_VERSION
+from ai_factory.stacks.tenants import PLATFORM_KEY, TENANT_KEY, tenant_program
 from tests.conftest import render
 from tests.stacks_support import dev_contract, dev_contract_secrets, registered, self_service_env
 

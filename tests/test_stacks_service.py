@@ -9,8 +9,8 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from stacks.auth import Jwks, TokenVerifier
-from stacks.service import ServiceSettings, create_app, service_app
+from ai_factory.stacks.auth import Jwks, TokenVerifier
+from ai_factory.stacks.service import ServiceSettings, create_app, service_app
 from tests.stacks_support import AUDIENCE, ISSUER, KUBECONFIG, PASSPHRASE, REGISTRY_PASSWORD, REPO, Issuer, backend, deployed_platform, registered, tenant
 
 TENANTS = "/v1/environments/dev/tenants"
@@ -208,7 +208,7 @@ def test_the_service_is_built_from_the_environments_config(tmp_path, monkeypatch
         fetched.append(url)
         raise OSError("network unreachable")
 
-    monkeypatch.setattr("stacks.auth.urllib.request.urlopen", offline)
+    monkeypatch.setattr("ai_factory.stacks.auth.urllib.request.urlopen", offline)
     client = TestClient(service_app(ServiceSettings(environments=("dev",)), backend(tmp_path), project_dir=REPO))
     assert client.get("/healthz").json() == {"status": "ok"}
     response = client.get(TENANTS, headers={"Authorization": f"Bearer {Issuer().token(['g'])}"})

@@ -9,7 +9,7 @@ import pulumi_kubernetes as k8s
 import pytest
 import yaml
 
-from components.tenant_stack import (
+from ai_factory.components.tenant_stack import (
     DEFAULT_TOLERATIONS_ANNOTATION,
     NODE_SELECTOR_ANNOTATION,
     OWNERS_ANNOTATION,
@@ -18,13 +18,13 @@ from components.tenant_stack import (
     TenantStack,
     tenant_stack_args,
 )
-from factory.catalog import CHARTS
-from factory.harness import run_program
-from factory.loading import ConfigError, validate
-from factory.placement import advertised_resources, allocations
-from factory.planning import plan_for
-from factory.quotas import gpu_ceiling
-from factory.render import from_graph
+from ai_factory.factory.model.catalog import CHARTS
+from ai_factory.factory.rendering.harness import run_program
+from ai_factory.factory.model.loading import ConfigError, validate
+from ai_factory.factory.planning.placement import advertised_resources, allocations
+from ai_factory.factory.planning.from_config import plan_for
+from ai_factory.factory.planning.quotas import gpu_ceiling
+from ai_factory.factory.rendering.bundle import from_graph
 from tests.conftest import objects, render
 
 TENANTS = ("search", "assistant", "partner-acme")
@@ -342,7 +342,7 @@ def test_gpus_claimed_through_dra_are_capped_by_the_namespace_quota(dev_raw, ora
     # Kubernetes counts ResourceClaim devices per DeviceClass, not under requests.nvidia.com/gpu.
     import copy
 
-    from factory.check import run_checks
+    from ai_factory.factory.checking.check import run_checks
     from tests.scheduling_env import bigger_environment
 
     raw = bigger_environment(copy.deepcopy(dev_raw[0]))

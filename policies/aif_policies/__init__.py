@@ -5,7 +5,7 @@ analyzer server (only `PolicyPack(...)` does that, in `policies/__main__.py`).
 "Policies" section lists them.
 """
 
-from policies.aif_policies import gpu, reliability, security, tenancy
+from ai_factory.policies.aif_policies import gpu, reliability, security, tenancy
 
 PACK_NAME = "ai-factory-guardrails"
 

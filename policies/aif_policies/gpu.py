@@ -4,7 +4,7 @@ A physical GPU is shared only inside one trust domain, low-trust tenants get who
 of their own, MIG layouts are legal for their GPU model, HAMi and the NVIDIA device plugin never
 serve the same node, GPU work goes through Kueue, and queue quotas never promise more than the
 fleet has. The stack shows all of it: node labels and taints (the fleet layer's `NodePatch`es,
-`factory.placement.node_placements`), the GPU Operator's MIG and device-plugin configs (its chart
+`ai_factory.factory.planning.placement.node_placements`), the GPU Operator's MIG and device-plugin configs (its chart
 values), HAMi's node selector (its chart values), Kueue flavors and queues, tenant quotas.
 """
 
@@ -20,8 +20,8 @@ import json
 import yaml
 from pulumi_policy import PolicyResource
 
-from factory.gpus import COMPUTE_SLICES, GPU_MODELS, MEMORY_SLICES, GpuModel
-from factory.placement import (
+from ai_factory.factory.model.gpus import COMPUTE_SLICES, GPU_MODELS, MEMORY_SLICES, GpuModel
+from ai_factory.factory.planning.placement import (
     DEDICATED_LABEL,
     DEVICE_PLUGIN_CONFIG_LABEL,
     DEVICE_PLUGIN_DEPLOY_LABEL,
@@ -29,11 +29,11 @@ from factory.placement import (
     MIG_CONFIG_LABEL,
     MIG_DISABLED_CONFIG,
 )
-from factory.planner import place_mig
-from factory.quotas import SUPPLY_ANNOTATION
-from factory.tenancy import TENANT_LABEL, TRUST_DOMAIN_LABEL
-from policies.aif_policies.core import Violation, resource_policy, stack_policy
-from policies.aif_policies.kube import (
+from ai_factory.factory.planning.planner import place_mig
+from ai_factory.factory.planning.quotas import SUPPLY_ANNOTATION
+from ai_factory.factory.model.tenancy import TENANT_LABEL, TRUST_DOMAIN_LABEL
+from ai_factory.policies.aif_policies.core import Violation, resource_policy, stack_policy
+from ai_factory.policies.aif_policies.kube import (
     HELM_TYPES,
     Cluster,
     Obj,
@@ -202,7 +202,7 @@ def check_gpu_no_cross_domain_sharing(resources: Sequence[PolicyResource], confi
         if domain is None:
             yield node.resource, (
                 f"Node {node.name} shares its GPUs ({sharing}) but has no {TRUST_DOMAIN_LABEL} label: a shared GPU "
-                "serves one trust domain; label and taint the node for it (factory.placement.node_placements)."
+                "serves one trust domain; label and taint the node for it (ai_factory.factory.planning.placement.node_placements)."
             )
         elif not _tainted(node, TRUST_DOMAIN_LABEL, domain):
             yield node.resource, (
@@ -231,7 +231,7 @@ def check_gpu_no_cross_domain_sharing(resources: Sequence[PolicyResource], confi
                     yield queue.resource, (
                         f"{queue.describe()} admits tenant {tenant.name!r} (trust domain {tenant.trust_domain!r}) to "
                         f"ResourceFlavor {flavor}, whose shared GPUs serve trust domain(s) {', '.join(foreign)}: give each "
-                        "trust domain its own flavors (factory.placement.offerings)."
+                        "trust domain its own flavors (ai_factory.factory.planning.placement.offerings)."
                     )
 
 
@@ -475,7 +475,7 @@ def physical_mig_supply(fleet: Fleet, node_labels: Mapping[str, Any]) -> dict[st
 
 def flavor_supply(fleet: Fleet, flavor: Obj) -> dict[str, Fraction] | None:
     """What a flavor's nodes offer per resource: the plan's figure the flavor carries
-    (`factory.quotas.SUPPLY_ANNOTATION`), with MIG instances counted from the node configs."""
+    (`ai_factory.factory.planning.quotas.SUPPLY_ANNOTATION`), with MIG instances counted from the node configs."""
     annotation = as_map(as_map(flavor.props.get("metadata")).get("annotations")).get(SUPPLY_ANNOTATION)
     try:
         supply = {str(k): quantity(v) or Fraction(0) for k, v in json.loads(annotation).items()} if annotation else None
@@ -534,7 +534,7 @@ def check_gpu_quota_within_supply(resources: Sequence[PolicyResource], config: M
                 yield quota.resource, (
                     f"ResourceQuota {quota.namespace}/{quota.name} of tenant {tenant.name!r} allows {_number(amount)} {resource} "
                     f"but the flavors of its trust domain {domain!r} supply {_number(available)}: a tenant can be admitted at "
-                    "most its domain's GPUs (grant plus borrowing, factory.quotas.gpu_ceiling)."
+                    "most its domain's GPUs (grant plus borrowing, ai_factory.factory.planning.quotas.gpu_ceiling)."
                 )
 
 

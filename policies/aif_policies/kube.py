@@ -18,7 +18,7 @@ from typing import Any, Iterator
 
 from pulumi_policy import PolicyResource
 
-from factory.tenancy import TENANT_LABEL, TRUST_DOMAIN_LABEL, TRUST_LABEL
+from ai_factory.factory.model.tenancy import TENANT_LABEL, TRUST_DOMAIN_LABEL, TRUST_LABEL
 
 HELM_RELEASE = "kubernetes:helm.sh/v3:Release"
 HELM_CHART = "kubernetes:helm.sh/v4:Chart"

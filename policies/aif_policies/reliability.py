@@ -14,9 +14,9 @@ from typing import Any, Iterator
 
 from pulumi_policy import PolicyResource
 
-from factory.catalog import CHARTS
-from policies.aif_policies.core import Violation, protected, resource_policy, retain_on_delete, stack_policy
-from policies.aif_policies.kube import HELM_TYPES, Cluster, as_list, as_map, describe, group_of, helm_chart
+from ai_factory.factory.model.catalog import CHARTS
+from ai_factory.policies.aif_policies.core import Violation, protected, resource_policy, retain_on_delete, stack_policy
+from ai_factory.policies.aif_policies.kube import HELM_TYPES, Cluster, as_list, as_map, describe, group_of, helm_chart
 
 STATEFUL_KINDS = {
     # kind: API group. Deleting one of these deletes data (CRDs take every custom resource with them).

@@ -14,12 +14,12 @@ from typing import Any, Iterator
 
 import yaml
 
-from components.tenant_stack import POD_SECURITY_EXCEPTION_ANNOTATION
-from factory.config import MIN_CONTAINER_TOOLKIT
-from factory.secrets import REDACTED
-from factory.tenancy import TENANT_LABEL
-from policies.aif_policies.core import resource_policy
-from policies.aif_policies.kube import (
+from ai_factory.components.tenant_stack import POD_SECURITY_EXCEPTION_ANNOTATION
+from ai_factory.factory.model.config import MIN_CONTAINER_TOOLKIT
+from ai_factory.factory.model.secrets import REDACTED
+from ai_factory.factory.model.tenancy import TENANT_LABEL
+from ai_factory.policies.aif_policies.core import resource_policy
+from ai_factory.policies.aif_policies.kube import (
     HELM_TYPES,
     as_list,
     as_map,

@@ -2,8 +2,8 @@
 and never lets a tenant edit the objects that isolate it.
 
 A tenant is what the stack shows: a Namespace labelled `ai-factory.io/tenant=<name>` (with its
-trust and trust-domain labels, `factory.tenancy.TenantNames.labels`). Its subjects are the
-identity-provider users and groups (OIDC-prefixed, `factory.tenancy.OIDC_PREFIX`) its namespace
+trust and trust-domain labels, `ai_factory.factory.model.tenancy.TenantNames.labels`). Its subjects are the
+identity-provider users and groups (OIDC-prefixed, `ai_factory.factory.model.tenancy.OIDC_PREFIX`) its namespace
 names as owners or binds, and the service accounts of its namespaces.
 """
 
@@ -15,10 +15,10 @@ from typing import Any, Iterator
 
 from pulumi_policy import PolicyResource
 
-from components.tenant_stack import OWNERS_ANNOTATION
-from factory.tenancy import OIDC_PREFIX, TENANT_LABEL
-from policies.aif_policies.core import Violation, stack_policy
-from policies.aif_policies.kube import TENANT_STACK, Cluster, ancestors, as_list, as_map
+from ai_factory.components.tenant_stack import OWNERS_ANNOTATION
+from ai_factory.factory.model.tenancy import OIDC_PREFIX, TENANT_LABEL
+from ai_factory.policies.aif_policies.core import Violation, stack_policy
+from ai_factory.policies.aif_policies.kube import TENANT_STACK, Cluster, ancestors, as_list, as_map
 
 PLATFORM_SUBJECTS = {
     "platformSubjects": {

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Iterable, Literal, Mapping, Sequence
 
-from factory.gpus import COMPUTE_SLICES, GPU_MODELS, MEMORY_SLICES, MIG_CLASSES, GpuModel
+from ai_factory.factory.model.gpus import COMPUTE_SLICES, GPU_MODELS, MEMORY_SLICES, MIG_CLASSES, GpuModel
 
 Sharing = Literal["exclusive", "mig", "time-slicing", "hami", "dra"]
 Trust = Literal["high", "medium", "low"]

@@ -12,7 +12,7 @@ never from the config, so `factory check <rendered dir>` proves the same as an i
   its Role/ClusterRole (aggregated ClusterRoles included) and the grant is judged by scope.
 
 Each check yields `Finding`s naming the check, the object and the tenants involved; `CHECKS` is
-registered in `factory.check`.
+registered in `ai_factory.factory.checking.check`.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import yaml
 
-from components.kyverno import DEDICATED_SELECTOR, ESCAPE_VARIABLES, FORBIDDEN_MOUNTS, TOLERATION_KEY, TOLERATION_OPERATOR, TOLERATION_PAIR
-from components.tenant_stack import (
+from ai_factory.components.kyverno import DEDICATED_SELECTOR, ESCAPE_VARIABLES, FORBIDDEN_MOUNTS, TOLERATION_KEY, TOLERATION_OPERATOR, TOLERATION_PAIR
+from ai_factory.components.tenant_stack import (
     CLOUD_METADATA_CIDRS,
     DEFAULT_TOLERATIONS_ANNOTATION,
     NODE_SELECTOR_ANNOTATION,
@@ -35,10 +35,10 @@ from components.tenant_stack import (
     POD_SECURITY_EXCEPTION_ANNOTATION,
     TOLERATIONS_WHITELIST_ANNOTATION,
 )
-from factory.catalog import CHARTS
-from factory.findings import Finding
-from factory.oracles import Oracles
-from factory.placement import (
+from ai_factory.factory.model.catalog import CHARTS
+from ai_factory.factory.checking.findings import Finding
+from ai_factory.factory.checking.oracles import Oracles
+from ai_factory.factory.planning.placement import (
     DEDICATED_LABEL,
     DEVICE_PLUGIN_CONFIG_LABEL,
     HAMI_LABEL,
@@ -46,8 +46,8 @@ from factory.placement import (
     MIG_DISABLED_CONFIG,
     PLACEMENT_TAINT_KEYS,
 )
-from factory.render import Manifest, Rendered
-from factory.tenancy import OIDC_PREFIX, TENANT_LABEL, TRUST_DOMAIN_LABEL, TRUST_LABEL
+from ai_factory.factory.rendering.bundle import Manifest, Rendered
+from ai_factory.factory.model.tenancy import OIDC_PREFIX, TENANT_LABEL, TRUST_DOMAIN_LABEL, TRUST_LABEL
 
 Subject = tuple[str, str]
 """(kind, name); a ServiceAccount's name is `<namespace>/<name>`."""

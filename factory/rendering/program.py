@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pulumi
 
-from factory.loading import ConfigError, load_pulumi_config
-from factory.planning import plan_for, previous_plan
-from factory.planner import Plan
-from factory.platform import Platform
-from stacks.contract import CONTRACT_OUTPUT, CONTRACT_SECRETS_OUTPUT, platform_contract, platform_secrets
+from ai_factory.factory.model.loading import ConfigError, load_pulumi_config
+from ai_factory.factory.planning.from_config import plan_for, previous_plan
+from ai_factory.factory.planning.planner import Plan
+from ai_factory.factory.rendering.platform import Platform
+from ai_factory.stacks.contract import CONTRACT_OUTPUT, CONTRACT_SECRETS_OUTPUT, platform_contract, platform_secrets
 
 
 def main(plan: Plan | None = None) -> None:

@@ -1,6 +1,6 @@
 """Queue quotas from the plan: what Kueue, KAI Scheduler and Volcano enforce for each tenant.
 
-Pure functions of the configuration and the `Plan` (read through `factory.placement`), so a tenant
+Pure functions of the configuration and the `Plan` (read through `ai_factory.factory.planning.placement`), so a tenant
 stack run on its own rebuilds exactly the queues the platform run would. The rules:
 
 - One Kueue `ResourceFlavor` per `Offering` (pool x trust domain). A tenant's ClusterQueue lists
@@ -30,15 +30,15 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Iterable, Mapping, TypeVar
 
-from factory.config import FactoryConfig, Tenant
-from factory.gpus import GPU_MODELS
-from factory.placement import Offering, advertised_resources, allocations, offerings
-from factory.planner import HAMI_CORES, HAMI_MEMORY, WHOLE_GPU, Plan
-from factory.tenancy import tenant_names
+from ai_factory.factory.model.config import FactoryConfig, Tenant
+from ai_factory.factory.model.gpus import GPU_MODELS
+from ai_factory.factory.planning.placement import Offering, advertised_resources, allocations, offerings
+from ai_factory.factory.planning.planner import HAMI_CORES, HAMI_MEMORY, WHOLE_GPU, Plan
+from ai_factory.factory.model.tenancy import tenant_names
 
 SUPPLY_ANNOTATION = "ai-factory.io/supply"
 """On a GPU flavor: JSON of what the plan physically created behind it, per resource name, so the
-quota check (`factory.checks_scheduling`) needs no configuration, also on a rendered directory."""
+quota check (`ai_factory.factory.checking.scheduling`) needs no configuration, also on a rendered directory."""
 CPU_FLAVOR = "cpu-memory"
 """The flavor of CPU and memory quota: no node labels, so it adds no placement of its own."""
 CPU_RESOURCES = ("cpu", "memory")
@@ -354,7 +354,7 @@ _SUFFIXES = {
 
 
 def parse_quantity(quantity: str) -> Decimal:
-    """A Kubernetes quantity as the config accepts it (`factory.config.Quantity`), in base units."""
+    """A Kubernetes quantity as the config accepts it (`ai_factory.factory.model.config.Quantity`), in base units."""
     number = quantity.rstrip("kMGTPEimi")
     suffix = quantity[len(number):]
     return Decimal(number) * _SUFFIXES.get(suffix, Decimal(1))

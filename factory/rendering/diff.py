@@ -12,9 +12,9 @@ Three renders of the real program (as `pulumi up` runs it) answer it in two step
    pool, so platform objects that follow the plan (node labels and taints, MIG layouts, queue
    flavors) change; no other tenant's object may, but for what of its trust-domain peers' objects
    follows the domain's offerings (`TenantRemoval.follows_domain`): the GPU lines of their
-   ResourceQuotas (ceilings, `factory.quotas.gpu_ceiling`: grant plus what the peer may borrow in
+   ResourceQuotas (ceilings, `ai_factory.factory.planning.quotas.gpu_ceiling`: grant plus what the peer may borrow in
    the domain), the GPU resource groups of their ClusterQueues made only of the domain's flavors
-   (`factory.placement.offering_name(pool, domain)`), and, in their admission ClusterPolicy, the
+   (`ai_factory.factory.planning.placement.offering_name(pool, domain)`), and, in their admission ClusterPolicy, the
    GPU resource names denied them and the placement tolerations allowed them. Anything else of a
    peer, and anything of a tenant of another domain, is unexpected.
 
@@ -29,21 +29,21 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any
 
-from components.kyverno import (
+from ai_factory.components.kyverno import (
     GPU_RESOURCES_RULE,
     POD_SECURITY_RULE,
     TOLERATIONS_RULE,
     granted_gpu_resources_rule,
     placement_tolerations_rule,
 )
-from components.tenant_stack import DEVICE_CLASS_QUOTA_SUFFIX, TOLERATIONS_WHITELIST_ANNOTATION
-from factory.loading import ConfigError, read_stack_file, stack_file, stack_name, validate
-from factory.placement import offering_name
-from factory.planner import Plan
-from factory.planning import plan_for, previous_plan
-from factory.quotas import CPU_FLAVOR
-from factory.render import Manifest, Rendered, dump_yaml, render_raw
-from factory.tenancy import TRUST_DOMAIN_LABEL
+from ai_factory.components.tenant_stack import DEVICE_CLASS_QUOTA_SUFFIX, TOLERATIONS_WHITELIST_ANNOTATION
+from ai_factory.factory.model.loading import ConfigError, read_stack_file, stack_file, stack_name, validate
+from ai_factory.factory.planning.placement import offering_name
+from ai_factory.factory.planning.planner import Plan
+from ai_factory.factory.planning.from_config import plan_for, previous_plan
+from ai_factory.factory.planning.quotas import CPU_FLAVOR
+from ai_factory.factory.rendering.bundle import Manifest, Rendered, dump_yaml, render_raw
+from ai_factory.factory.model.tenancy import TRUST_DOMAIN_LABEL
 
 DIFF_CONTEXT_LINES = 12
 """Lines of an unexpected object change shown in the report."""
@@ -207,7 +207,7 @@ class TenantRemoval:
     def follows_domain(self, before: Manifest, after: Manifest) -> str | None:
         """What an object of another tenant of the same trust domain follows, if only what follows
         the domain's offerings (which re-planning changes) changes in it; None otherwise:
-        - a ResourceQuota: its GPU lines (its ceilings, `factory.quotas.gpu_ceiling`);
+        - a ResourceQuota: its GPU lines (its ceilings, `ai_factory.factory.planning.quotas.gpu_ceiling`);
         - its Namespace: the tolerations its pods may carry;
         - a ClusterQueue: its resource groups made only of the domain's GPU flavors;
         - its admission ClusterPolicy: the GPU resource names denied it, the placement

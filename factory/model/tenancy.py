@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from factory.config import Tenant
+from ai_factory.factory.model.config import Tenant
 
 LABEL_PREFIX = "ai-factory.io"
 TENANT_LABEL = f"{LABEL_PREFIX}/tenant"

@@ -1,6 +1,6 @@
 """From the environment's configuration to the capacity plan (and back to config errors).
 
-The planner itself (`factory.planner`) is pure and knows nothing of the config model; this module
+The planner itself (`ai_factory.factory.planning.planner`) is pure and knows nothing of the config model; this module
 is the adapter. A previous plan, when the environment has one in `plans/<env>.json`, is passed to
 the planner so that re-planning keeps existing tenants' GPUs (a MIG geometry change drains a node).
 """
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from factory.config import FactoryConfig, GpuDemand, Pool, Tenant
-from factory.loading import PROJECT_DIR, ConfigError
-from factory.planner import Demand, HamiSlice, Plan, PlanError, PoolSpec, TenantSpec, plan
+from ai_factory.factory.model.config import FactoryConfig, GpuDemand, Pool, Tenant
+from ai_factory.factory.model.loading import PROJECT_DIR, ConfigError
+from ai_factory.factory.planning.planner import Demand, HamiSlice, Plan, PlanError, PoolSpec, TenantSpec, plan
 
 PLANS_DIR = "plans"
 

@@ -59,7 +59,7 @@ def locate_upstream_dir() -> pathlib.Path | None:
         if not path.is_dir():
             raise OracleError(f"FACTORY_UPSTREAM_DIR={configured} is not a directory")
         return path
-    repo_root = pathlib.Path(__file__).resolve().parent.parent
+    repo_root = pathlib.Path(__file__).resolve().parents[2]
     default = repo_root.parent / "shared" / "upstream"
     return default if default.is_dir() else None
 

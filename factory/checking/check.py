@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from typing import Callable, Iterable
 
-from factory import checks_scheduling, isolation, policy_check
-from factory.catalog import CHARTS, ChartSource
-from factory.findings import Finding
-from factory.oracles import Oracles
-from factory.render import Manifest, Rendered
+from ai_factory.factory.checking import isolation
+from ai_factory.factory.checking import policies as policy_check
+from ai_factory.factory.checking import scheduling as checks_scheduling
+from ai_factory.factory.model.catalog import CHARTS, ChartSource
+from ai_factory.factory.checking.findings import Finding
+from ai_factory.factory.checking.oracles import Oracles
+from ai_factory.factory.rendering.bundle import Manifest, Rendered
 
 
 Check = Callable[[Rendered, Oracles], Iterable[Finding]]

@@ -1,9 +1,9 @@
 """The typed configuration of one environment: the single source of truth.
 
 Read from the `ai-factory:` namespace of `Pulumi.<env>.yaml` (offline) or through `pulumi.Config`
-(inside `pulumi up`); see `factory.loading`. Every model rejects unknown keys and is immutable.
+(inside `pulumi up`); see `ai_factory.factory.model.loading`. Every model rejects unknown keys and is immutable.
 Field-level rules live on the fields; rules that relate several parts of the config (a tenant
-naming a pool, duplicate names, trust rules) live in `factory.loading.cross_check` so that every
+naming a pool, duplicate names, trust rules) live in `ai_factory.factory.model.loading.cross_check` so that every
 problem is reported at once, with its path.
 
 Adding a platform layer is adding a field to `Layers` (its settings model, defaults documented
@@ -16,8 +16,8 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
-from factory.catalog import CHARTS, ChartSource
-from factory.secrets import SecretValue
+from ai_factory.factory.model.catalog import CHARTS, ChartSource
+from ai_factory.factory.model.secrets import SecretValue
 
 DnsLabel = Annotated[
     str,
@@ -97,7 +97,7 @@ class NodeSpec(Model):
 
 class GpuSpec(Model):
     model: str
-    """A GPU model of the catalog (`factory.gpus.GPU_MODELS`), e.g. `H100-80GB`."""
+    """A GPU model of the catalog (`ai_factory.factory.model.gpus.GPU_MODELS`), e.g. `H100-80GB`."""
     per_node: int = Field(ge=1, le=16)
 
 
@@ -466,7 +466,7 @@ class Layers(Model):
 
 class Identity(Model):
     """The OIDC provider users sign in with. Every API server the platform runs for tenants (each
-    vCluster) trusts it, with usernames and groups prefixed `oidc:` (`factory.tenancy.OIDC_PREFIX`)."""
+    vCluster) trusts it, with usernames and groups prefixed `oidc:` (`ai_factory.factory.model.tenancy.OIDC_PREFIX`)."""
 
     issuer_url: Annotated[str, StringConstraints(pattern=r"^https://[^\s/]+(/[^\s]*)?$")]
     """The issuer (for Keycloak, `https://<host>/realms/<realm>`); API servers fetch its discovery document."""

@@ -1,4 +1,4 @@
-"""A finding of an offline check (`factory.check`, `factory.isolation`): the check, the object and
+"""A finding of an offline check (`ai_factory.factory.checking.check`, `ai_factory.factory.checking.isolation`): the check, the object and
 the tenants involved."""
 
 from __future__ import annotations

@@ -37,13 +37,13 @@ from pulumi_policy import (
 )
 from pulumi_policy.proxy import UnknownValueError, unknown_checking_proxy
 
-from factory.findings import Finding
-from factory.harness import Graph
-from factory.loading import PROJECT_DIR
-from factory.oracles import Oracles
-from factory.render import Manifest, Rendered
-from policies.aif_policies import PACK_NAME, POLICIES
-from policies.aif_policies.kube import HELM_RELEASE
+from ai_factory.factory.checking.findings import Finding
+from ai_factory.factory.rendering.harness import Graph
+from ai_factory.factory.model.loading import PROJECT_DIR
+from ai_factory.factory.checking.oracles import Oracles
+from ai_factory.factory.rendering.bundle import Manifest, Rendered
+from ai_factory.policies.aif_policies import PACK_NAME, POLICIES
+from ai_factory.policies.aif_policies.kube import HELM_RELEASE
 
 POLICY_DIR = PROJECT_DIR / "policies"
 STACK_REF = "stack"

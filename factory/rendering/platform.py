@@ -4,24 +4,24 @@ from __future__ import annotations
 
 import pulumi
 
-from components._common import FactoryComponent, TenantHook
-from components.dra import DraArgs, DraClaimTemplates, DraDriver
-from components.fleet import Fleet, FleetArgs
-from components.gpu_operator import GpuOperator, GpuOperatorArgs, PoolDriver
-from components.hami import Hami, HamiArgs
-from components.kai_scheduler import KaiScheduler, KaiSchedulerArgs, KaiTenantHook
-from components.kueue import Kueue, KueueArgs, KueueTenantHook
-from components.tenant_stack import TenantStack, tenant_stack_args
-from components.volcano import Volcano, VolcanoArgs, VolcanoTenantHook
-from components.cilium import Cilium, CiliumArgs
-from components.external_secrets import ExternalSecrets, ExternalSecretsArgs, TenantSecretsHook
-from components.falco import Falco, FalcoArgs
-from components.keycloak import IdentityHook, Keycloak, KeycloakArgs
-from components.kyverno import Kyverno, KyvernoArgs, TenantAdmissionHook
-from components.openbao import OpenBao, OpenBaoArgs
-from components.trivy import Trivy, TrivyArgs
-from factory.config import FactoryConfig
-from factory.planner import Plan
+from ai_factory.components._common import FactoryComponent, TenantHook
+from ai_factory.components.dra import DraArgs, DraClaimTemplates, DraDriver
+from ai_factory.components.fleet import Fleet, FleetArgs
+from ai_factory.components.gpu_operator import GpuOperator, GpuOperatorArgs, PoolDriver
+from ai_factory.components.hami import Hami, HamiArgs
+from ai_factory.components.kai_scheduler import KaiScheduler, KaiSchedulerArgs, KaiTenantHook
+from ai_factory.components.kueue import Kueue, KueueArgs, KueueTenantHook
+from ai_factory.components.tenant_stack import TenantStack, tenant_stack_args
+from ai_factory.components.volcano import Volcano, VolcanoArgs, VolcanoTenantHook
+from ai_factory.components.cilium import Cilium, CiliumArgs
+from ai_factory.components.external_secrets import ExternalSecrets, ExternalSecretsArgs, TenantSecretsHook
+from ai_factory.components.falco import Falco, FalcoArgs
+from ai_factory.components.keycloak import IdentityHook, Keycloak, KeycloakArgs
+from ai_factory.components.kyverno import Kyverno, KyvernoArgs, TenantAdmissionHook
+from ai_factory.components.openbao import OpenBao, OpenBaoArgs
+from ai_factory.components.trivy import Trivy, TrivyArgs
+from ai_factory.factory.model.config import FactoryConfig
+from ai_factory.factory.planning.planner import Plan
 
 TOKEN = "ai-factory:index:Platform"
 

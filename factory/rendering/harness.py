@@ -19,7 +19,7 @@ import pulumi
 from pulumi.runtime import mocks as pulumi_mocks
 from pulumi.runtime import rpc
 
-from factory.secrets import REDACTED
+from ai_factory.factory.model.secrets import REDACTED
 
 COMPONENT_LAYER_KEY = "aiFactoryLayer"
 COMPONENT_TENANT_KEY = "aiFactoryTenant"

@@ -17,9 +17,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Iterable, Literal
 
-from factory.gpus import GPU_MODELS
-from factory.planner import Plan, PoolPlan
-from factory.tenancy import LABEL_PREFIX, TRUST_DOMAIN_LABEL, TenantNames
+from ai_factory.factory.model.gpus import GPU_MODELS
+from ai_factory.factory.planning.planner import Plan, PoolPlan
+from ai_factory.factory.model.tenancy import LABEL_PREFIX, TRUST_DOMAIN_LABEL, TenantNames
 
 POOL_LABEL = f"{LABEL_PREFIX}/pool"
 DEDICATED_LABEL = f"{LABEL_PREFIX}/dedicated"

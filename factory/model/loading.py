@@ -21,13 +21,13 @@ from typing import Any, Iterable
 import yaml
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from factory.config import SECTIONS, FactoryConfig, KubernetesSpec, Tenant
-from factory.gpus import GPU_MODELS
-from factory.placement import UNASSIGNED, offering_name
-from factory.secrets import offline_placeholder
+from ai_factory.factory.model.config import SECTIONS, FactoryConfig, KubernetesSpec, Tenant
+from ai_factory.factory.model.gpus import GPU_MODELS
+from ai_factory.factory.planning.placement import UNASSIGNED, offering_name
+from ai_factory.factory.model.secrets import offline_placeholder
 
 NAMESPACE = "ai-factory"
-PROJECT_DIR = Path(__file__).resolve().parent.parent
+PROJECT_DIR = Path(__file__).resolve().parents[2]
 
 
 class ConfigError(Exception):
@@ -263,7 +263,7 @@ def _check_security_layers(raw: dict[str, Any]) -> list[str]:
 
 
 RESERVED_NAMESPACE_PREFIX = "tenant-"
-"""Tenant namespaces are `tenant-<name>` (`factory.tenancy`); no platform flow may point into one."""
+"""Tenant namespaces are `tenant-<name>` (`ai_factory.factory.model.tenancy`); no platform flow may point into one."""
 
 
 def _check_tenancy(raw: dict[str, Any], tenants: list) -> list[str]:

@@ -17,12 +17,12 @@ from collections import defaultdict
 from decimal import Decimal, InvalidOperation
 from typing import Any, Iterable, Mapping
 
-from factory.findings import Finding
-from factory.oracles import Oracles
-from factory.placement import POOL_LABEL
-from factory.quotas import SUPPLY_ANNOTATION, parse_quantity
-from factory.render import Manifest, Rendered
-from factory.tenancy import TENANT_LABEL, TRUST_DOMAIN_LABEL
+from ai_factory.factory.checking.findings import Finding
+from ai_factory.factory.checking.oracles import Oracles
+from ai_factory.factory.planning.placement import POOL_LABEL
+from ai_factory.factory.planning.quotas import SUPPLY_ANNOTATION, parse_quantity
+from ai_factory.factory.rendering.bundle import Manifest, Rendered
+from ai_factory.factory.model.tenancy import TENANT_LABEL, TRUST_DOMAIN_LABEL
 
 KUEUE_GROUP = "kueue.x-k8s.io/"
 KAI_QUEUE_API = "scheduling.run.ai/v2"

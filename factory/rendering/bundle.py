@@ -23,12 +23,12 @@ from typing import Any
 
 import yaml
 
-from factory.config import FactoryConfig
-from factory.harness import Graph, Resource, run_program
-from factory.tenancy import TENANT_LABEL
-from factory.planning import plan_for
-from factory.planner import Plan
-from factory.loading import NAMESPACE, read_stack_file, stack_file, stack_name, validate
+from ai_factory.factory.model.config import FactoryConfig
+from ai_factory.factory.rendering.harness import Graph, Resource, run_program
+from ai_factory.factory.model.tenancy import TENANT_LABEL
+from ai_factory.factory.planning.from_config import plan_for
+from ai_factory.factory.planning.planner import Plan
+from ai_factory.factory.model.loading import NAMESPACE, read_stack_file, stack_file, stack_name, validate
 
 FLUX_INTERVAL = "1h"
 HELM_RELEASE_TYPES = ("kubernetes:helm.sh/v3:Release", "kubernetes:helm.sh/v4:Chart")
@@ -135,7 +135,7 @@ def render_env(env: str) -> Rendered:
 
 def render_raw(raw: dict[str, Any], secret_sections: set[str], cfg: FactoryConfig, stack: str, plan: Plan | None = None) -> Rendered:
     """`plan`: deploy this plan instead of planning from the stack's recorded one (see `program.main`)."""
-    from factory.program import main
+    from ai_factory.factory.rendering.program import main
 
     config = {f"{NAMESPACE}:{section}": json.dumps(value, default=_placeholder) for section, value in raw.items()}
     graph = run_program(
@@ -149,7 +149,7 @@ def render_raw(raw: dict[str, Any], secret_sections: set[str], cfg: FactoryConfi
 
 
 def _placeholder(value: Any) -> str:
-    from factory.secrets import SecretValue
+    from ai_factory.factory.model.secrets import SecretValue
 
     if isinstance(value, SecretValue):
         return value.reveal()  # offline placeholders carry no secret; this is what pulumi up decrypts
