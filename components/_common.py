@@ -42,9 +42,18 @@ class FactoryComponent(pulumi.ComponentResource):
         super().__init__(token, name, props, opts)
         self.layer = layer
 
+        self.resource_name = name
+
     def child(self, **options: Any) -> pulumi.ResourceOptions:
-        """Options for a child: parented to this component, plus any extra options."""
+        """Options for a child: parented to this component (which passes its provider on), plus
+        any extra options."""
         return pulumi.ResourceOptions(parent=self, **options)
+
+    def child_name(self, suffix: str) -> str:
+        """A child's Pulumi name: the component's own name first (Pulumi's convention), so two
+        instances of a component never register the same URN. Kubernetes names are not derived
+        from it: they stay what the layer defines."""
+        return f"{self.resource_name}-{suffix}"
 
 
 POD_SECURITY_LEVELS = ("privileged", "baseline", "restricted")
@@ -65,7 +74,7 @@ def namespace(
     for mode in ("enforce", "audit", "warn"):
         ns_labels[f"pod-security.kubernetes.io/{mode}"] = pod_security
     return k8s.core.v1.Namespace(
-        f"{name}-namespace",
+        component.child_name("namespace"),
         metadata=k8s.meta.v1.ObjectMetaArgs(name=name, labels=ns_labels, annotations=dict(annotations) if annotations else None),
         opts=component.child(**options),
     )
@@ -81,13 +90,14 @@ def helm_release(
     **options: Any,
 ) -> k8s.helm.v3.Release:
     """Install a pinned chart as a Helm release named `name` (a real release, visible to `helm`,
-    with its hooks). Values are passed whole; `factory check` validates them against the chart."""
+    with its hooks; its Pulumi name is the component's, `<component>-release-<name>`). Values are
+    passed whole; `factory check` validates them against the chart."""
     if source.is_oci:
         chart, repository_opts = source.oci_url, None
     else:
         chart, repository_opts = source.name, k8s.helm.v3.RepositoryOptsArgs(repo=source.repository)
     return k8s.helm.v3.Release(
-        name,
+        component.child_name(f"release-{name}"),
         name=name,
         chart=chart,
         version=source.version,

@@ -30,6 +30,7 @@ import pulumi_kubernetes as k8s
 from ai_factory.components._common import FactoryComponent, helm_release, labels
 from ai_factory.factory.model.catalog import ChartSource
 from ai_factory.factory.model.config import FactoryConfig
+from ai_factory.components.registry import Layer
 
 TOKEN = "ai-factory:network:Cilium"
 NAMESPACE = "kube-system"
@@ -106,7 +107,7 @@ class Cilium(FactoryComponent):
         release = helm_release(self, "cilium", args.chart, namespace=NAMESPACE, values=chart_values(args))
         for policy, spec in baseline_policies().items():
             k8s.apiextensions.CustomResource(
-                policy,
+                self.child_name(policy),
                 api_version="cilium.io/v2",
                 kind="CiliumClusterwideNetworkPolicy",
                 metadata=k8s.meta.v1.ObjectMetaArgs(name=policy, labels=labels(self.layer)),
@@ -115,3 +116,13 @@ class Cilium(FactoryComponent):
             )
         self.release = release.name
         self.register_outputs({"release": self.release})
+
+
+LAYER = Layer(
+    name="cilium",
+    section="cilium",
+    chart="cilium",
+    component=Cilium,
+    args=lambda cfg, plan: CiliumArgs.from_config(cfg),
+    requires=("fleet",),
+)

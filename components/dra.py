@@ -33,6 +33,7 @@ from ai_factory.factory.model.config import FactoryConfig, Tenant
 from ai_factory.factory.planning.placement import DRA_LABEL
 from ai_factory.factory.planning.planner import Plan
 from ai_factory.factory.model.tenancy import TenantNames
+from ai_factory.components.registry import Layer
 
 TOKEN = "ai-factory:accelerators:DraDriver"
 DRIVER = "gpu.nvidia.com"
@@ -124,7 +125,7 @@ class DraDriver(FactoryComponent):
     def _device_class(self, gpu_model: str) -> str:
         name = whole_gpu_class(gpu_model)
         k8s.resource.v1.DeviceClass(
-            f"deviceclass-{name}",
+            self.child_name(f"deviceclass-{name}"),
             metadata=k8s.meta.v1.ObjectMetaArgs(name=name, labels=labels(self.layer, extra={GPU_MODEL_LABEL: gpu_model})),
             spec=k8s.resource.v1.DeviceClassSpecArgs(
                 selectors=[
@@ -173,7 +174,7 @@ class DraClaimTemplates:
     def attach(self, stack: FactoryComponent, tenant: Tenant, names: TenantNames) -> None:
         for template in self.templates.get(tenant.name, ()):
             k8s.resource.v1.ResourceClaimTemplate(
-                f"{names.tenant}-claim-{template.name}",
+                stack.child_name(f"claim-{template.name}"),
                 metadata=k8s.meta.v1.ObjectMetaArgs(
                     name=template.name, namespace=names.namespace, labels=labels(self.layer, tenant=names.tenant, extra=names.labels)
                 ),
@@ -193,3 +194,15 @@ class DraClaimTemplates:
                 ),
                 opts=stack.child(),
             )
+
+
+LAYER = Layer(
+    name="dra",
+    section="dra",
+    chart="dra-driver-nvidia-gpu",
+    component=DraDriver,
+    args=lambda cfg, plan: DraArgs.from_config(cfg),
+    requires=("fleet",),
+    sharing=("dra",),
+    tenant_hook=lambda cfg, plan: DraClaimTemplates.from_plan(plan),
+)

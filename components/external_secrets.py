@@ -30,6 +30,7 @@ from ai_factory.factory.model.catalog import ChartSource
 from ai_factory.factory.model.config import FactoryConfig, Tenant
 from ai_factory.factory.model.secrets import SecretValue
 from ai_factory.factory.model.tenancy import TenantNames
+from ai_factory.components.registry import Layer
 
 TOKEN = "ai-factory:secrets:ExternalSecrets"
 RELEASE = "external-secrets"
@@ -139,16 +140,16 @@ class TenantSecretsHook:
 
     def attach(self, stack: FactoryComponent, tenant: Tenant, names: TenantNames) -> None:
         provider = vault.Provider(
-            f"{names.tenant}-openbao",
+            stack.child_name("openbao"),
             address=self.api_address,
             token=self.admin_token.output(),
             skip_child_token=True,
             opts=stack.child(),
         )
         on_openbao = stack.child(provider=provider)
-        policy = vault.Policy(f"{names.tenant}-secrets-policy", name=names.namespace, policy=tenant_policy(self.kv_mount, names), opts=on_openbao)
+        policy = vault.Policy(stack.child_name("secrets-policy"), name=names.namespace, policy=tenant_policy(self.kv_mount, names), opts=on_openbao)
         vault.kubernetes.AuthBackendRole(
-            f"{names.tenant}-secrets-role",
+            stack.child_name("secrets-role"),
             backend=KUBERNETES_AUTH_PATH,
             role_name=names.namespace,
             bound_service_account_names=[STORE_SERVICE_ACCOUNT],
@@ -160,16 +161,27 @@ class TenantSecretsHook:
         )
         object_labels = labels(stack.layer, tenant=names.tenant, extra=names.labels)
         account = k8s.core.v1.ServiceAccount(
-            f"{names.tenant}-secret-store-account",
+            stack.child_name("secret-store-account"),
             metadata=k8s.meta.v1.ObjectMetaArgs(name=STORE_SERVICE_ACCOUNT, namespace=names.namespace, labels=object_labels),
             automount_service_account_token=False,
             opts=stack.child(),
         )
         k8s.apiextensions.CustomResource(
-            f"{names.tenant}-secret-store",
+            stack.child_name("secret-store"),
             api_version="external-secrets.io/v1",
             kind="SecretStore",
             metadata=k8s.meta.v1.ObjectMetaArgs(name=STORE_NAME, namespace=names.namespace, labels=object_labels),
             spec=secret_store_spec(self.server, self.kv_mount, names),
             opts=stack.child(depends_on=[account]),
         )
+
+
+LAYER = Layer(
+    name="external-secrets",
+    section="external_secrets",
+    chart="external-secrets",
+    component=ExternalSecrets,
+    args=lambda cfg, plan: ExternalSecretsArgs.from_config(cfg),
+    requires=("fleet", "openbao"),
+    tenant_hook=lambda cfg, plan: TenantSecretsHook.from_config(cfg),
+)

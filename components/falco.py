@@ -28,6 +28,7 @@ from ai_factory.components._common import FactoryComponent, helm_release, namesp
 from ai_factory.components.gpu_operator import tolerations as gpu_node_tolerations
 from ai_factory.factory.model.catalog import ChartSource
 from ai_factory.factory.model.config import FactoryConfig
+from ai_factory.components.registry import Layer
 
 TOKEN = "ai-factory:runtime:Falco"
 RELEASE = "falco"
@@ -138,3 +139,13 @@ class Falco(FactoryComponent):
         helm_release(self, RELEASE, args.chart, namespace=ns.metadata.name, values=chart_values(args), depends_on=[ns])
         self.namespace = ns.metadata.name
         self.register_outputs({"namespace": self.namespace})
+
+
+LAYER = Layer(
+    name="falco",
+    section="falco",
+    chart="falco",
+    component=Falco,
+    args=lambda cfg, plan: FalcoArgs.from_config(cfg),
+    requires=("fleet",),
+)

@@ -32,6 +32,7 @@ from ai_factory.components._common import (
 from ai_factory.factory.model.config import FactoryConfig, Pool
 from ai_factory.factory.planning.placement import NodePlacement, node_placements
 from ai_factory.factory.planning.planner import Plan
+from ai_factory.components.registry import Layer
 
 TOKEN = "ai-factory:fleet:Fleet"
 
@@ -81,7 +82,7 @@ class Fleet(FactoryComponent):
                         taints=[k8s.core.v1.TaintPatchArgs(key=t.key, value=t.value, effect=t.effect) for t in placement.taints]
                     )
                 k8s.core.v1.NodePatch(
-                    f"node-{node}",
+                    self.child_name(f"node-{node}"),
                     metadata=k8s.meta.v1.ObjectMetaPatchArgs(name=node, labels={**topology_labels, **placement.labels}),
                     spec=spec,
                     opts=self.child(),
@@ -89,3 +90,6 @@ class Fleet(FactoryComponent):
                 names.append(node)
         self.nodes = pulumi.Output.from_input(names)
         self.register_outputs({"nodes": self.nodes})
+
+
+LAYER = Layer(name="fleet", component=Fleet, args=FleetArgs.from_config)

@@ -40,8 +40,10 @@ from ai_factory.components._common import (
     namespace,
 )
 from ai_factory.factory.model.catalog import ChartSource
-from ai_factory.factory.model.config import DriverSettings, RegistryCredentials
+from ai_factory.factory.model.config import DriverSettings, FactoryConfig, RegistryCredentials
 from ai_factory.factory.planning.placement import MIG_DISABLED_CONFIG, PLACEMENT_TAINT_KEYS, time_slicing_config
+from ai_factory.factory.planning.planner import Plan
+from ai_factory.components.registry import Layer
 
 TOKEN = "ai-factory:accelerators:GpuOperator"
 
@@ -85,6 +87,20 @@ class GpuOperatorArgs:
     """Replica counts of the time-sliced pools (one device-plugin config each); empty without any."""
     dcgm_exporter: bool
     registry: RegistryCredentials | None = None
+
+    @classmethod
+    def from_config(cls, cfg: FactoryConfig, plan: Plan) -> GpuOperatorArgs:
+        layer = cfg.layers.gpu_operator
+        return cls(
+            chart=layer.chart.source("gpu-operator"),
+            namespace=layer.namespace,
+            drivers=tuple(PoolDriver(pool=p.name, settings=p.driver) for p in cfg.fleet.pools),
+            toolkit_version=layer.toolkit_version,
+            mig_configs=plan.mig_configs(),
+            time_slicing_replicas=tuple(sorted({p.time_slicing_replicas for p in plan.pools if p.sharing == "time-slicing"})),
+            dcgm_exporter=layer.dcgm_exporter,
+            registry=layer.registry,
+        )
 
     @property
     def mig(self) -> bool:
@@ -194,7 +210,7 @@ class GpuOperator(FactoryComponent):
             )
         )
         return k8s.core.v1.Secret(
-            "gpu-operator-registry",
+            self.child_name("registry"),
             metadata=k8s.meta.v1.ObjectMetaArgs(
                 name="registry-credentials", namespace=ns.metadata.name, labels=labels(self.layer)
             ),
@@ -219,10 +235,20 @@ class GpuOperator(FactoryComponent):
         if pull_secret is not None:
             spec["imagePullSecrets"] = [pull_secret.metadata.name]
         k8s.apiextensions.CustomResource(
-            f"driver-{driver.pool}",
+            self.child_name(f"driver-{driver.pool}"),
             api_version="nvidia.com/v1alpha1",
             kind="NVIDIADriver",
             metadata=k8s.meta.v1.ObjectMetaArgs(name=f"driver-{driver.pool}", labels=labels(self.layer, extra={POOL_LABEL: driver.pool})),
             spec=spec,
             opts=self.child(depends_on=[release]),
         )
+
+
+LAYER = Layer(
+    name="gpu-operator",
+    section="gpu_operator",
+    chart="gpu-operator",
+    component=GpuOperator,
+    args=GpuOperatorArgs.from_config,
+    requires=("fleet",),
+)

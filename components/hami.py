@@ -33,6 +33,7 @@ from ai_factory.factory.model.catalog import ChartSource
 from ai_factory.factory.model.config import FactoryConfig
 from ai_factory.factory.planning.placement import HAMI_DEVICE_PLUGIN_LABEL
 from ai_factory.factory.planning.planner import NodePlan, Plan
+from ai_factory.components.registry import Layer
 
 TOKEN = "ai-factory:accelerators:Hami"
 OPERATING_MODE = "hami-core"
@@ -134,3 +135,14 @@ class Hami(FactoryComponent):
         self.namespace = ns.metadata.name
         self.release = release.name
         self.register_outputs({"namespace": self.namespace, "release": self.release})
+
+
+LAYER = Layer(
+    name="hami",
+    section="hami",
+    chart="hami",
+    component=Hami,
+    args=HamiArgs.from_config,
+    requires=("fleet",),
+    sharing=("hami",),
+)

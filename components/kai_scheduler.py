@@ -33,6 +33,8 @@ from ai_factory.factory.model.config import FactoryConfig, Tenant
 from ai_factory.factory.planning.planner import Plan
 from ai_factory.factory.planning.quotas import KaiQueueSpec, planned_for, queue_plan
 from ai_factory.factory.model.tenancy import TRUST_DOMAIN_LABEL, TenantNames
+from ai_factory.components.registry import Layer
+from ai_factory.factory.checking import scheduling
 
 TOKEN = "ai-factory:scheduling:KaiScheduler"
 QUEUE_API_VERSION = "scheduling.run.ai/v2"
@@ -91,7 +93,7 @@ class KaiScheduler(FactoryComponent):
         after_release = {"depends_on": [release]}  # the chart installs the CRDs
         for topology in args.topologies:
             k8s.apiextensions.CustomResource(
-                f"kai-topology-{topology.name}",
+                self.child_name(f"topology-{topology.name}"),
                 api_version=TOPOLOGY_API_VERSION,
                 kind="Topology",
                 metadata={"name": topology.name, "labels": labels(self.layer)},
@@ -103,7 +105,7 @@ class KaiScheduler(FactoryComponent):
             extra = {TRUST_DOMAIN_LABEL: queue.trust_domain} if queue.trust_domain else {}
             parent = [created[queue.parent]] if queue.parent else []
             created[queue.name] = k8s.apiextensions.CustomResource(
-                f"kai-queue-{queue.name}",
+                self.child_name(f"queue-{queue.name}"),
                 api_version=QUEUE_API_VERSION,
                 kind="Queue",
                 metadata={"name": queue.name, "labels": labels(self.layer, extra=extra)},
@@ -130,10 +132,22 @@ class KaiTenantHook:
     def attach(self, stack: FactoryComponent, tenant: Tenant, names: TenantNames) -> None:
         queue = planned_for(self.queues, tenant.name, "KAI queue")
         k8s.apiextensions.CustomResource(
-            f"{names.tenant}-kai-queue",
+            stack.child_name("kai-queue"),
             api_version=QUEUE_API_VERSION,
             kind="Queue",
             metadata={"name": names.cluster_queue, "labels": labels(self.layer, tenant=names.tenant, extra=names.labels)},
             spec=queue_spec(queue),
             opts=stack.child(),
         )
+
+
+LAYER = Layer(
+    name="kai-scheduler",
+    section="kai_scheduler",
+    chart="kai-scheduler",
+    component=KaiScheduler,
+    args=KaiSchedulerArgs.from_config,
+    requires=("fleet",),
+    tenant_hook=KaiTenantHook.from_config,
+    checks=(scheduling.kai_queue_shares,),
+)

@@ -43,6 +43,7 @@ from ai_factory.factory.model.catalog import ChartSource
 from ai_factory.factory.model.config import FactoryConfig, Identity, KeycloakDatabase, KeycloakRedirects, Tenant
 from ai_factory.factory.model.secrets import SecretValue
 from ai_factory.factory.model.tenancy import TENANT_LABEL, TRUST_LABEL, TenantNames
+from ai_factory.components.registry import Layer
 
 TOKEN = "ai-factory:identity:Keycloak"
 RELEASE = "keycloak"
@@ -180,19 +181,19 @@ class Keycloak(FactoryComponent):
             return k8s.meta.v1.ObjectMetaArgs(name=object_name, namespace=ns.metadata.name, labels=labels(self.layer))
 
         admin = k8s.core.v1.Secret(
-            "keycloak-admin",
+            self.child_name("admin"),
             metadata=meta(ADMIN_SECRET),
             string_data={"username": ADMIN_USER, "password": args.admin_password.output()},
             opts=self.child(),
         )
         database = k8s.core.v1.Secret(
-            "keycloak-database",
+            self.child_name("database"),
             metadata=meta(DATABASE_SECRET),
             string_data={"password": args.database.password.output()},
             opts=self.child(**STATEFUL),
         )
         realm_file = k8s.core.v1.ConfigMap(
-            "keycloak-realm",
+            self.child_name("realm"),
             metadata=meta(REALM_CONFIGMAP),
             data={f"{args.identity.realm}.json": json.dumps(realm(args.identity, args.redirect_uris), indent=2, sort_keys=True)},
             opts=self.child(),
@@ -228,7 +229,7 @@ class IdentityHook:
     def attach(self, stack: FactoryComponent, tenant: Tenant, names: TenantNames) -> None:
         server = urlsplit(self.identity.server_url)
         provider = keycloak.Provider(
-            f"{names.tenant}-keycloak",
+            stack.child_name("keycloak"),
             url=f"{server.scheme}://{server.netloc}",
             base_path=server.path,
             realm="master",
@@ -241,7 +242,7 @@ class IdentityHook:
         realm_id = self.identity.realm
         on_realm = stack.child(provider=provider)
         group = keycloak.Group(
-            f"{names.tenant}-group",
+            stack.child_name("group"),
             realm_id=realm_id,
             name=names.tenant,
             attributes={TENANT_LABEL: names.tenant, TRUST_LABEL: names.trust},
@@ -251,7 +252,7 @@ class IdentityHook:
         # (`full.path` off), which the API servers prefix with `oidc:`.
         for owner_group in tenant.owners.groups:
             keycloak.Group(
-                f"{names.tenant}-group-{owner_group}",
+                stack.child_name(f"group-{owner_group}"),
                 realm_id=realm_id,
                 parent_id=group.id,
                 name=owner_group,
@@ -260,7 +261,7 @@ class IdentityHook:
             )
         if names.control_plane == "vcluster":
             client = keycloak.openid.Client(
-                f"{names.tenant}-vcluster-client",
+                stack.child_name("vcluster-client"),
                 realm_id=realm_id,
                 client_id=self.identity.vcluster_client_id(names.tenant),
                 name=f"Kubernetes API (vCluster of {names.tenant})",
@@ -273,7 +274,7 @@ class IdentityHook:
                 opts=on_realm,
             )
             keycloak.openid.GroupMembershipProtocolMapper(
-                f"{names.tenant}-vcluster-groups",
+                stack.child_name("vcluster-groups"),
                 realm_id=realm_id,
                 client_id=client.id,
                 name="groups",
@@ -281,3 +282,14 @@ class IdentityHook:
                 full_path=False,
                 opts=on_realm,
             )
+
+
+LAYER = Layer(
+    name="keycloak",
+    section="keycloak",
+    chart="keycloak",
+    component=Keycloak,
+    args=lambda cfg, plan: KeycloakArgs.from_config(cfg),
+    requires=("fleet",),
+    tenant_hook=lambda cfg, plan: IdentityHook.from_config(cfg),
+)

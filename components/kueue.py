@@ -40,6 +40,8 @@ from ai_factory.factory.planning.placement import Offering
 from ai_factory.factory.planning.planner import WHOLE_GPU, Plan
 from ai_factory.factory.planning.quotas import CPU_FLAVOR, SUPPLY_ANNOTATION, ClusterQueueSpec, CohortSpec, ResourceGroup, planned_for, queue_plan
 from ai_factory.factory.model.tenancy import TENANT_LABEL, TRUST_DOMAIN_LABEL, TenantNames
+from ai_factory.components.registry import Layer
+from ai_factory.factory.checking import scheduling
 
 TOKEN = "ai-factory:scheduling:Kueue"
 API_VERSION = "kueue.x-k8s.io/v1beta2"
@@ -196,7 +198,7 @@ def custom_object(component: FactoryComponent, name: str, api_version: str, kind
     `CustomResource` cannot express; the Kubernetes provider applies the object as given."""
     return pulumi.CustomResource(
         f"kubernetes:{api_version}:{kind}",
-        name,
+        component.child_name(name),
         {"apiVersion": api_version, "kind": kind, **body},
         opts=component.child(version=version("pulumi_kubernetes"), **options),
     )
@@ -214,7 +216,7 @@ class Kueue(FactoryComponent):
         topologies = dict(args.flavor_topologies)
         for topology in sorted({t.name: t for t in topologies.values()}.values(), key=lambda t: t.name):
             k8s.apiextensions.CustomResource(
-                f"kueue-topology-{topology.name}",
+                self.child_name(f"topology-{topology.name}"),
                 api_version=API_VERSION,
                 kind="Topology",
                 metadata={"name": topology.name, "labels": labels(self.layer)},
@@ -222,7 +224,7 @@ class Kueue(FactoryComponent):
                 opts=self.child(**after_release),
             )
         k8s.apiextensions.CustomResource(
-            f"kueue-flavor-{CPU_FLAVOR}",
+            self.child_name(f"flavor-{CPU_FLAVOR}"),
             api_version=API_VERSION,
             kind="ResourceFlavor",
             metadata={"name": CPU_FLAVOR, "labels": labels(self.layer)},
@@ -232,7 +234,7 @@ class Kueue(FactoryComponent):
         for offering in args.flavors:
             topology = topologies.get(offering.name)
             k8s.apiextensions.CustomResource(
-                f"kueue-flavor-{offering.name}",
+                self.child_name(f"flavor-{offering.name}"),
                 api_version=API_VERSION,
                 kind="ResourceFlavor",
                 metadata={
@@ -254,7 +256,7 @@ class Kueue(FactoryComponent):
                 spec["resourceGroups"] = resource_groups(cohort.groups)
             extra = {TRUST_DOMAIN_LABEL: cohort.trust_domain} if cohort.trust_domain else {}
             k8s.apiextensions.CustomResource(
-                f"kueue-cohort-{cohort.name}",
+                self.child_name(f"cohort-{cohort.name}"),
                 api_version=API_VERSION,
                 kind="Cohort",
                 metadata={"name": cohort.name, "labels": labels(self.layer, extra=extra)},
@@ -264,7 +266,7 @@ class Kueue(FactoryComponent):
         for tier in PRIORITY_TIERS:
             custom_object(
                 self,
-                f"kueue-priority-{tier.name}",
+                f"priority-{tier.name}",
                 API_VERSION,
                 "WorkloadPriorityClass",
                 {"metadata": {"name": tier.name, "labels": labels(self.layer)}, "value": tier.value, "description": tier.description},
@@ -291,7 +293,7 @@ class KueueTenantHook:
         queue = planned_for(self.queues, tenant.name, "ClusterQueue")
         object_labels = labels(self.layer, tenant=names.tenant, extra=names.labels)
         cluster_queue = k8s.apiextensions.CustomResource(
-            f"{names.tenant}-cluster-queue",
+            stack.child_name("cluster-queue"),
             api_version=API_VERSION,
             kind="ClusterQueue",
             metadata={"name": names.cluster_queue, "labels": object_labels},
@@ -299,10 +301,28 @@ class KueueTenantHook:
             opts=stack.child(),
         )
         k8s.apiextensions.CustomResource(
-            f"{names.tenant}-local-queue",
+            stack.child_name("local-queue"),
             api_version=API_VERSION,
             kind="LocalQueue",
             metadata={"name": names.local_queue, "namespace": names.namespace, "labels": object_labels},
             spec={"clusterQueue": names.cluster_queue},
             opts=stack.child(depends_on=[cluster_queue]),
         )
+
+
+LAYER = Layer(
+    name="kueue",
+    section="kueue",
+    chart="kueue",
+    component=Kueue,
+    args=KueueArgs.from_config,
+    requires=("fleet",),
+    tenant_hook=KueueTenantHook.from_config,
+    checks=(
+        scheduling.tenant_local_queues,
+        scheduling.flavor_nodes,
+        scheduling.flavor_supply,
+        scheduling.flavor_trust_domains,
+        scheduling.cluster_queue_namespaces,
+    ),
+)

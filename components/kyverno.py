@@ -46,6 +46,7 @@ from ai_factory.factory.planning.placement import DEDICATED_LABEL, PLACEMENT_TAI
 from ai_factory.factory.planning.planner import Plan
 from ai_factory.factory.planning.quotas import gpu_ceiling
 from ai_factory.factory.model.tenancy import TENANT_LABEL, TenantNames, tenant_names
+from ai_factory.components.registry import Layer
 
 TOKEN = "ai-factory:admission:Kyverno"
 RELEASE = "kyverno"
@@ -291,7 +292,7 @@ class Kyverno(FactoryComponent):
         release = helm_release(self, RELEASE, args.chart, namespace=ns.metadata.name, values=chart_values(args), depends_on=[ns])
         for policy, (policy_annotations, spec) in platform_policies(args).items():
             k8s.apiextensions.CustomResource(
-                policy,
+                self.child_name(policy),
                 api_version="kyverno.io/v1",
                 kind="ClusterPolicy",
                 metadata=k8s.meta.v1.ObjectMetaArgs(name=policy, labels=labels(self.layer), annotations=dict(policy_annotations) or None),
@@ -443,10 +444,21 @@ class TenantAdmissionHook:
             self.tolerable.get(names.tenant, ()),
         )
         k8s.apiextensions.CustomResource(
-            f"{names.tenant}-admission",
+            stack.child_name("admission"),
             api_version="kyverno.io/v1",
             kind="ClusterPolicy",
             metadata=k8s.meta.v1.ObjectMetaArgs(name=f"{names.namespace}-admission", labels=labels(stack.layer, tenant=names.tenant, extra=names.labels)),
             spec=spec,
             opts=stack.child(),
         )
+
+
+LAYER = Layer(
+    name="kyverno",
+    section="kyverno",
+    chart="kyverno",
+    component=Kyverno,
+    args=KyvernoArgs.from_config,
+    requires=("fleet",),
+    tenant_hook=TenantAdmissionHook.from_config,
+)

@@ -26,6 +26,7 @@ from ai_factory.components._common import FactoryComponent, helm_release, labels
 from ai_factory.factory.model.catalog import ChartSource
 from ai_factory.factory.model.config import FactoryConfig
 from ai_factory.factory.model.secrets import SecretValue
+from ai_factory.components.registry import Layer
 
 TOKEN = "ai-factory:secrets:OpenBao"
 RELEASE = "openbao"
@@ -132,7 +133,7 @@ class OpenBao(FactoryComponent):
         super().__init__(TOKEN, name, layer="openbao", opts=opts)
         ns = namespace(self, args.namespace, pod_security="restricted", **STATEFUL)
         storage = k8s.storage.v1.StorageClass(
-            STORAGE_CLASS,
+            self.child_name("storage-class"),
             metadata=k8s.meta.v1.ObjectMetaArgs(name=STORAGE_CLASS, labels=labels(self.layer)),
             provisioner=args.storage_provisioner,
             reclaim_policy="Retain",
@@ -158,7 +159,7 @@ class OpenBao(FactoryComponent):
     def _configure(self, args: OpenBaoArgs, release: k8s.helm.v3.Release) -> None:
         """The engine tenants' secrets live in, and the auth method their stores log in with."""
         provider = vault.Provider(
-            "openbao",
+            self.child_name("provider"),
             address=args.pulumi_address,
             token=args.admin_token.output(),
             skip_child_token=True,
@@ -166,19 +167,29 @@ class OpenBao(FactoryComponent):
         )
         on_openbao = {"provider": provider, "depends_on": [release]}
         vault.Mount(
-            "openbao-kv",
+            self.child_name("kv"),
             path=args.kv_mount,
             type="kv",
             options={"version": "2"},
             description="Tenants' secrets, each tenant under tenants/<name>/",
             opts=self.child(**on_openbao, **STATEFUL),
         )
-        auth = vault.AuthBackend("openbao-kubernetes-auth", type="kubernetes", path=KUBERNETES_AUTH_PATH, opts=self.child(**on_openbao))
+        auth = vault.AuthBackend(self.child_name("kubernetes-auth"), type="kubernetes", path=KUBERNETES_AUTH_PATH, opts=self.child(**on_openbao))
         # OpenBao runs in the cluster: it reviews tokens with its own service account (the chart's
         # auth-delegator binding) against the in-cluster API server.
         vault.kubernetes.AuthBackendConfig(
-            "openbao-kubernetes-auth-config",
+            self.child_name("kubernetes-auth-config"),
             backend=auth.path,
             kubernetes_host="https://kubernetes.default.svc",
             opts=self.child(**on_openbao),
         )
+
+
+LAYER = Layer(
+    name="openbao",
+    section="openbao",
+    chart="openbao",
+    component=OpenBao,
+    args=lambda cfg, plan: OpenBaoArgs.from_config(cfg),
+    requires=("fleet",),
+)

@@ -420,21 +420,21 @@ class TenantStack(FactoryComponent):
             return {"name": object_name, "namespace": names.namespace, "labels": object_labels}
 
         k8s.core.v1.ServiceAccountPatch(
-            f"{names.tenant}-default-service-account",
+            self.child_name("default-service-account"),
             metadata=meta("default"),
             automount_service_account_token=False,
             opts=self.child(**retained),
         )
         hard = quota_hard(args.tenant.quota, args.gpu_ceilings, args.advertised_resources, args.device_class_ceilings)
-        k8s.core.v1.ResourceQuota(f"{names.tenant}-quota", metadata=meta("tenant-quota"), spec={"hard": hard}, opts=self.child(**retained))
+        k8s.core.v1.ResourceQuota(self.child_name("quota"), metadata=meta("tenant-quota"), spec={"hard": hard}, opts=self.child(**retained))
         k8s.core.v1.LimitRange(
-            f"{names.tenant}-limits",
+            self.child_name("limits"),
             metadata=meta("tenant-limits"),
             spec={"limits": [{"type": "Container", "default": DEFAULT_CONTAINER_LIMIT, "defaultRequest": DEFAULT_CONTAINER_REQUEST}]},
             opts=self.child(**retained),
         )
         k8s.apiextensions.CustomResource(
-            f"{names.tenant}-isolation",
+            self.child_name("isolation"),
             api_version="cilium.io/v2",
             kind="CiliumClusterwideNetworkPolicy",
             metadata={"name": f"{names.namespace}-isolation", "labels": object_labels},
@@ -479,9 +479,9 @@ class TenantStack(FactoryComponent):
         return super().child(**options)
 
     def _namespace_rbac(self, names: TenantNames, meta) -> None:
-        role = k8s.rbac.v1.Role(f"{names.tenant}-admin-role", metadata=meta("tenant-admin"), rules=admin_rules(), opts=self.child())
+        role = k8s.rbac.v1.Role(self.child_name("admin-role"), metadata=meta("tenant-admin"), rules=admin_rules(), opts=self.child())
         k8s.rbac.v1.RoleBinding(
-            f"{names.tenant}-admin-binding",
+            self.child_name("admin-binding"),
             metadata=meta("tenant-admin"),
             role_ref={"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "tenant-admin"},
             subjects=[{**s, "apiGroup": "rbac.authorization.k8s.io"} for s in owner_subjects(names)],

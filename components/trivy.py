@@ -19,6 +19,7 @@ from ai_factory.components.gpu_operator import tolerations as gpu_node_toleratio
 from ai_factory.factory.model.catalog import ChartSource
 from ai_factory.factory.model.config import FactoryConfig
 from ai_factory.factory.model.tenancy import TENANT_LABEL, TRUST_DOMAIN_LABEL, TRUST_LABEL
+from ai_factory.components.registry import Layer
 
 TOKEN = "ai-factory:supply-chain:Trivy"
 RELEASE = "trivy-operator"
@@ -55,3 +56,13 @@ class Trivy(FactoryComponent):
         helm_release(self, RELEASE, args.chart, namespace=ns.metadata.name, values=chart_values(), depends_on=[ns])
         self.namespace = ns.metadata.name
         self.register_outputs({"namespace": self.namespace})
+
+
+LAYER = Layer(
+    name="trivy",
+    section="trivy",
+    chart="trivy-operator",
+    component=Trivy,
+    args=lambda cfg, plan: TrivyArgs.from_config(cfg),
+    requires=("fleet",),
+)

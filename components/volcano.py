@@ -24,6 +24,7 @@ from ai_factory.factory.planning.placement import advertised_resources
 from ai_factory.factory.planning.planner import Plan
 from ai_factory.factory.planning.quotas import VolcanoQueueSpec, planned_for, queue_plan
 from ai_factory.factory.model.tenancy import TenantNames
+from ai_factory.components.registry import Layer
 
 TOKEN = "ai-factory:scheduling:Volcano"
 API_VERSION = "scheduling.volcano.sh/v1beta1"
@@ -53,7 +54,7 @@ class Volcano(FactoryComponent):
         ns = namespace(self, args.namespace, pod_security="baseline")
         release = helm_release(self, "volcano", args.chart, namespace=ns.metadata.name, values={}, depends_on=[ns])
         k8s.apiextensions.CustomResource(
-            "volcano-queue-default",
+            self.child_name("queue-default"),
             api_version=API_VERSION,
             kind="Queue",
             metadata={"name": DEFAULT_QUEUE, "labels": labels(self.layer)},
@@ -89,10 +90,21 @@ class VolcanoTenantHook:
     def attach(self, stack: FactoryComponent, tenant: Tenant, names: TenantNames) -> None:
         queue = planned_for(self.queues, tenant.name, "Volcano queue")
         k8s.apiextensions.CustomResource(
-            f"{names.tenant}-volcano-queue",
+            stack.child_name("volcano-queue"),
             api_version=API_VERSION,
             kind="Queue",
             metadata={"name": names.cluster_queue, "labels": labels(self.layer, tenant=names.tenant, extra=names.labels)},
             spec=queue_spec(queue),
             opts=stack.child(),
         )
+
+
+LAYER = Layer(
+    name="volcano",
+    section="volcano",
+    chart="volcano",
+    component=Volcano,
+    args=VolcanoArgs.from_config,
+    requires=("fleet",),
+    tenant_hook=VolcanoTenantHook.from_config,
+)

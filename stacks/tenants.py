@@ -33,7 +33,9 @@ from pydantic import BaseModel
 from ai_factory.components.tenant_stack import TenantStack, tenant_stack_args
 from ai_factory.factory.model.config import Tenant
 from ai_factory.factory.model.loading import PROJECT_DIR, ConfigError, read_stack_file, stack_file, validate_tenant
-from ai_factory.factory.rendering.platform import tenant_hooks
+from ai_factory.components.registry import tenant_hooks
+from ai_factory.factory.rendering.platform import tenant_stack_name
+from ai_factory.factory.rendering.program import ROOT
 from ai_factory.stacks import backend as ops
 from ai_factory.stacks.backend import Backend, KeyedLocks, OnEvent, OnOutput, StackResult, check_name
 from ai_factory.stacks.contract import CONTRACT_OUTPUT, CONTRACT_SECRETS_OUTPUT, ContractError, PlatformContract, owner_conflicts
@@ -87,7 +89,7 @@ async def tenant_program() -> None:
     # Checked before the CLI ran too; checked again against the contract the engine read.
     if problems := contract.tenant_problems(tenant):
         raise pulumi.RunError(ConfigError(problems, source=source).render())
-    stack = TenantStack(tenant.name, tenant_stack_args(cfg, plan, tenant, tenant_hooks(cfg, plan)))
+    stack = TenantStack(tenant_stack_name(ROOT, tenant.name), tenant_stack_args(cfg, plan, tenant, tenant_hooks(cfg, plan)))
     pulumi.export("tenant", tenant.model_dump(mode="json"))
     for output in TENANT_OUTPUTS:
         pulumi.export(output, getattr(stack, output))

@@ -521,6 +521,6 @@ def test_unprotected_tenant_namespace_is_caught(dev, oracles):
         entry["protect"] = False
 
     assert found(variant(dev, change), oracles, "tenant-protection") == [
-        "tenant-protection: Namespace/tenant-search: tenant search's namespace (tenant-search-namespace) is not protected and retained on "
+        "tenant-protection: Namespace/tenant-search: tenant search's namespace (ai-factory-tenant-search-namespace) is not protected and retained on "
         "delete [tenants: search]"
     ]

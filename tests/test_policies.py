@@ -126,9 +126,9 @@ def test_tenant_role_that_can_edit_its_quota_is_reported(raw, monkeypatch):
     rules = ai_factory.components.tenant_stack.TENANT_ADMIN_RULES + (("", ("resourcequotas",), ("patch",)),)
     monkeypatch.setattr(ai_factory.components.tenant_stack, "TENANT_ADMIN_RULES", rules)
     found = violations(render(raw), "tenant-cannot-edit-isolation")
-    assert list(found) == ["kubernetes:rbac.authorization.k8s.io/v1:RoleBinding::search-admin-binding"]
+    assert list(found) == ["kubernetes:rbac.authorization.k8s.io/v1:RoleBinding::ai-factory-tenant-search-admin-binding"]
     assert "lets Group oidc:search-admins of tenant 'search' patch resourcequotas through Role tenant-admin" in found[
-        "kubernetes:rbac.authorization.k8s.io/v1:RoleBinding::search-admin-binding"
+        "kubernetes:rbac.authorization.k8s.io/v1:RoleBinding::ai-factory-tenant-search-admin-binding"
     ][0]
 
 
@@ -170,8 +170,8 @@ def broken_fleet(monkeypatch):
 def test_shared_gpu_node_without_its_trust_domain_taint_is_reported(raw, broken_fleet):
     broken_fleet(lambda p: NodePlacement(p.node, p.pool, p.labels, ()))
     found = violations(render(raw), "gpu-no-cross-domain-sharing")
-    assert set(found) == {f"kubernetes:core/v1:NodePatch::node-{n}" for n in ("a100-mig-000", "a100-mig-001", "l40s-infer-000", "l40s-infer-001")}
-    assert "is not tainted ai-factory.io/trust-domain=assistant:NoSchedule" in found["kubernetes:core/v1:NodePatch::node-a100-mig-000"][0]
+    assert set(found) == {f"kubernetes:core/v1:NodePatch::ai-factory-fleet-node-{n}" for n in ("a100-mig-000", "a100-mig-001", "l40s-infer-000", "l40s-infer-001")}
+    assert "is not tainted ai-factory.io/trust-domain=assistant:NoSchedule" in found["kubernetes:core/v1:NodePatch::ai-factory-fleet-node-a100-mig-000"][0]
 
 
 def test_shared_gpus_reachable_from_another_trust_domain_are_reported():
@@ -284,8 +284,8 @@ def test_hami_node_also_served_by_the_nvidia_device_plugin_is_reported(raw, brok
 
     broken_fleet(keep_device_plugin)
     found = violations(render(raw), "hami-device-plugin-disjoint")
-    assert set(found) == {"kubernetes:core/v1:NodePatch::node-l40s-infer-000", "kubernetes:core/v1:NodePatch::node-l40s-infer-001"}
-    assert "label it nvidia.com/gpu.deploy.device-plugin=false" in found["kubernetes:core/v1:NodePatch::node-l40s-infer-000"][0]
+    assert set(found) == {"kubernetes:core/v1:NodePatch::ai-factory-fleet-node-l40s-infer-000", "kubernetes:core/v1:NodePatch::ai-factory-fleet-node-l40s-infer-001"}
+    assert "label it nvidia.com/gpu.deploy.device-plugin=false" in found["kubernetes:core/v1:NodePatch::ai-factory-fleet-node-l40s-infer-000"][0]
 
 
 def test_gpu_namespace_outside_a_queue_is_reported(raw, monkeypatch):
@@ -298,11 +298,11 @@ def test_gpu_namespace_outside_a_queue_is_reported(raw, monkeypatch):
     monkeypatch.setattr(ai_factory.components.kueue.KueueTenantHook, "attach", lambda self, stack, tenant, names: None)
     found = violations(render(raw), "gpu-namespaces-queued")
     assert set(found) == {
-        "kubernetes:helm.sh/v3:Release::kueue",
-        *(f"kubernetes:core/v1:Namespace::tenant-{t}-namespace" for t in ("search", "assistant", "partner-acme")),
+        "kubernetes:helm.sh/v3:Release::ai-factory-kueue-release-kueue",
+        *(f"kubernetes:core/v1:Namespace::ai-factory-tenant-{t}-namespace" for t in ("search", "assistant", "partner-acme")),
     }
-    assert "jobs without a queue name bypass Kueue" in found["kubernetes:helm.sh/v3:Release::kueue"][0]
-    assert "has no Kueue LocalQueue" in found["kubernetes:core/v1:Namespace::tenant-search-namespace"][0]
+    assert "jobs without a queue name bypass Kueue" in found["kubernetes:helm.sh/v3:Release::ai-factory-kueue-release-kueue"][0]
+    assert "has no Kueue LocalQueue" in found["kubernetes:core/v1:Namespace::ai-factory-tenant-search-namespace"][0]
 
 
 def test_tenants_queued_by_kai_scheduler_instead_of_kueue_pass(raw):
@@ -385,8 +385,8 @@ def test_privileged_namespace_outside_the_allow_list_is_reported(raw):
     raw["layers"]["gpu_operator"]["namespace"] = "nvidia"
     rendered = render(raw)
     found = violations(rendered, "namespace-pod-security")
-    assert list(found) == ["kubernetes:core/v1:Namespace::nvidia-namespace"]
-    assert "Namespace nvidia outside the reviewed allow-list enforces Pod Security 'privileged'" in found["kubernetes:core/v1:Namespace::nvidia-namespace"][0]
+    assert list(found) == ["kubernetes:core/v1:Namespace::ai-factory-gpu-operator-namespace"]
+    assert "Namespace nvidia outside the reviewed allow-list enforces Pod Security 'privileged'" in found["kubernetes:core/v1:Namespace::ai-factory-gpu-operator-namespace"][0]
     assert violations(rendered, "namespace-pod-security", {"namespace-pod-security": {"privilegedNamespaces": ["nvidia"]}}) == {}
 
 
@@ -452,7 +452,7 @@ def test_gpu_escape_variables_and_mounts_are_reported():
 def test_gpu_operator_below_the_version_floor_is_reported(raw):
     raw["layers"]["gpu_operator"]["chart"] = {"version": "v25.0.0", "repository": "https://helm.ngc.nvidia.com/nvidia"}
     found = violations(render(raw), "gpu-operator-secure-toolkit")
-    assert found == {"kubernetes:helm.sh/v3:Release::gpu-operator": [
+    assert found == {"kubernetes:helm.sh/v3:Release::ai-factory-gpu-operator-release-gpu-operator": [
         "Helm release gpu-operator/gpu-operator (chart gpu-operator): chart version 'v25.0.0' is older than v25.3.1 "
         "(container-escape CVEs); pin v25.3.1 or later."
     ]}
@@ -462,13 +462,13 @@ def test_gpu_operator_without_the_toolkit_settings_is_reported(raw, monkeypatch)
     monkeypatch.setattr(ai_factory.components.gpu_operator, "TOOLKIT_ENV", ())
     monkeypatch.setattr(ai_factory.components.gpu_operator, "DEVICE_PLUGIN_ENV", ({"name": "DEVICE_LIST_STRATEGY", "value": "envvar"},))
     rendered = render(raw)
-    messages = violations(rendered, "gpu-operator-secure-toolkit")["kubernetes:helm.sh/v3:Release::gpu-operator"]
+    messages = violations(rendered, "gpu-operator-secure-toolkit")["kubernetes:helm.sh/v3:Release::ai-factory-gpu-operator-release-gpu-operator"]
     assert [m.split(": ", 1)[1].split(" ")[0] for m in messages] == ["toolkit.env", "devicePlugin.env", "toolkit.env"]
     assert "ACCEPT_NVIDIA_VISIBLE_DEVICES_ENVVAR_WHEN_UNPRIVILEGED=false" in messages[0]
     assert "DEVICE_LIST_STRATEGY is envvar" in messages[1]
     assert "disable-cuda-compat-lib-hook" in messages[2]
     relaxed = violations(rendered, "gpu-operator-secure-toolkit", {"gpu-operator-secure-toolkit": {"allowCudaCompatLibHook": True}})
-    assert len(relaxed["kubernetes:helm.sh/v3:Release::gpu-operator"]) == 2
+    assert len(relaxed["kubernetes:helm.sh/v3:Release::ai-factory-gpu-operator-release-gpu-operator"]) == 2
 
 
 def test_unpinned_images_are_reported():
@@ -522,8 +522,8 @@ def test_plaintext_credentials_are_reported():
 def test_stateful_platform_parts_without_protection_are_reported(raw, monkeypatch):
     monkeypatch.setattr(ai_factory.components.openbao, "STATEFUL", {})
     found = violations(render(raw), "stateful-resources-protected")
-    assert set(found) == {"kubernetes:helm.sh/v3:Release::openbao", "kubernetes:core/v1:Namespace::openbao-namespace"}
-    assert "holds OpenBao's integrated Raft storage (every tenant's secrets) but is not protected" in found["kubernetes:helm.sh/v3:Release::openbao"][0]
+    assert set(found) == {"kubernetes:helm.sh/v3:Release::ai-factory-openbao-release-openbao", "kubernetes:core/v1:Namespace::ai-factory-openbao-namespace"}
+    assert "holds OpenBao's integrated Raft storage (every tenant's secrets) but is not protected" in found["kubernetes:helm.sh/v3:Release::ai-factory-openbao-release-openbao"][0]
 
 
 def test_volumes_not_retained_or_on_a_deleting_storage_class_are_reported():
@@ -552,8 +552,8 @@ def test_chart_from_an_unknown_repository_is_reported(raw):
     raw["layers"]["gpu_operator"]["chart"] = {"version": "v26.7.0", "repository": "https://charts.example.com/nvidia"}
     rendered = render(raw)
     found = violations(rendered, "charts-pinned")
-    assert list(found) == ["kubernetes:helm.sh/v3:Release::gpu-operator"]
-    assert "repository https://charts.example.com/nvidia is not a repository of the catalog" in found["kubernetes:helm.sh/v3:Release::gpu-operator"][0]
+    assert list(found) == ["kubernetes:helm.sh/v3:Release::ai-factory-gpu-operator-release-gpu-operator"]
+    assert "repository https://charts.example.com/nvidia is not a repository of the catalog" in found["kubernetes:helm.sh/v3:Release::ai-factory-gpu-operator-release-gpu-operator"][0]
     mirror = {"charts-pinned": {"additionalRepositories": ["https://charts.example.com/nvidia/"]}}
     assert violations(rendered, "charts-pinned", mirror) == {}
 

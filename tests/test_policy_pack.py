@@ -165,7 +165,7 @@ def test_factory_check_reports_the_pack_violations_for_an_environment_and_its_re
     document["config"]["ai-factory:layers"]["gpu_operator"]["chart"] = {"version": "v25.0.0", "repository": "https://charts.example.com/nvidia"}
     stack_file = tmp_path / "Pulumi.broken.yaml"
     stack_file.write_text(yaml.safe_dump(document))
-    release = "kubernetes:helm.sh/v3:Release::gpu-operator: Helm release gpu-operator/gpu-operator (chart gpu-operator): "
+    release = "kubernetes:helm.sh/v3:Release::ai-factory-gpu-operator-release-gpu-operator: Helm release gpu-operator/gpu-operator (chart gpu-operator): "
     expected = [
         "charts-pinned: " + release + "repository https://charts.example.com/nvidia is not a repository of the catalog",
         "gpu-operator-secure-toolkit: " + release + "chart version 'v25.0.0' is older than v25.3.1",

@@ -51,10 +51,10 @@ def test_inventory_lists_every_resource_with_parent_layer_and_options(dev):
     inventory = json.loads(dev.files()["inventory.json"])["resources"]
     assert len(inventory) == len(dev.graph.resources)
     by_name = {(e["type"], e["name"]): e for e in inventory}
-    release = by_name[("kubernetes:helm.sh/v3:Release", "gpu-operator")]
+    release = by_name[("kubernetes:helm.sh/v3:Release", "ai-factory-gpu-operator-release-gpu-operator")]
     assert release["layer"] == "gpu-operator"
-    assert release["parent"] == "ai-factory:accelerators:GpuOperator::gpu-operator"
-    assert "kubernetes:core/v1:Namespace::gpu-operator-namespace" in release["dependsOn"]
+    assert release["parent"] == "ai-factory:accelerators:GpuOperator::ai-factory-gpu-operator"
+    assert "kubernetes:core/v1:Namespace::ai-factory-gpu-operator-namespace" in release["dependsOn"]
     assert {"protect", "retainOnDelete", "dependsOn", "tenant"} <= set(release)
 
 
@@ -88,7 +88,7 @@ def test_secret_values_never_reach_the_output(raw):
     assert secret["metadata"]["annotations"]["kustomize.toolkit.fluxcd.io/reconcile"] == "disabled"
     assert all(needle not in text for text in rendered.files().values())
     assert needle not in rendered.summary()
-    entry = next(e for e in rendered.inventory if e["name"] == "gpu-operator-registry")
+    entry = next(e for e in rendered.inventory if e["name"] == "ai-factory-gpu-operator-registry")
     assert entry["secretInputs"] == ["stringData..dockerconfigjson"]
 
 

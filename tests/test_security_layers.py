@@ -140,12 +140,12 @@ def test_trivy_metrics_carry_the_tenant_labels(dev):
 def test_stateful_resources_are_protected_and_retained(dev):
     inventory = {(e["type"], e["name"]): e for e in dev.inventory}
     stateful = [
-        ("kubernetes:core/v1:Namespace", "openbao-namespace"),
-        ("kubernetes:storage.k8s.io/v1:StorageClass", "openbao-raft"),
-        ("kubernetes:helm.sh/v3:Release", "openbao"),
-        ("vault:index/mount:Mount", "openbao-kv"),
-        ("kubernetes:core/v1:Namespace", "keycloak-namespace"),
-        ("kubernetes:core/v1:Secret", "keycloak-database"),
+        ("kubernetes:core/v1:Namespace", "ai-factory-openbao-namespace"),
+        ("kubernetes:storage.k8s.io/v1:StorageClass", "ai-factory-openbao-storage-class"),
+        ("kubernetes:helm.sh/v3:Release", "ai-factory-openbao-release-openbao"),
+        ("vault:index/mount:Mount", "ai-factory-openbao-kv"),
+        ("kubernetes:core/v1:Namespace", "ai-factory-keycloak-namespace"),
+        ("kubernetes:core/v1:Secret", "ai-factory-keycloak-database"),
     ]
     assert [(key, inventory[key]["protect"], inventory[key]["retainOnDelete"]) for key in stateful] == [(key, True, True) for key in stateful]
 

@@ -100,12 +100,12 @@ def test_secret_config_values_are_used_only_as_secrets(raw):
     assert not [n for n in needles.values() for text in texts if n in text]
     with_secrets = {(r.type, r.name): r.secret_paths for r in rendered.graph.resources if r.secret_paths}
     expected = {
-        ("kubernetes:core/v1:Secret", "gpu-operator-registry"): ["stringData..dockerconfigjson"],
-        ("kubernetes:core/v1:Secret", "keycloak-admin"): ["stringData.password", "stringData.username"],
-        ("kubernetes:core/v1:Secret", "keycloak-database"): ["stringData.password"],
-        ("pulumi:providers:vault", "openbao"): ["token"],
-        **{("pulumi:providers:keycloak", f"{t}-keycloak"): ["password"] for t in TENANTS},
-        **{("pulumi:providers:vault", f"{t}-openbao"): ["token"] for t in TENANTS},
+        ("kubernetes:core/v1:Secret", "ai-factory-gpu-operator-registry"): ["stringData..dockerconfigjson"],
+        ("kubernetes:core/v1:Secret", "ai-factory-keycloak-admin"): ["stringData.password", "stringData.username"],
+        ("kubernetes:core/v1:Secret", "ai-factory-keycloak-database"): ["stringData.password"],
+        ("pulumi:providers:vault", "ai-factory-openbao-provider"): ["token"],
+        **{("pulumi:providers:keycloak", f"ai-factory-tenant-{t}-keycloak"): ["password"] for t in TENANTS},
+        **{("pulumi:providers:vault", f"ai-factory-tenant-{t}-openbao"): ["token"] for t in TENANTS},
     }
     assert with_secrets == expected
     for secret in ("keycloak-admin", "keycloak-database"):

@@ -110,8 +110,8 @@ def test_a_tenant_stack_builds_what_the_platform_builds_for_that_tenant(dev, con
     def objects(resources, root):
         return sorted((r.type, r.name, json.dumps(r.inputs, sort_keys=True), r.protect, r.retain_on_delete) for r in resources if root in [r, *r.ancestors()])
 
-    platform_root = dev.graph.named("ai-factory:tenancy:TenantStack", "assistant")
-    tenant_root = graph.named("ai-factory:tenancy:TenantStack", "assistant")
+    platform_root = dev.graph.named("ai-factory:tenancy:TenantStack", "ai-factory-tenant-assistant")
+    tenant_root = graph.named("ai-factory:tenancy:TenantStack", "ai-factory-tenant-assistant")
     assert objects(graph.resources, tenant_root) == objects(dev.graph.resources, platform_root)
     assert len(objects(graph.resources, tenant_root)) > 5
 
@@ -159,7 +159,7 @@ def test_the_tenant_program_gives_hooks_the_platform_secrets_and_keeps_them_secr
     run_tenant(registered("assistant").model_dump(mode="json"), contract, monitor=RecordingMonitor(Mocks()))
     # The identity hook logs in to Keycloak with the platform's admin password, which the engine
     # receives as a secret (encrypted in the tenant's state).
-    password = seen["assistant-keycloak"]["password"]
+    password = seen["ai-factory-tenant-assistant-keycloak"]["password"]
     assert rpc.is_rpc_secret(password) and rpc.unwrap_rpc_secret(password) == "decrypted-layers-keycloak-admin_password"
 
 
@@ -168,4 +168,4 @@ def test_the_platform_stack_leaves_tenants_with_a_stack_of_their_own_out(dev_raw
     raw["tenants"][1]["managed_by"] = "tenant-stack"
     rendered = render(raw, dev_raw[1])
     assert raw["tenants"][1]["name"] == "assistant"
-    assert {r.name for r in rendered.graph.of_type("ai-factory:tenancy:TenantStack")} == {"search", "partner-acme"}
+    assert {r.name for r in rendered.graph.of_type("ai-factory:tenancy:TenantStack")} == {"ai-factory-tenant-search", "ai-factory-tenant-partner-acme"}

@@ -289,17 +289,17 @@ def test_namespace_and_vcluster_are_protected_and_what_confines_them_is_retained
         entry = entries[(type_, name)]
         return entry["protect"], entry["retainOnDelete"]
 
-    assert options("kubernetes:core/v1:Namespace", "tenant-assistant-namespace") == (True, True)
-    assert options("kubernetes:helm.sh/v3:Release", "vcluster-assistant") == (True, True)
+    assert options("kubernetes:core/v1:Namespace", "ai-factory-tenant-assistant-namespace") == (True, True)
+    assert options("kubernetes:helm.sh/v3:Release", "ai-factory-tenant-assistant-release-vcluster-assistant") == (True, True)
     for type_, name in (
-        ("kubernetes:core/v1:ResourceQuota", "assistant-quota"),
-        ("kubernetes:core/v1:LimitRange", "assistant-limits"),
-        ("kubernetes:cilium.io/v2:CiliumClusterwideNetworkPolicy", "assistant-isolation"),
-        ("kubernetes:core/v1:ServiceAccountPatch", "assistant-default-service-account"),
+        ("kubernetes:core/v1:ResourceQuota", "ai-factory-tenant-assistant-quota"),
+        ("kubernetes:core/v1:LimitRange", "ai-factory-tenant-assistant-limits"),
+        ("kubernetes:cilium.io/v2:CiliumClusterwideNetworkPolicy", "ai-factory-tenant-assistant-isolation"),
+        ("kubernetes:core/v1:ServiceAccountPatch", "ai-factory-tenant-assistant-default-service-account"),
     ):
         assert options(type_, name) == (False, True), name
     search = {(e["type"], e["name"]): e for e in dev.inventory if e["tenant"] == "search"}
-    assert not search[("kubernetes:rbac.authorization.k8s.io/v1:RoleBinding", "search-admin-binding")]["retainOnDelete"]
+    assert not search[("kubernetes:rbac.authorization.k8s.io/v1:RoleBinding", "ai-factory-tenant-search-admin-binding")]["retainOnDelete"]
 
 
 @dataclass(frozen=True)
@@ -326,7 +326,7 @@ def test_hooks_attach_under_the_tenant_stack_and_outputs_name_the_tenant(dev_raw
     graph = run_program(program, project="ai-factory", stack="dev")
     marker = graph.named("kubernetes:core/v1:ConfigMap", "assistant-marker")
     assert marker.parent.type == "ai-factory:tenancy:TenantStack" and marker.tenant == "assistant"
-    assert "kubernetes:core/v1:Namespace::tenant-assistant-namespace" in {d.key for d in marker.dependencies}
+    assert "kubernetes:core/v1:Namespace::assistant-namespace" in {d.key for d in marker.dependencies}
     (rendered_marker,) = [m for m in from_graph(graph, cfg).manifests if m.kind == "ConfigMap"]
     assert rendered_marker.path == "manifests/tenant-assistant/tenant-assistant/configmap-marker.yaml"
     assert outputs == {

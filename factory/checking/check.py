@@ -1,16 +1,17 @@
 """Offline checks over a rendered environment.
 
-Each check is a function `(Rendered, Oracles) -> Iterable[Finding]` listed in `CHECKS`; later
-layers add theirs to the list. A finding names the check, the object and the tenants involved.
+Each check is a function `(Rendered, Oracles) -> Iterable[Finding]`: the checks every render gets
+(`CHECKS`), plus those each layer present in the render contributes through its registry
+declaration (`Layer.checks`). A finding names the check, the object and the tenants involved.
 """
 
 from __future__ import annotations
 
 from typing import Callable, Iterable
 
+from ai_factory.components.registry import checks_for
 from ai_factory.factory.checking import isolation
 from ai_factory.factory.checking import policies as policy_check
-from ai_factory.factory.checking import scheduling as checks_scheduling
 from ai_factory.factory.model.catalog import CHARTS, ChartSource
 from ai_factory.factory.checking.findings import Finding
 from ai_factory.factory.checking.oracles import Oracles
@@ -60,8 +61,13 @@ def _tenants(m: Manifest) -> tuple[str, ...]:
     return (m.tenant,) if m.tenant else ()
 
 
-CHECKS: list[Check] = [schema, helm_values, *isolation.CHECKS, *checks_scheduling.CHECKS, policy_check.policies]
+CHECKS: list[Check] = [schema, helm_values, *isolation.CHECKS, policy_check.policies]
+
+
+def checks(rendered: Rendered) -> list[Check]:
+    """What runs on this render: the common checks and those of the layers it holds objects of."""
+    return [*CHECKS, *checks_for({m.layer for m in rendered.manifests})]
 
 
 def run_checks(rendered: Rendered, oracles: Oracles) -> list[Finding]:
-    return sorted({f for check in CHECKS for f in check(rendered, oracles)})
+    return sorted({f for check in checks(rendered) for f in check(rendered, oracles)})

@@ -12,6 +12,10 @@ from ai_factory.factory.rendering.platform import Platform
 from ai_factory.stacks.contract import CONTRACT_OUTPUT, CONTRACT_SECRETS_OUTPUT, platform_contract, platform_secrets
 
 
+ROOT = "ai-factory"
+"""The root component's Pulumi name: every resource's name starts with it."""
+
+
 def main(plan: Plan | None = None) -> None:
     """`plan`: deploy this capacity plan instead of planning from the recorded `plans/<stack>.json`
     (`factory diff` renders a tenant's removal with the plan unchanged, then re-planned)."""
@@ -21,7 +25,7 @@ def main(plan: Plan | None = None) -> None:
     except ConfigError as err:
         # A user mistake: a message, not a traceback, and nothing registered.
         raise pulumi.RunError(err.render()) from None
-    Platform("ai-factory", cfg, plan)
+    Platform(ROOT, cfg, plan)
     # What tenant stacks read through a StackReference (stacks/contract.py): the contract in
     # clear, the configuration's secret values as a secret.
     pulumi.export(CONTRACT_OUTPUT, platform_contract(cfg, plan, pulumi.get_stack()).to_output())
