@@ -21,7 +21,7 @@ from ai_factory.components.kyverno import Kyverno, KyvernoArgs, TenantAdmissionH
 from ai_factory.components.openbao import OpenBao, OpenBaoArgs
 from ai_factory.components.trivy import Trivy, TrivyArgs
 from ai_factory.factory.model.config import FactoryConfig
-from ai_factory.factory.planning.planner import Plan
+from ai_factory.factory.planning.model import Plan
 
 TOKEN = "ai-factory:index:Platform"
 
