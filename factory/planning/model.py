@@ -407,6 +407,9 @@ def _figures_from_dict(data: dict[str, Any]) -> Figures:
     )
 
 
+# --------------------------------------------------------------------------- what GPUs grant
+# Shared by the Plan's queries above and by the planner's modules.
+
 Slot = tuple[str, int]  # (node, GPU index)
 
 
@@ -426,6 +429,7 @@ def gpu_grants(model: GpuModel, gpu: GpuAssignment) -> list[tuple[str, str, int]
 
 
 def hami_memory_capacity(model: GpuModel, scaling: float) -> int:
+    """nvidia.com/gpumem one GPU advertises at HAMi memory scaling `scaling`."""
     return int(model.memory_mib * scaling)
 
 

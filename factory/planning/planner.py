@@ -20,7 +20,6 @@ is disturbed (a MIG geometry change drains the GPU), then idle GPUs on owned nod
 time-slicing are packed by heuristics whose gap to the lower bound the figures report.
 """
 
-
 from __future__ import annotations
 
 from typing import Sequence
