@@ -17,17 +17,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ai_factory.factory.model.gpus import GPU_MODELS, MIG_CLASSES  # noqa: E402
-from ai_factory.factory.planning.planner import (  # noqa: E402
-    MIG_CLASS_ORDER,
-    Demand,
-    HamiSlice,
-    Plan,
-    PoolSpec,
-    TenantSpec,
-    mig_lower_bound,
-    min_mig_gpus,
-    plan,
-)
+from ai_factory.factory.planning.mig import MIG_CLASS_ORDER, mig_lower_bound, min_mig_gpus  # noqa: E402
+from ai_factory.factory.planning.model import Demand, HamiSlice, Plan, PoolSpec, TenantSpec  # noqa: E402
+from ai_factory.factory.planning.planner import plan  # noqa: E402
 
 SEED = 7
 

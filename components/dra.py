@@ -30,8 +30,8 @@ from ai_factory.components._common import GPU_MODEL_LABEL, FactoryComponent, hel
 from ai_factory.components.gpu_operator import tolerations
 from ai_factory.factory.model.catalog import ChartSource
 from ai_factory.factory.model.config import FactoryConfig, Tenant
+from ai_factory.factory.planning.model import Plan
 from ai_factory.factory.planning.placement import DRA_LABEL
-from ai_factory.factory.planning.planner import Plan
 from ai_factory.factory.model.tenancy import TenantNames
 from ai_factory.components.registry import Layer
 

@@ -30,8 +30,8 @@ from ai_factory.components._common import (
     FactoryComponent,
 )
 from ai_factory.factory.model.config import FactoryConfig, Pool
+from ai_factory.factory.planning.model import Plan
 from ai_factory.factory.planning.placement import NodePlacement, node_placements
-from ai_factory.factory.planning.planner import Plan
 from ai_factory.components.registry import Layer
 
 TOKEN = "ai-factory:fleet:Fleet"

@@ -42,7 +42,7 @@ from ai_factory.components._common import (
 from ai_factory.factory.model.catalog import ChartSource
 from ai_factory.factory.model.config import DriverSettings, FactoryConfig, RegistryCredentials
 from ai_factory.factory.planning.placement import MIG_DISABLED_CONFIG, PLACEMENT_TAINT_KEYS, time_slicing_config
-from ai_factory.factory.planning.planner import Plan
+from ai_factory.factory.planning.model import Plan
 from ai_factory.components.registry import Layer
 
 TOKEN = "ai-factory:accelerators:GpuOperator"

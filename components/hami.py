@@ -31,8 +31,8 @@ from ai_factory.components._common import FactoryComponent, helm_release, namesp
 from ai_factory.components.gpu_operator import tolerations
 from ai_factory.factory.model.catalog import ChartSource
 from ai_factory.factory.model.config import FactoryConfig
+from ai_factory.factory.planning.model import NodePlan, Plan
 from ai_factory.factory.planning.placement import HAMI_DEVICE_PLUGIN_LABEL
-from ai_factory.factory.planning.planner import NodePlan, Plan
 from ai_factory.components.registry import Layer
 
 TOKEN = "ai-factory:accelerators:Hami"

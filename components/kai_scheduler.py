@@ -30,7 +30,7 @@ from ai_factory.components._common import FactoryComponent, helm_release, labels
 from ai_factory.components._topology import SchedulingTopology, pool_topology
 from ai_factory.factory.model.catalog import ChartSource
 from ai_factory.factory.model.config import FactoryConfig, Tenant
-from ai_factory.factory.planning.planner import Plan
+from ai_factory.factory.planning.model import Plan
 from ai_factory.factory.planning.quotas import KaiQueueSpec, planned_for, queue_plan
 from ai_factory.factory.model.tenancy import TRUST_DOMAIN_LABEL, TenantNames
 from ai_factory.components.registry import Layer

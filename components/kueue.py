@@ -36,8 +36,8 @@ from ai_factory.components._topology import SchedulingTopology, pool_topology
 from ai_factory.components.dra import whole_gpu_class
 from ai_factory.factory.model.catalog import ChartSource
 from ai_factory.factory.model.config import FactoryConfig, Tenant
+from ai_factory.factory.planning.model import WHOLE_GPU, Plan
 from ai_factory.factory.planning.placement import Offering
-from ai_factory.factory.planning.planner import WHOLE_GPU, Plan
 from ai_factory.factory.planning.quotas import CPU_FLAVOR, SUPPLY_ANNOTATION, ClusterQueueSpec, CohortSpec, ResourceGroup, planned_for, queue_plan
 from ai_factory.factory.model.tenancy import TENANT_LABEL, TRUST_DOMAIN_LABEL, TenantNames
 from ai_factory.components.registry import Layer

@@ -42,8 +42,8 @@ import pulumi_kubernetes as k8s
 from ai_factory.components._common import FactoryComponent, helm_release, labels, namespace
 from ai_factory.factory.model.catalog import ChartSource
 from ai_factory.factory.model.config import FactoryConfig, RuntimeClasses, Tenant
+from ai_factory.factory.planning.model import Plan
 from ai_factory.factory.planning.placement import DEDICATED_LABEL, PLACEMENT_TAINT_KEYS, Taint, advertised_resources, tolerable_taints
-from ai_factory.factory.planning.planner import Plan
 from ai_factory.factory.planning.quotas import gpu_ceiling
 from ai_factory.factory.model.tenancy import TENANT_LABEL, TenantNames, tenant_names
 from ai_factory.components.registry import Layer

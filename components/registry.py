@@ -23,7 +23,7 @@ import pulumi
 
 from ai_factory.components._common import FactoryComponent, TenantHook
 from ai_factory.factory.model.config import FactoryConfig
-from ai_factory.factory.planning.planner import Plan
+from ai_factory.factory.planning.model import Plan
 
 if TYPE_CHECKING:
     from ai_factory.factory.checking.findings import Finding

@@ -55,8 +55,8 @@ from ai_factory.components._common import FactoryComponent, TenantHook, helm_rel
 from ai_factory.components.dra import whole_gpu_class
 from ai_factory.factory.model.catalog import ChartSource
 from ai_factory.factory.model.config import FactoryConfig, Identity, PlatformFlow, Tenant, TenantQuota
+from ai_factory.factory.planning.model import WHOLE_GPU, Plan
 from ai_factory.factory.planning.placement import DEDICATED_LABEL, Offering, TenantAllocation, advertised_resources, allocations, dedicated_taint, tolerable_taints
-from ai_factory.factory.planning.planner import WHOLE_GPU, Plan
 from ai_factory.factory.planning.quotas import GpuCeiling, gpu_ceiling
 from ai_factory.factory.model.tenancy import LABEL_PREFIX, OIDC_PREFIX, TenantNames, tenant_names
 

@@ -20,8 +20,8 @@ import pulumi_kubernetes as k8s
 from ai_factory.components._common import FactoryComponent, helm_release, labels, namespace
 from ai_factory.factory.model.catalog import ChartSource
 from ai_factory.factory.model.config import FactoryConfig, Tenant
+from ai_factory.factory.planning.model import Plan
 from ai_factory.factory.planning.placement import advertised_resources
-from ai_factory.factory.planning.planner import Plan
 from ai_factory.factory.planning.quotas import VolcanoQueueSpec, planned_for, queue_plan
 from ai_factory.factory.model.tenancy import TenantNames
 from ai_factory.components.registry import Layer

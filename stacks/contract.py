@@ -32,8 +32,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ai_factory.factory.model.config import SECTIONS, FactoryConfig, Identity, Tenant
 from ai_factory.factory.model.loading import ConfigError, validate
+from ai_factory.factory.planning.model import Plan
 from ai_factory.factory.planning.placement import Offering, TenantAllocation, advertised_resources, allocations, offerings
-from ai_factory.factory.planning.planner import Plan
 from ai_factory.factory.planning.quotas import queue_plan
 from ai_factory.factory.model.secrets import SecretValue
 from ai_factory.factory.model.tenancy import TenantNames, tenant_names

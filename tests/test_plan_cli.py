@@ -12,7 +12,7 @@ import yaml
 
 from ai_factory.factory.cli import main
 from ai_factory.factory.model.loading import load_stack_file
-from ai_factory.factory.planning.planner import Plan
+from ai_factory.factory.planning.model import Plan
 from ai_factory.factory.planning.from_config import plan_for
 from tests.conftest import REPO
 

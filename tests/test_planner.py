@@ -11,21 +11,16 @@ from functools import lru_cache
 import pytest
 
 from ai_factory.factory.model.gpus import GPU_MODELS
-from ai_factory.factory.planning.planner import (
+from ai_factory.factory.planning.mig import (
     MIG_CLASS_ORDER,
-    Demand,
-    HamiSlice,
-    Plan,
-    PlanError,
-    PoolSpec,
-    TenantSpec,
     mig_layout_problems,
     mig_lower_bound,
     min_mig_gpus,
     pack_mig_classes,
     place_mig,
-    plan,
 )
+from ai_factory.factory.planning.model import Demand, HamiSlice, Plan, PlanError, PoolSpec, TenantSpec
+from ai_factory.factory.planning.planner import plan
 
 H100 = GPU_MODELS["H100-80GB"]
 

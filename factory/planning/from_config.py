@@ -1,8 +1,9 @@
 """From the environment's configuration to the capacity plan (and back to config errors).
 
-The planner itself (`ai_factory.factory.planning.planner`) is pure and knows nothing of the config model; this module
-is the adapter. A previous plan, when the environment has one in `plans/<env>.json`, is passed to
-the planner so that re-planning keeps existing tenants' GPUs (a MIG geometry change drains a node).
+The planner itself (`ai_factory.factory.planning.planner` and the modules it uses) is pure and
+knows nothing of the config model; this module is the adapter. A previous plan, when the
+environment has one in `plans/<env>.json`, is passed to the planner so that re-planning keeps
+existing tenants' GPUs (a MIG geometry change drains a node).
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from pathlib import Path
 
 from ai_factory.factory.model.config import FactoryConfig, GpuDemand, Pool, Tenant
 from ai_factory.factory.model.loading import PROJECT_DIR, ConfigError
-from ai_factory.factory.planning.planner import Demand, HamiSlice, Plan, PlanError, PoolSpec, TenantSpec, plan
+from ai_factory.factory.planning.model import Demand, HamiSlice, Plan, PlanError, PoolSpec, TenantSpec
+from ai_factory.factory.planning.planner import plan
 
 PLANS_DIR = "plans"
 

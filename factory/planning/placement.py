@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Literal
 
 from ai_factory.factory.model.gpus import GPU_MODELS
-from ai_factory.factory.planning.planner import Plan, PoolPlan
+from ai_factory.factory.planning.model import Plan, PoolPlan
 from ai_factory.factory.model.tenancy import LABEL_PREFIX, TRUST_DOMAIN_LABEL, TenantNames
 
 POOL_LABEL = f"{LABEL_PREFIX}/pool"

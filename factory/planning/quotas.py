@@ -32,8 +32,8 @@ from typing import Iterable, Mapping, TypeVar
 
 from ai_factory.factory.model.config import FactoryConfig, Tenant
 from ai_factory.factory.model.gpus import GPU_MODELS
+from ai_factory.factory.planning.model import HAMI_CORES, HAMI_MEMORY, WHOLE_GPU, Plan
 from ai_factory.factory.planning.placement import Offering, advertised_resources, allocations, offerings
-from ai_factory.factory.planning.planner import HAMI_CORES, HAMI_MEMORY, WHOLE_GPU, Plan
 from ai_factory.factory.model.tenancy import tenant_names
 
 SUPPLY_ANNOTATION = "ai-factory.io/supply"

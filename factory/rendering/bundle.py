@@ -27,7 +27,7 @@ from ai_factory.factory.model.config import FactoryConfig
 from ai_factory.factory.rendering.harness import Graph, Resource, run_program
 from ai_factory.factory.model.tenancy import TENANT_LABEL
 from ai_factory.factory.planning.from_config import plan_for
-from ai_factory.factory.planning.planner import Plan
+from ai_factory.factory.planning.model import Plan
 from ai_factory.factory.model.loading import NAMESPACE, read_stack_file, stack_file, stack_name, validate
 
 FLUX_INTERVAL = "1h"

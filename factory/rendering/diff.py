@@ -38,8 +38,8 @@ from ai_factory.components.kyverno import (
 )
 from ai_factory.components.tenant_stack import DEVICE_CLASS_QUOTA_SUFFIX, TOLERATIONS_WHITELIST_ANNOTATION
 from ai_factory.factory.model.loading import ConfigError, read_stack_file, stack_file, stack_name, validate
+from ai_factory.factory.planning.model import Plan
 from ai_factory.factory.planning.placement import offering_name
-from ai_factory.factory.planning.planner import Plan
 from ai_factory.factory.planning.from_config import plan_for, previous_plan
 from ai_factory.factory.planning.quotas import CPU_FLAVOR
 from ai_factory.factory.rendering.bundle import Manifest, Rendered, dump_yaml, render_raw

@@ -9,7 +9,7 @@ from ai_factory.components._common import FactoryComponent
 from ai_factory.components.registry import enabled_layers, tenant_hooks
 from ai_factory.components.tenant_stack import TenantStack, tenant_stack_args
 from ai_factory.factory.model.config import FactoryConfig
-from ai_factory.factory.planning.planner import Plan
+from ai_factory.factory.planning.model import Plan
 
 TOKEN = "ai-factory:index:Platform"
 

@@ -7,7 +7,7 @@ import pulumi
 
 from ai_factory.factory.model.loading import ConfigError, load_pulumi_config
 from ai_factory.factory.planning.from_config import plan_for, previous_plan
-from ai_factory.factory.planning.planner import Plan
+from ai_factory.factory.planning.model import Plan
 from ai_factory.factory.rendering.platform import Platform
 from ai_factory.stacks.contract import CONTRACT_OUTPUT, CONTRACT_SECRETS_OUTPUT, platform_contract, platform_secrets
 

@@ -29,7 +29,7 @@ from ai_factory.factory.planning.placement import (
     MIG_CONFIG_LABEL,
     MIG_DISABLED_CONFIG,
 )
-from ai_factory.factory.planning.planner import place_mig
+from ai_factory.factory.planning.mig import place_mig
 from ai_factory.factory.planning.quotas import SUPPLY_ANNOTATION
 from ai_factory.factory.model.tenancy import TENANT_LABEL, TRUST_DOMAIN_LABEL
 from ai_factory.policies.aif_policies.core import Violation, resource_policy, stack_policy

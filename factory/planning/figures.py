@@ -1,0 +1,103 @@
+"""Quality figures (see `Figures`) per pool and trust domain, per pool and for the fleet."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Sequence
+
+from ai_factory.factory.model.gpus import COMPUTE_SLICES, GPU_MODELS, MEMORY_SLICES, GpuModel
+from ai_factory.factory.planning.demands import PoolRequests
+from ai_factory.factory.planning.mig import ceil_div, mig_lower_bound
+from ai_factory.factory.planning.model import Figures, GpuAssignment, PoolPlan, PoolSpec, hami_memory_capacity
+
+
+def _gpu_share(model: GpuModel, pool: PoolPlan, gpu: GpuAssignment) -> float:
+    """Allocated GPU-equivalents of one GPU: its dominant allocated share (see Figures)."""
+    if gpu.mode == "whole":
+        return 1.0
+    if gpu.mode == "mig":
+        compute = sum(model.profile(i.profile).compute_slices for i in gpu.mig)
+        memory = sum(model.profile(i.profile).memory_slices for i in gpu.mig)
+        return max(compute / COMPUTE_SLICES, memory / MEMORY_SLICES)
+    if gpu.mode == "hami":
+        memory = sum(a.memory_mib for a in gpu.hami) / model.memory_mib
+        return min(1.0, max(memory, sum(a.cores_percent for a in gpu.hami) / 100))
+    if gpu.mode == "time-sliced":
+        return sum(s.replicas for s in gpu.time_slices) / pool.time_slicing_replicas
+    return 0.0
+
+
+def _lower_bound(pool: PoolSpec, model: GpuModel, request: PoolRequests, domain: str) -> int:
+    bound = sum(n for tenant, n in request.dedicated.items() if request.domain_of[tenant] == domain)
+    bound += sum(request.whole.get(domain, Counter()).values())
+    if domain in request.mig:
+        classes: Counter[str] = Counter()
+        for (_, profile), n in request.mig[domain].items():
+            classes[model.profile(profile).klass] += n
+        bound += mig_lower_bound(classes)
+    for (slice_domain, scaling), slices in sorted(request.hami.items()):
+        if slice_domain == domain:
+            bound += max(
+                ceil_div(sum(a.memory_mib for a in slices), hami_memory_capacity(model, scaling)),
+                ceil_div(sum(a.cores_percent for a in slices), 100),
+                ceil_div(len(slices), pool.hami_split_count),
+            )
+    if domain in request.time_sliced:
+        bound += ceil_div(sum(request.time_sliced[domain].values()), pool.time_slicing_replicas)
+    return bound
+
+
+def domain_figures(pool_plan: PoolPlan, pool: PoolSpec, request: PoolRequests, domain: str) -> Figures:
+    model = GPU_MODELS[pool.gpu_model]
+    owned = [node for node in pool_plan.nodes if node.trust_domain == domain]
+    used = [gpu for node in pool_plan.nodes for gpu in node.gpus if gpu.trust_domain == domain and gpu.mode != "idle"]
+    idle_by_tenant: Counter[str] = Counter()
+    for node in owned:
+        if node.dedicated_tenant is not None:
+            idle_by_tenant[node.dedicated_tenant] += sum(gpu.mode == "idle" for gpu in node.gpus)
+    mig = [model.profile(i.profile) for gpu in used for i in gpu.mig]
+    mig_gpus = sum(gpu.mode == "mig" for gpu in used)
+    lower_bound = _lower_bound(pool, model, request, domain)
+    equivalents = sum(_gpu_share(model, pool_plan, gpu) for gpu in used)
+    hami_memory = [sum(a.memory_mib for a in gpu.hami) / model.memory_mib for gpu in used if gpu.mode == "hami"]
+    return Figures(
+        pool=pool.name,
+        trust_domain=domain,
+        nodes_used=len(owned),
+        gpus_used=len(used),
+        lower_bound=lower_bound,
+        gap=len(used) - lower_bound,
+        idle_gpus=sum(gpu.mode == "idle" for node in owned for gpu in node.gpus),
+        idle_gpus_by_tenant=tuple(sorted((+idle_by_tenant).items())),
+        stranded_compute_slices=COMPUTE_SLICES * mig_gpus - sum(p.compute_slices for p in mig),
+        stranded_memory_slices=MEMORY_SLICES * mig_gpus - sum(p.memory_slices for p in mig),
+        gpu_equivalents=round(equivalents, 6),
+        utilisation=round(equivalents / len(used), 6) if used else 0.0,
+        hami_memory_oversubscription=round(max(hami_memory, default=0.0), 6),
+    )
+
+
+def total_figures(pool: str | None, rows: Sequence[Figures], *pool_plans: PoolPlan) -> Figures:
+    """Totals over `rows`; nodes and idle GPUs counted on the pools' used nodes."""
+    used_nodes = [node for p in pool_plans for node in p.nodes if any(g.mode != "idle" for g in node.gpus)]
+    gpus_used = sum(r.gpus_used for r in rows)
+    lower_bound = sum(r.lower_bound for r in rows)
+    equivalents = sum(r.gpu_equivalents for r in rows)
+    idle_by_tenant: Counter[str] = Counter()
+    for row in rows:
+        idle_by_tenant.update(dict(row.idle_gpus_by_tenant))
+    return Figures(
+        pool=pool,
+        trust_domain=None,
+        nodes_used=len(used_nodes),
+        gpus_used=gpus_used,
+        lower_bound=lower_bound,
+        gap=gpus_used - lower_bound,
+        idle_gpus=sum(g.mode == "idle" for node in used_nodes for g in node.gpus),
+        idle_gpus_by_tenant=tuple(sorted(idle_by_tenant.items())),
+        stranded_compute_slices=sum(r.stranded_compute_slices for r in rows),
+        stranded_memory_slices=sum(r.stranded_memory_slices for r in rows),
+        gpu_equivalents=round(equivalents, 6),
+        utilisation=round(equivalents / gpus_used, 6) if gpus_used else 0.0,
+        hami_memory_oversubscription=max((r.hami_memory_oversubscription for r in rows), default=0.0),
+    )

@@ -1,0 +1,454 @@
+"""The planner's data model: its inputs (pools, tenants, demands), its output `Plan` with the queries
+every layer asks of it, its JSON form (the lock) and its report table."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any, Literal, Sequence
+
+from ai_factory.factory.model.gpus import GPU_MODELS, GpuModel
+
+
+Sharing = Literal["exclusive", "mig", "time-slicing", "hami", "dra"]
+
+Trust = Literal["high", "medium", "low"]
+
+GpuMode = Literal["whole", "mig", "hami", "time-sliced", "idle"]
+
+WHOLE_GPU = "nvidia.com/gpu"
+
+HAMI_MEMORY = "nvidia.com/gpumem"
+
+HAMI_CORES = "nvidia.com/gpucores"
+
+
+# =========================================================================== inputs
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    name: str
+    gpu_model: str
+    gpus_per_node: int
+    nodes: tuple[str, ...]
+    """Explicit node names; the planner uses them in sorted order."""
+    sharing: Sharing
+    time_slicing_replicas: int = 4
+    hami_split_count: int = 10
+
+
+@dataclass(frozen=True)
+class HamiSlice:
+    """`count` vGPUs of `memory_mib` and `cores_percent` each; every vGPU lands on one GPU."""
+
+    count: int
+    memory_mib: int
+    cores_percent: int
+
+
+@dataclass(frozen=True)
+class Demand:
+    """One tenant demand on one pool; exactly one of whole_gpus, mig, hami, time_sliced_replicas."""
+
+    pool: str
+    whole_gpus: int = 0
+    mig: tuple[tuple[str, int], ...] = ()
+    """(profile name, count) pairs, e.g. (("1g.10gb", 4), ("3g.40gb", 1))."""
+    hami: tuple[HamiSlice, ...] = ()
+    time_sliced_replicas: int = 0
+    hami_oversubscribe: bool = False
+    """The tenant accepts HAMi device-memory oversubscription on its GPUs."""
+    hami_memory_scaling: float = 1.0
+    """HAMi `deviceMemoryScaling` for this tenant's GPUs; above 1 only with hami_oversubscribe."""
+
+
+@dataclass(frozen=True)
+class TenantSpec:
+    name: str
+    trust: Trust
+    trust_domain: str
+    demands: tuple[Demand, ...]
+
+
+class PlanError(ValueError):
+    """Every reason the demands cannot be planned, each naming tenant, pool, resource and shortfall."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__(f"{len(problems)} planning problem(s):\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+# =========================================================================== outputs
+
+
+@dataclass(frozen=True)
+class MigInstance:
+    profile: str
+    start: int
+    tenant: str
+
+
+@dataclass(frozen=True)
+class HamiAllocation:
+    tenant: str
+    memory_mib: int
+    cores_percent: int
+
+
+@dataclass(frozen=True)
+class TimeSliceShare:
+    tenant: str
+    replicas: int
+
+
+@dataclass(frozen=True)
+class GpuAssignment:
+    index: int
+    mode: GpuMode
+    trust_domain: str | None
+    """Domain the GPU serves; on an owned node its idle GPUs carry the node's domain."""
+    owner: str | None = None
+    """Tenant of a whole GPU."""
+    mig: tuple[MigInstance, ...] = ()
+    hami: tuple[HamiAllocation, ...] = ()
+    hami_memory_scaling: float = 1.0
+    time_slices: tuple[TimeSliceShare, ...] = ()
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    name: str
+    trust_domain: str | None
+    """Owning domain: a domain with shared GPUs here, or a low-trust tenant's domain; None for a
+    node of whole GPUs owned GPU by GPU (or an unused node)."""
+    dedicated_tenant: str | None
+    """The low-trust tenant this node is dedicated to."""
+    mig_config: str | None
+    """mig-parted config for the `nvidia.com/mig.config` label (MIG pools only)."""
+    gpus: tuple[GpuAssignment, ...]
+
+
+@dataclass(frozen=True)
+class PoolPlan:
+    name: str
+    gpu_model: str
+    sharing: Sharing
+    gpus_per_node: int
+    time_slicing_replicas: int
+    hami_split_count: int
+    nodes: tuple[NodePlan, ...]
+
+
+@dataclass(frozen=True)
+class Figures:
+    """Quality figures for one (pool, trust domain), one pool (trust_domain None) or the fleet
+    (pool and trust_domain None).
+
+    Allocation utilisation = allocated GPU-equivalents / GPUs used, each GPU counting its dominant
+    share: MIG max(Σcompute/7, Σmemory/8) of its instances, HAMi max(Σmemory/GPU memory,
+    Σcores/100) (capped at 1 when memory is oversubscribed), time-sliced used replicas / replicas
+    per GPU, whole 1. A GPU-level share (not a per-instance sum) so that 4g+3g counts as one GPU,
+    not 1.07.
+    """
+
+    pool: str | None
+    trust_domain: str | None
+    nodes_used: int
+    """Nodes the domain owns (shared or dedicated); pool and fleet rows: nodes with a GPU in use."""
+    gpus_used: int
+    lower_bound: int
+    """MIG: max(LB1, LB2, LB3) of mig-profiles.yaml; whole: their count; HAMi: max(ceil(Σmem /
+    GPU memory), ceil(Σcores / 100), ceil(slices / split count)); time-slicing: ceil(replicas /
+    replicas per GPU); summed per domain (trust domains partition the fleet)."""
+    gap: int
+    idle_gpus: int
+    """GPUs left idle on the used nodes (node ownership and dedicated nodes strand them)."""
+    idle_gpus_by_tenant: tuple[tuple[str, int], ...]
+    """Idle GPUs on nodes dedicated to low-trust tenants, attributed to them."""
+    stranded_compute_slices: int
+    stranded_memory_slices: int
+    gpu_equivalents: float
+    utilisation: float
+    hami_memory_oversubscription: float
+    """Largest allocated / physical memory on one HAMi GPU (0 without HAMi; above 1 only for
+    tenants that opted in)."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    pools: tuple[PoolPlan, ...]
+    figures: tuple[Figures, ...]
+    """One row per (pool, trust domain), sorted."""
+    pool_figures: tuple[Figures, ...]
+    fleet_figures: Figures
+    changed_gpus: int | None
+    """GPUs in use in the previous plan whose MIG layout, owner or allocations the new plan
+    changes (None when planned from scratch); new work in a GPU's spare room does not count."""
+
+    # ------------------------------------------------------------------ queries
+
+    def pool(self, name: str) -> PoolPlan:
+        for pool in self.pools:
+            if pool.name == name:
+                return pool
+        raise KeyError(f"no pool {name!r} in the plan; pools: {', '.join(p.name for p in self.pools)}")
+
+    def tenant_capacity(self, tenant: str) -> dict[tuple[str, str], int]:
+        """What `tenant` was granted, per (pool, resource name): whole GPUs and time-sliced
+        replicas as nvidia.com/gpu, MIG instances by profile resource, HAMi vGPU slots
+        (nvidia.com/gpu), memory in MiB (nvidia.com/gpumem) and cores in percent
+        (nvidia.com/gpucores)."""
+        return dict(self._capacity_by_tenant.get(tenant, {}))
+
+    def supply(self, pool: str, trust_domain: str) -> dict[str, int]:
+        """What the plan physically creates for `trust_domain` in `pool`: resources advertised by
+        the GPUs assigned to it (idle GPUs excluded: no quota may be written against them).
+        Queue quotas of the domain's tenants must never add up to more than this."""
+        self.pool(pool)  # an unknown pool is an error, not an empty supply
+        return dict(self._supply_by_domain.get((pool, trust_domain), {}))
+
+    # Every layer asks these per tenant or per offering: index the GPUs once per plan (a frozen
+    # dataclass still has a __dict__, which is where cached_property keeps the index).
+    @cached_property
+    def _capacity_by_tenant(self) -> dict[str, dict[tuple[str, str], int]]:
+        capacity: dict[str, Counter[tuple[str, str]]] = defaultdict(Counter)
+        for pool in self.pools:
+            model = GPU_MODELS[pool.gpu_model]
+            for gpu in (gpu for node in pool.nodes for gpu in node.gpus):
+                for owner, resource, amount in gpu_grants(model, gpu):
+                    capacity[owner][pool.name, resource] += amount
+        return {tenant: dict(sorted(c.items())) for tenant, c in capacity.items()}
+
+    @cached_property
+    def _supply_by_domain(self) -> dict[tuple[str, str], dict[str, int]]:
+        supply: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
+        for pool_plan in self.pools:
+            model = GPU_MODELS[pool_plan.gpu_model]
+            for gpu in (gpu for node in pool_plan.nodes for gpu in node.gpus):
+                domain = supply[pool_plan.name, gpu.trust_domain]
+                if gpu.mode == "whole":
+                    domain[WHOLE_GPU] += 1
+                elif gpu.mode == "mig":
+                    domain.update(model.profile(i.profile).resource_name for i in gpu.mig)
+                elif gpu.mode == "hami":
+                    domain[WHOLE_GPU] += pool_plan.hami_split_count
+                    domain[HAMI_MEMORY] += hami_memory_capacity(model, gpu.hami_memory_scaling)
+                    domain[HAMI_CORES] += 100
+                elif gpu.mode == "time-sliced":
+                    domain[WHOLE_GPU] += pool_plan.time_slicing_replicas
+        return {key: dict(sorted(c.items())) for key, c in supply.items()}
+
+    def node_mig_config(self, node: str) -> str | None:
+        for pool in self.pools:
+            for node_plan in pool.nodes:
+                if node_plan.name == node:
+                    return node_plan.mig_config
+        raise KeyError(f"no node {node!r} in the plan")
+
+    def mig_configs(self) -> dict[str, list[dict[str, Any]]]:
+        """mig-parted v1 `mig-configs` entries per config name (gpu-sharing.md section 2.1): GPUs
+        with identical geometry grouped by index, every entry restricted by `device-filter` to the
+        pool's GPU model so a config can never be applied to another model."""
+        configs: dict[str, list[dict[str, Any]]] = {}
+        for pool in self.pools:
+            model = GPU_MODELS[pool.gpu_model]
+            for node in pool.nodes:
+                if node.mig_config is not None:
+                    configs[node.mig_config] = mig_parted_entries(model, node.gpus)
+        return dict(sorted(configs.items()))
+
+    # ------------------------------------------------------------------ serialisation
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True, indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> Plan:
+        data = json.loads(text)
+        return cls(
+            pools=tuple(_pool_from_dict(p) for p in data["pools"]),
+            figures=tuple(_figures_from_dict(f) for f in data["figures"]),
+            pool_figures=tuple(_figures_from_dict(f) for f in data["pool_figures"]),
+            fleet_figures=_figures_from_dict(data["fleet_figures"]),
+            changed_gpus=data["changed_gpus"],
+        )
+
+    # ------------------------------------------------------------------ report
+
+    def render_table(self) -> str:
+        lines: list[str] = []
+        for pool in self.pools:
+            gpus = len(pool.nodes) * pool.gpus_per_node
+            lines.append(
+                f"pool {pool.name}: {pool.gpu_model}, {pool.sharing}, {len(pool.nodes)} nodes x "
+                f"{pool.gpus_per_node} GPUs = {gpus} GPUs"
+            )
+            rows = [("node", "gpu", "mode", "layout", "owner", "domain", "mig config")]
+            for node in pool.nodes:
+                for gpu in node.gpus:
+                    layout, owner = _describe_gpu(gpu)
+                    rows.append(
+                        (
+                            node.name,
+                            str(gpu.index),
+                            gpu.mode,
+                            layout,
+                            owner,
+                            gpu.trust_domain or "-",
+                            node.mig_config or "-",
+                        )
+                    )
+            lines.extend(_table(rows))
+            lines.append("")
+        rows = [
+            (
+                "pool",
+                "trust domain",
+                "nodes",
+                "GPUs",
+                "LB",
+                "gap",
+                "idle",
+                "stranded c/m",
+                "GPU-eq",
+                "util",
+                "HAMi mem x",
+            )
+        ]
+        for row in (*self.figures, *self.pool_figures, self.fleet_figures):
+            rows.append(
+                (
+                    row.pool or "(fleet)",
+                    row.trust_domain or ("(all)" if row.pool else "-"),
+                    str(row.nodes_used),
+                    str(row.gpus_used),
+                    str(row.lower_bound),
+                    str(row.gap),
+                    str(row.idle_gpus)
+                    + ("".join(f" ({t}: {n})" for t, n in row.idle_gpus_by_tenant) if row.trust_domain else ""),
+                    f"{row.stranded_compute_slices}/{row.stranded_memory_slices}",
+                    f"{row.gpu_equivalents:.2f}",
+                    f"{row.utilisation:.3f}",
+                    f"{row.hami_memory_oversubscription:.2f}",
+                )
+            )
+        lines.extend(_table(rows))
+        if self.changed_gpus is not None:
+            lines.append(f"GPUs changed since the previous plan: {self.changed_gpus}")
+        return "\n".join(lines) + "\n"
+
+
+def _table(rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
+
+
+def _describe_gpu(gpu: GpuAssignment) -> tuple[str, str]:
+    if gpu.mode == "mig":
+        layout = " ".join(f"{i.profile}@{i.start}" for i in gpu.mig)
+        owner = ",".join(sorted({i.tenant for i in gpu.mig}))
+    elif gpu.mode == "hami":
+        layout = " ".join(f"{a.memory_mib}MiB/{a.cores_percent}%" for a in gpu.hami)
+        if gpu.hami_memory_scaling != 1.0:
+            layout += f" (memory x{gpu.hami_memory_scaling:g})"
+        owner = ",".join(sorted({a.tenant for a in gpu.hami}))
+    elif gpu.mode == "time-sliced":
+        layout = " ".join(f"{s.replicas}x" for s in gpu.time_slices)
+        owner = ",".join(s.tenant for s in gpu.time_slices)
+    else:
+        layout, owner = "-", gpu.owner or "-"
+    return layout, owner
+
+
+def _pool_from_dict(data: dict[str, Any]) -> PoolPlan:
+    return PoolPlan(
+        name=data["name"],
+        gpu_model=data["gpu_model"],
+        sharing=data["sharing"],
+        gpus_per_node=data["gpus_per_node"],
+        time_slicing_replicas=data["time_slicing_replicas"],
+        hami_split_count=data["hami_split_count"],
+        nodes=tuple(
+            NodePlan(
+                name=node["name"],
+                trust_domain=node["trust_domain"],
+                dedicated_tenant=node["dedicated_tenant"],
+                mig_config=node["mig_config"],
+                gpus=tuple(
+                    GpuAssignment(
+                        index=gpu["index"],
+                        mode=gpu["mode"],
+                        trust_domain=gpu["trust_domain"],
+                        owner=gpu["owner"],
+                        mig=tuple(MigInstance(**i) for i in gpu["mig"]),
+                        hami=tuple(HamiAllocation(**a) for a in gpu["hami"]),
+                        hami_memory_scaling=gpu["hami_memory_scaling"],
+                        time_slices=tuple(TimeSliceShare(**s) for s in gpu["time_slices"]),
+                    )
+                    for gpu in node["gpus"]
+                ),
+            )
+            for node in data["nodes"]
+        ),
+    )
+
+
+def _figures_from_dict(data: dict[str, Any]) -> Figures:
+    return Figures(
+        **{
+            **data,
+            "idle_gpus_by_tenant": tuple((tenant, count) for tenant, count in data["idle_gpus_by_tenant"]),
+        }
+    )
+
+
+# --------------------------------------------------------------------------- what GPUs grant
+# Shared by the Plan's queries above and by the planner's modules.
+
+Slot = tuple[str, int]  # (node, GPU index)
+
+
+def gpu_grants(model: GpuModel, gpu: GpuAssignment) -> list[tuple[str, str, int]]:
+    """(tenant, resource name, amount) granted by one GPU."""
+    if gpu.mode == "whole":
+        return [(gpu.owner, WHOLE_GPU, 1)]
+    grants = [(i.tenant, model.profile(i.profile).resource_name, 1) for i in gpu.mig]
+    for a in gpu.hami:
+        grants += [
+            (a.tenant, WHOLE_GPU, 1),
+            (a.tenant, HAMI_MEMORY, a.memory_mib),
+            (a.tenant, HAMI_CORES, a.cores_percent),
+        ]
+    grants += [(s.tenant, WHOLE_GPU, s.replicas) for s in gpu.time_slices]
+    return grants
+
+
+def hami_memory_capacity(model: GpuModel, scaling: float) -> int:
+    """nvidia.com/gpumem one GPU advertises at HAMi memory scaling `scaling`."""
+    return int(model.memory_mib * scaling)
+
+
+def mig_parted_entries(model: GpuModel, gpus: Sequence[GpuAssignment]) -> list[dict[str, Any]]:
+    groups: dict[tuple[tuple[str, int], ...], list[int]] = defaultdict(list)
+    for gpu in gpus:
+        groups[tuple(sorted(Counter(i.profile for i in gpu.mig).items()))].append(gpu.index)
+    entries = []
+    for geometry, indexes in sorted(groups.items(), key=lambda item: item[1][0]):
+        entry: dict[str, Any] = {"device-filter": list(model.pci_device_ids), "devices": indexes}
+        if geometry:
+            entry["mig-enabled"] = True
+            entry["mig-devices"] = dict(geometry)
+        else:
+            entry["mig-enabled"] = False
+        entries.append(entry)
+    return entries
+
+
+def mig_config_name(pool: str, entries: list[dict[str, Any]]) -> str:
+    digest = hashlib.sha256(json.dumps(entries, sort_keys=True).encode()).hexdigest()[:8]
+    return f"{pool}-{digest}"
