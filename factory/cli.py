@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -16,6 +17,13 @@ EXIT_NO_ORACLES = 3
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ai-factory", description=__doc__)
+    parser.add_argument(
+        "--project-dir",
+        type=Path,
+        metavar="DIR",
+        help="the Pulumi project (Pulumi.yaml, Pulumi.<env>.yaml, plans/, policies/); default: the current directory. "
+        "Relative paths (--out, stack files) are then read from it, as with `git -C`",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
     render = commands.add_parser("render", help="render an environment to manifests, a Flux bundle and an inventory")
@@ -40,6 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     diff.add_argument("--without-tenant", required=True, metavar="NAME", help="the tenant to remove")
 
     args = parser.parse_args(argv)
+    if args.project_dir is not None:
+        if not args.project_dir.is_dir():
+            parser.error(f"--project-dir {args.project_dir}: no such directory")
+        os.chdir(args.project_dir)
     try:
         if args.command == "render":
             return _render(args.env, args.out or Path("build") / stack_name(stack_file(args.env)))

@@ -19,7 +19,8 @@ from pathlib import Path
 
 from pulumi import automation as auto
 
-from ai_factory.factory.model.loading import PROJECT_DIR, load_stack_file
+from ai_factory.factory.model.loading import load_stack_file
+from ai_factory.factory.model.loading import project_dir as current_project
 from ai_factory.factory.planning.from_config import plan_for, previous_plan
 from ai_factory.stacks import backend as ops
 from ai_factory.stacks.backend import Backend, KeyedLocks, OnEvent, OnOutput, PolicyPack, StackResult, check_name
@@ -30,9 +31,9 @@ POLICY_PACK_DIR = "policies"
 
 
 class PlatformStacks:
-    def __init__(self, backend: Backend | None = None, *, project_dir: Path = PROJECT_DIR, pulumi_command: auto.PulumiCommand | None = None):
+    def __init__(self, backend: Backend | None = None, *, project_dir: Path | None = None, pulumi_command: auto.PulumiCommand | None = None):
         self.backend = backend or Backend()
-        self.project_dir = project_dir
+        self.project_dir = project_dir or current_project()
         self._pulumi_command = pulumi_command
         self._locks = KeyedLocks()
 

@@ -45,7 +45,7 @@ from pulumi.automation.events import EngineEvent
 from pydantic import BaseModel
 
 from ai_factory.factory.model.config import Tenant
-from ai_factory.factory.model.loading import PROJECT_DIR, ConfigError, load_stack_file, stack_file, validate_tenant
+from ai_factory.factory.model.loading import ConfigError, load_stack_file, stack_file, validate_tenant
 from ai_factory.stacks.auth import AuthError, Caller, IssuerUnavailable, Jwks, TokenVerifier
 from ai_factory.stacks.backend import Backend, BackendError, StackResult, check_name
 from ai_factory.stacks.contract import ContractError
@@ -357,7 +357,7 @@ def _install_error_handlers(app: FastAPI) -> None:
         return problems(503, str(err))
 
 
-def service_app(settings: ServiceSettings, backend: Backend, *, project_dir: FilePath = PROJECT_DIR) -> FastAPI:
+def service_app(settings: ServiceSettings, backend: Backend, *, project_dir: FilePath | None = None) -> FastAPI:
     """The service for `settings.environments`, trusting the issuer their configuration names
     (`identity`); the signing keys are fetched when the first token arrives."""
     identities = set()

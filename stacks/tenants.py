@@ -32,7 +32,8 @@ from pydantic import BaseModel
 
 from ai_factory.components.tenant_stack import TenantStack, tenant_stack_args
 from ai_factory.factory.model.config import Tenant
-from ai_factory.factory.model.loading import PROJECT_DIR, ConfigError, read_stack_file, stack_file, validate_tenant
+from ai_factory.factory.model.loading import project_dir as current_project
+from ai_factory.factory.model.loading import ConfigError, read_stack_file, stack_file, validate_tenant
 from ai_factory.components.registry import tenant_hooks
 from ai_factory.factory.rendering.platform import tenant_stack_name
 from ai_factory.factory.rendering.program import ROOT
@@ -147,11 +148,11 @@ class TenantStacks:
         backend: Backend | None = None,
         *,
         platforms: PlatformStacks | None = None,
-        project_dir: Path = PROJECT_DIR,
+        project_dir: Path | None = None,
         pulumi_command: auto.PulumiCommand | None = None,
     ):
         self.backend = backend or Backend()
-        self.project_dir = project_dir
+        self.project_dir = project_dir or current_project()
         self.platforms = platforms or PlatformStacks(self.backend, project_dir=project_dir, pulumi_command=pulumi_command)
         self._pulumi_command = pulumi_command
         self._locks = KeyedLocks()
@@ -339,7 +340,7 @@ def _configure(stack: auto.Stack, settings: Mapping[str, str]) -> None:
         stack.set_config(key, auto.ConfigValue(value))
 
 
-def provider_settings(env: str, project_dir: Path = PROJECT_DIR) -> dict[str, str]:
+def provider_settings(env: str, project_dir: Path | None = None) -> dict[str, str]:
     """The platform stack file's provider settings tenant stacks share (plain values only: a
     secret one could only be copied through a command line)."""
     path = stack_file(env, project_dir)

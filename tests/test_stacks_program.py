@@ -12,7 +12,6 @@ import pytest
 from pulumi.runtime import rpc
 
 from ai_factory.factory.rendering.harness import Graph, RecordingMocks, RecordingMonitor, run_program
-from ai_factory.factory.model.loading import NAMESPACE
 from ai_factory.factory.rendering.program import main as platform_main
 from ai_factory.stacks.contract import CONTRACT_OUTPUT, CONTRACT_SECRETS_OUTPUT, CONTRACT_VERSION
 from ai_factory.stacks.tenants import PLATFORM_KEY, TENANT_KEY, tenant_program
@@ -64,8 +63,8 @@ def exports(monkeypatch) -> Exports:
 
 
 def run_platform(raw: dict, secret_sections: set[str], exports: Exports) -> None:
-    config = {f"{NAMESPACE}:{section}": json.dumps(value, default=str) for section, value in raw.items()}
-    run_program(exports.around(platform_main), project="ai-factory", stack="dev", config=config, secret_keys=[f"{NAMESPACE}:{s}" for s in secret_sections])
+    config = {f"ai-factory:{section}": json.dumps(value, default=str) for section, value in raw.items()}
+    run_program(exports.around(platform_main), project="ai-factory", stack="dev", config=config, secret_keys=[f"ai-factory:{s}" for s in secret_sections])
 
 
 def run_tenant(tenant: dict, contract: str | None, exports: Exports | None = None, monitor: RecordingMonitor | None = None) -> Graph:

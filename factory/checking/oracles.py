@@ -51,16 +51,15 @@ class OracleError(Exception):
 
 def locate_upstream_dir() -> pathlib.Path | None:
     """The oracle directory: $FACTORY_UPSTREAM_DIR if set (it must exist), else
-    `<repo root>/../shared/upstream` if it exists, else None. The repo root is the parent of the
-    `factory` package directory."""
+    `<project dir>/../shared/upstream` if it exists (the layout of this repository's checkout),
+    else None."""
     configured = os.environ.get("FACTORY_UPSTREAM_DIR")
     if configured:
         path = pathlib.Path(configured)
         if not path.is_dir():
             raise OracleError(f"FACTORY_UPSTREAM_DIR={configured} is not a directory")
         return path
-    repo_root = pathlib.Path(__file__).resolve().parents[2]
-    default = repo_root.parent / "shared" / "upstream"
+    default = pathlib.Path.cwd().resolve().parent / "shared" / "upstream"
     return default if default.is_dir() else None
 
 

@@ -39,13 +39,14 @@ from pulumi_policy.proxy import UnknownValueError, unknown_checking_proxy
 
 from ai_factory.factory.checking.findings import Finding
 from ai_factory.factory.rendering.harness import Graph
-from ai_factory.factory.model.loading import PROJECT_DIR
+from ai_factory.factory.model.loading import project_dir
 from ai_factory.factory.checking.oracles import Oracles
 from ai_factory.factory.rendering.bundle import Manifest, Rendered
 from ai_factory.policies.aif_policies import PACK_NAME, POLICIES
 from ai_factory.policies.aif_policies.kube import HELM_RELEASE
 
-POLICY_DIR = PROJECT_DIR / "policies"
+POLICY_DIR = "policies"
+"""The pack's folder in the user's project, holding `config.<stack>.json`."""
 STACK_REF = "stack"
 """What a finding names when a stack policy reports against no resource."""
 
@@ -58,9 +59,9 @@ class OfflineOptions(PolicyResourceOptions):
         self.retain_on_delete = retain_on_delete
 
 
-def policy_config(stack: str | None, directory: Path = POLICY_DIR) -> dict[str, dict[str, Any]]:
-    """The pack configuration of a stack (`policies/config.<stack>.json`), empty when there is none."""
-    path = directory / f"config.{stack}.json"
+def policy_config(stack: str | None, directory: Path | None = None) -> dict[str, dict[str, Any]]:
+    """The pack configuration of a stack (`policies/config.<stack>.json` of the project), empty when there is none."""
+    path = (directory or project_dir() / POLICY_DIR) / f"config.{stack}.json"
     if stack is None or not path.is_file():
         return {}
     raw = json.loads(path.read_text())

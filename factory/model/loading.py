@@ -2,7 +2,12 @@
 
 Two entry points produce the same `FactoryConfig`:
 - `load_stack_file(env)`: offline, from `Pulumi.<env>.yaml` (what `factory render|check|plan` use);
-- `load_pulumi_config()`: inside `pulumi up`, through `pulumi.Config("ai-factory")`.
+- `load_pulumi_config()`: inside `pulumi up`, through `pulumi.Config()`.
+
+The config namespace is the Pulumi project's name (`name:` in `Pulumi.yaml`), which is what
+`pulumi config set` writes by default: `ai-factory:` in this repository's example project,
+`<your project>:` in yours. The project is the current directory (the CLI's `--project-dir`
+changes into another), never the installed library's folder.
 
 Both go through `validate()`, which reports every problem at once (field errors of every section
 plus the cross-references between sections) as a `ConfigError`, before anything is registered.
@@ -26,8 +31,7 @@ from ai_factory.factory.model.gpus import GPU_MODELS
 from ai_factory.factory.planning.placement import UNASSIGNED, offering_name
 from ai_factory.factory.model.secrets import offline_placeholder
 
-NAMESPACE = "ai-factory"
-PROJECT_DIR = Path(__file__).resolve().parents[2]
+PROJECT_FILE = "Pulumi.yaml"
 
 
 class ConfigError(Exception):
@@ -47,11 +51,37 @@ class ConfigError(Exception):
 # --------------------------------------------------------------------------- entry points
 
 
-def stack_file(env: str, project_dir: Path = PROJECT_DIR) -> Path:
+def project_dir() -> Path:
+    """The user's Pulumi project: the current directory, as for the `pulumi` CLI."""
+    return Path.cwd()
+
+
+def project_name(directory: Path) -> str:
+    """The `name:` of the project in `directory`: the namespace of its configuration."""
+    path = directory / PROJECT_FILE
+    try:
+        document = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError([f"{PROJECT_FILE}: no Pulumi project in {directory} (run from your project, or pass --project-dir)"], source=str(directory)) from None
+    except yaml.YAMLError as err:
+        raise ConfigError([f"{PROJECT_FILE}: not valid YAML: {err}"], source=str(path)) from None
+    name = document.get("name") if isinstance(document, dict) else None
+    if not isinstance(name, str) or not name:
+        raise ConfigError([f"{PROJECT_FILE}: name: a project name is required"], source=str(path))
+    return name
+
+
+def stack_project(path: Path) -> str:
+    """The project a stack file belongs to: the `Pulumi.yaml` beside it, else the current project's."""
+    beside = path.resolve().parent
+    return project_name(beside if (beside / PROJECT_FILE).is_file() else project_dir())
+
+
+def stack_file(env: str, directory: Path | None = None) -> Path:
     """`Pulumi.<env>.yaml` of the project, or `env` itself when it names a stack file."""
     if env.endswith((".yaml", ".yml")):
         return Path(env)
-    return project_dir / f"Pulumi.{env}.yaml"
+    return (directory or project_dir()) / f"Pulumi.{env}.yaml"
 
 
 def stack_name(path: Path) -> str:
@@ -59,7 +89,8 @@ def stack_name(path: Path) -> str:
 
 
 def read_stack_file(path: Path) -> tuple[dict[str, Any], set[str]]:
-    """The raw `ai-factory:` sections of a stack file, with `secure:` values turned into placeholders.
+    """The raw sections of a stack file in its project's namespace (`<project>:<section>`), with
+    `secure:` values turned into placeholders.
 
     Returns the sections and the names of those holding a secret (they are seeded as secret config)."""
     if not path.is_file():
@@ -73,9 +104,10 @@ def read_stack_file(path: Path) -> tuple[dict[str, Any], set[str]]:
     raw: dict[str, Any] = {}
     problems = []
     secret_sections: set[str] = set()
+    project = stack_project(path)
     for key, value in (document.get("config") or {}).items():
         namespace, _, section = str(key).partition(":")
-        if namespace != NAMESPACE:
+        if namespace != project:
             continue  # provider settings such as kubernetes:context belong to their providers
         if section not in SECTIONS:
             problems.append(f"{section}: unknown key{_did_you_mean(section, SECTIONS)}")
@@ -88,8 +120,8 @@ def read_stack_file(path: Path) -> tuple[dict[str, Any], set[str]]:
     return raw, secret_sections
 
 
-def load_stack_file(env: str, project_dir: Path = PROJECT_DIR) -> FactoryConfig:
-    path = stack_file(env, project_dir)
+def load_stack_file(env: str, directory: Path | None = None) -> FactoryConfig:
+    path = stack_file(env, directory)
     raw, _ = read_stack_file(path)
     return validate(raw, source=str(path))
 
@@ -99,9 +131,9 @@ def load_pulumi_config() -> FactoryConfig:
     import pulumi
     from pulumi.runtime.config import is_config_secret
 
-    config = pulumi.Config(NAMESPACE)
+    config = pulumi.Config()  # the project's own namespace
     raw = {section: value for section in SECTIONS if (value := config.get_object(section)) is not None}
-    decrypted = {section for section in raw if is_config_secret(f"{NAMESPACE}:{section}")}
+    decrypted = {section for section in raw if is_config_secret(f"{pulumi.get_project()}:{section}")}
     return validate(raw, decrypted_secret_sections=decrypted, source=f"stack {pulumi.get_stack()}")
 
 

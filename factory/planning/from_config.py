@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ai_factory.factory.model.config import FactoryConfig, GpuDemand, Pool, Tenant
-from ai_factory.factory.model.loading import PROJECT_DIR, ConfigError
+from ai_factory.factory.model.loading import ConfigError, project_dir
 from ai_factory.factory.planning.model import Demand, HamiSlice, Plan, PlanError, PoolSpec, TenantSpec
 from ai_factory.factory.planning.planner import plan
 
@@ -54,12 +54,13 @@ def tenant_spec(tenant: Tenant, cfg: FactoryConfig) -> TenantSpec:
     )
 
 
-def plan_path(env: str, project_dir: Path = PROJECT_DIR) -> Path:
-    return project_dir / PLANS_DIR / f"{env}.json"
+def plan_path(env: str, directory: Path | None = None) -> Path:
+    """The environment's plan lock, `plans/<env>.json` of the project."""
+    return (directory or project_dir()) / PLANS_DIR / f"{env}.json"
 
 
-def previous_plan(env: str, project_dir: Path = PROJECT_DIR) -> Plan | None:
-    path = plan_path(env, project_dir)
+def previous_plan(env: str, directory: Path | None = None) -> Plan | None:
+    path = plan_path(env, directory)
     return Plan.from_json(path.read_text()) if path.is_file() else None
 
 

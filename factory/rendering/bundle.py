@@ -28,7 +28,7 @@ from ai_factory.factory.rendering.harness import Graph, Resource, run_program
 from ai_factory.factory.model.tenancy import TENANT_LABEL
 from ai_factory.factory.planning.from_config import plan_for
 from ai_factory.factory.planning.model import Plan
-from ai_factory.factory.model.loading import NAMESPACE, read_stack_file, stack_file, stack_name, validate
+from ai_factory.factory.model.loading import read_stack_file, stack_file, stack_name, stack_project, validate
 
 FLUX_INTERVAL = "1h"
 HELM_RELEASE_TYPES = ("kubernetes:helm.sh/v3:Release", "kubernetes:helm.sh/v4:Chart")
@@ -130,20 +130,23 @@ def render_env(env: str) -> Rendered:
     raw, secret_sections = read_stack_file(path)
     cfg = validate(raw, source=str(path))
     plan_for(cfg)  # demands that do not fit are reported here, before anything is registered
-    return render_raw(raw, secret_sections, cfg, stack=stack_name(path))
+    return render_raw(raw, secret_sections, cfg, stack=stack_name(path), project=stack_project(path))
 
 
-def render_raw(raw: dict[str, Any], secret_sections: set[str], cfg: FactoryConfig, stack: str, plan: Plan | None = None) -> Rendered:
-    """`plan`: deploy this plan instead of planning from the stack's recorded one (see `program.main`)."""
+def render_raw(
+    raw: dict[str, Any], secret_sections: set[str], cfg: FactoryConfig, stack: str, plan: Plan | None = None, project: str = "ai-factory"
+) -> Rendered:
+    """`plan`: deploy this plan instead of planning from the stack's recorded one (see `program.main`).
+    `project`: the Pulumi project the program runs in, whose name is the config namespace."""
     from ai_factory.factory.rendering.program import main
 
-    config = {f"{NAMESPACE}:{section}": json.dumps(value, default=_placeholder) for section, value in raw.items()}
+    config = {f"{project}:{section}": json.dumps(value, default=_placeholder) for section, value in raw.items()}
     graph = run_program(
         functools.partial(main, plan),
-        project="ai-factory",
+        project=project,
         stack=stack,
         config=config,
-        secret_keys=[f"{NAMESPACE}:{s}" for s in secret_sections],
+        secret_keys=[f"{project}:{s}" for s in secret_sections],
     )
     return from_graph(graph, cfg)
 
