@@ -56,6 +56,16 @@ class FactoryComponent(pulumi.ComponentResource):
         return f"{self.resource_name}-{suffix}"
 
 
+class ArgumentError(ValueError):
+    """Typed arguments that contradict each other (a tenant queue naming a flavor its Kueue does
+    not have, ...), raised when the arguments are built, before any resource is registered.
+    One `argument: message` line per problem."""
+
+    def __init__(self, what: str, problems: list[str]):
+        self.problems = problems
+        super().__init__("\n".join([f"invalid {what} ({len(problems)} problem{'s' if len(problems) != 1 else ''}):", *(f"  - {p}" for p in problems)]))
+
+
 POD_SECURITY_LEVELS = ("privileged", "baseline", "restricted")
 
 

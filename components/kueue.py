@@ -31,7 +31,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 import yaml
 
-from ai_factory.components._common import GPU_MODEL_LABEL, POOL_LABEL, FactoryComponent, helm_release, labels, namespace
+from ai_factory.components._common import GPU_MODEL_LABEL, POOL_LABEL, ArgumentError, FactoryComponent, helm_release, labels, namespace
 from ai_factory.components._topology import SchedulingTopology, pool_topology
 from ai_factory.components.dra import whole_gpu_class
 from ai_factory.factory.model.catalog import ChartSource
@@ -283,11 +283,36 @@ class KueueTenantHook:
     LocalQueue `default` in its namespace, which every workload of the tenant goes through."""
 
     queues: tuple[ClusterQueueSpec, ...]
+    flavors: tuple[str, ...]
+    """The flavors of the Kueue component the queues are admitted to (`for_kueue`)."""
+    cohorts: tuple[str, ...]
+    """Its cohorts."""
     layer: str = "kueue"
+
+    def __post_init__(self) -> None:
+        known_flavors, known_cohorts = {*self.flavors, CPU_FLAVOR}, set(self.cohorts)
+        problems = []
+        for i, queue in enumerate(self.queues):
+            if queue.cohort not in known_cohorts:
+                problems.append(f"queues[{i}].cohort: {queue.cohort!r} is not a cohort of the Kueue component ({', '.join(sorted(known_cohorts)) or 'none'})")
+            for g, group in enumerate(queue.groups):
+                for f, quotas in enumerate(group.flavors):
+                    if quotas.flavor not in known_flavors:
+                        problems.append(
+                            f"queues[{i}].groups[{g}].flavors[{f}].flavor: {quotas.flavor!r} is not a flavor of the Kueue component "
+                            f"({', '.join(sorted(known_flavors))})"
+                        )
+        if problems:
+            raise ArgumentError("KueueTenantHook", problems)
+
+    @classmethod
+    def for_kueue(cls, kueue: KueueArgs, queues: tuple[ClusterQueueSpec, ...]) -> KueueTenantHook:
+        """Tenants' queues on the flavors and cohorts of the Kueue component built with `kueue`."""
+        return cls(queues=queues, flavors=tuple(o.name for o in kueue.flavors), cohorts=tuple(c.name for c in kueue.cohorts))
 
     @classmethod
     def from_config(cls, cfg: FactoryConfig, plan: Plan) -> KueueTenantHook:
-        return cls(queue_plan(cfg, plan).cluster_queues)
+        return cls.for_kueue(KueueArgs.from_config(cfg, plan), queue_plan(cfg, plan).cluster_queues)
 
     def attach(self, stack: FactoryComponent, tenant: Tenant, names: TenantNames) -> None:
         queue = planned_for(self.queues, tenant.name, "ClusterQueue")

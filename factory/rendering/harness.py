@@ -42,6 +42,8 @@ class Resource:
     dependency_urns: list[str]
     secret_paths: list[str]
     """Where secret values sat in the inputs (dotted paths)."""
+    provider: str = ""
+    """The provider reference (`<provider urn>::<id>`) of a custom resource, empty for the default provider."""
     parent: Resource | None = None
     dependencies: list[Resource] = field(default_factory=list)
 
@@ -140,6 +142,7 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
             retain_on_delete=bool(request.retainOnDelete),
             dependency_urns=sorted(request.dependencies),
             secret_paths=secret_paths,
+            provider=request.provider,
         )
         key = resource.key
         with self._lock:
