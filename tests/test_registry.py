@@ -1,0 +1,42 @@
+"""The layer registry drives the root component, the tenant hooks and the checks."""
+
+from __future__ import annotations
+
+from ai_factory.components.registry import layer, layers
+from ai_factory.factory.checking import scheduling
+from ai_factory.factory.checking.check import checks
+from ai_factory.factory.model.catalog import CHARTS
+from ai_factory.factory.model.config import Layers
+from tests.conftest import render
+
+
+def test_every_layer_names_an_existing_config_section_chart_pin_and_required_layers():
+    names = {l.name for l in layers()}
+    for declared in layers():
+        assert declared.section is None or declared.section in Layers.model_fields, declared.name
+        assert declared.chart is None or declared.chart in CHARTS, declared.name
+        assert set(declared.requires) <= names, declared.name
+    assert [l.name for l in layers()].index("openbao") < [l.name for l in layers()].index("external-secrets")
+
+
+def test_a_layer_switched_off_disappears_from_render_hooks_and_checks(raw):
+    dev = render(raw)
+    assert {"falco", "kyverno"} <= {m.layer for m in dev.manifests}
+    assert any(m.kind == "ClusterPolicy" and m.tenant for m in dev.manifests)  # kyverno's tenant hook
+    raw["layers"]["falco"] = {"enabled": False}
+    raw["layers"]["kyverno"] = {"enabled": False}
+    without = render(raw)
+    assert not {"falco", "kyverno"} & {m.layer for m in without.manifests}
+    assert not [m for m in without.manifests if m.kind == "ClusterPolicy"]
+    assert not [r for r in without.graph.resources if r.type == "ai-factory:admission:Kyverno" or r.name.endswith("-admission")]
+
+
+def test_a_layer_switched_on_brings_its_component_hook_and_checks(raw):
+    dev = render(raw)
+    assert scheduling.kai_queue_shares not in checks(dev)
+    raw["layers"]["kai_scheduler"] = {"enabled": True}
+    with_kai = render(raw)
+    assert "kai-scheduler" in {m.layer for m in with_kai.manifests}
+    assert {m.tenant for m in with_kai.manifests if m.kind == "Queue" and m.tenant} == {t["name"] for t in raw["tenants"]}
+    assert scheduling.kai_queue_shares in checks(with_kai)
+    assert layer("kai-scheduler").checks == (scheduling.kai_queue_shares,)
