@@ -30,6 +30,7 @@ from typing import Any, Iterable, Iterator, Mapping
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from ai_factory.components.registry import enabled_layers, layers
 from ai_factory.factory.model.config import SECTIONS, FactoryConfig, Identity, Tenant
 from ai_factory.factory.model.loading import ConfigError, validate
 from ai_factory.factory.planning.model import Plan
@@ -38,13 +39,11 @@ from ai_factory.factory.planning.quotas import queue_plan
 from ai_factory.factory.model.secrets import SecretValue
 from ai_factory.factory.model.tenancy import TenantNames, tenant_names
 
-CONTRACT_VERSION = 1
+CONTRACT_VERSION = 2
 CONTRACT_OUTPUT = "contract"
 """The platform stack's output holding the contract."""
 CONTRACT_SECRETS_OUTPUT = "contract_secrets"
 """The platform stack's secret output holding the configuration's secret values."""
-PLATFORM_PROJECT = "ai-factory"
-"""The platform's Pulumi project (`Pulumi.yaml`); its stacks are the environments."""
 TENANT_DECIDED = ("owners",)
 """What a tenant decides about itself. Every other field of a tenant (trust, trust domain,
 isolation, GPUs, quota, borrowing, organisation, which stack builds it) is the platform team's."""
@@ -60,6 +59,9 @@ class PlatformContract(BaseModel):
     contract_version: int = CONTRACT_VERSION
     environment: str
     """The platform stack (environment) that exported the contract."""
+    layers: tuple[str, ...]
+    """The layers the platform runs (registry names): a tenant program whose library lacks one
+    would silently leave out its tenant hook, so it refuses instead."""
     kubernetes_version: str
     api_server: str | None
     """The host cluster's API server as tenants reach it (`kubernetes.api_server`)."""
@@ -140,6 +142,11 @@ class PlatformContract(BaseModel):
         The platform hosts in tenant stacks the tenants its configuration registers with
         `managed_by: tenant-stack` (GPUs, queues and trust domains are planned with every tenant),
         each as registered but for its owners."""
+        if unknown := sorted(set(self.layers) - {l.name for l in layers()}):
+            return [
+                f"platform: {self.environment} runs layers this library does not have ({', '.join(unknown)}): "
+                "run the tenant stack with the library release that deployed the platform"
+            ]
         registered = self.registration(tenant.name)
         if registered is None:
             return [
@@ -174,6 +181,7 @@ def platform_contract(cfg: FactoryConfig, plan: Plan, environment: str) -> Platf
     """The contract of one environment, from its validated configuration and its plan."""
     return PlatformContract(
         environment=environment,
+        layers=tuple(l.name for l in enabled_layers(cfg)),
         kubernetes_version=cfg.kubernetes.version,
         api_server=cfg.kubernetes.api_server,
         identity=cfg.identity,

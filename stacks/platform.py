@@ -19,12 +19,12 @@ from pathlib import Path
 
 from pulumi import automation as auto
 
-from ai_factory.factory.model.loading import load_stack_file
+from ai_factory.factory.model.loading import load_stack_file, project_name
 from ai_factory.factory.model.loading import project_dir as current_project
 from ai_factory.factory.planning.from_config import plan_for, previous_plan
 from ai_factory.stacks import backend as ops
 from ai_factory.stacks.backend import Backend, KeyedLocks, OnEvent, OnOutput, PolicyPack, StackResult, check_name
-from ai_factory.stacks.contract import CONTRACT_OUTPUT, PLATFORM_PROJECT, ContractError, PlatformContract
+from ai_factory.stacks.contract import CONTRACT_OUTPUT, ContractError, PlatformContract
 
 
 POLICY_PACK_DIR = "policies"
@@ -38,7 +38,8 @@ class PlatformStacks:
         self._locks = KeyedLocks()
 
     def stack_name(self, env: str) -> str:
-        return self.backend.stack_name(PLATFORM_PROJECT, env)
+        """The platform stack of `env` in the user's project (its Pulumi.yaml names the project)."""
+        return self.backend.stack_name(project_name(self.project_dir), env)
 
     def policy_pack(self, env: str) -> PolicyPack:
         config = self.project_dir / POLICY_PACK_DIR / f"config.{env}.json"

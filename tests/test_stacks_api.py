@@ -13,7 +13,7 @@ import pytest
 from ai_factory.factory.model.config import Tenant
 from ai_factory.factory.model.loading import ConfigError
 from ai_factory.stacks.backend import Backend, BackendError
-from ai_factory.stacks.contract import ContractError
+from ai_factory.stacks.contract import CONTRACT_VERSION, ContractError
 from ai_factory.stacks.platform import PlatformStacks
 from ai_factory.stacks.tenants import TENANT_KEY, TenantExists, TenantNotFound, TenantStacks
 from tests.stacks_support import KUBECONFIG, PASSPHRASE, REGISTRY_PASSWORD, REPO, backend, deployed_platform, fake_cli, registered, tenant
@@ -44,7 +44,7 @@ def test_platform_up_runs_the_project_program_in_the_project_directory(tmp_path)
     ]
     assert {c.cwd for c in cli.calls} == {str(REPO)}
     assert result.operation == "up" and result.changes == {"create": 2}
-    assert json.loads(result.outputs["contract"])["contract_version"] == 1
+    assert json.loads(result.outputs["contract"])["contract_version"] == CONTRACT_VERSION
 
 
 def test_platform_preview_and_destroy_issue_the_expected_commands(tmp_path):

@@ -9,7 +9,7 @@ import pytest
 
 from ai_factory.factory.model.config import Tenant
 from ai_factory.factory.planning.from_config import plan_for
-from ai_factory.stacks.contract import ContractError, PlatformContract, platform_contract, platform_secrets
+from ai_factory.stacks.contract import CONTRACT_VERSION, ContractError, PlatformContract, platform_contract, platform_secrets
 from tests.stacks_support import registered, self_service_env, tenant
 
 STACK = "organization/ai-factory/dev"
@@ -35,8 +35,8 @@ def test_the_contract_reads_back_the_platform_it_was_made_from(dev_cfg, contract
 def test_a_missing_or_other_version_contract_is_refused_with_what_to_do(contract):
     with pytest.raises(ContractError, match=r"exports no 'contract': deploy it first \(ai-factory-stacks platform up\)"):
         PlatformContract.from_output(None, STACK)
-    newer = json.dumps({**json.loads(contract.to_output()), "contract_version": 2})
-    with pytest.raises(ContractError, match="exports contract version 2; this library reads version 1"):
+    newer = json.dumps({**json.loads(contract.to_output()), "contract_version": CONTRACT_VERSION + 1})
+    with pytest.raises(ContractError, match=f"exports contract version {CONTRACT_VERSION + 1}; this library reads version {CONTRACT_VERSION}"):
         PlatformContract.from_output(newer, STACK)
 
 
@@ -72,3 +72,20 @@ def test_a_tenant_the_platform_does_not_register_is_refused_saying_how_to_regist
         "tenant.name: 'newcomer' is not a tenant of platform dev: its GPUs, queues and trust are planned with every other "
         "tenant's; register it in the platform config (`tenants`) and update the platform"
     ]
+
+
+def test_a_tenant_program_refuses_a_platform_running_a_layer_its_library_lacks(dev_raw):
+    from ai_factory.factory.model.loading import validate
+    from ai_factory.factory.planning.from_config import plan_for
+    from ai_factory.stacks.contract import platform_contract
+
+    cfg = validate(dev_raw[0])
+    contract = platform_contract(cfg, plan_for(cfg), "dev")
+    assert "kueue" in contract.layers and "volcano" not in contract.layers
+    tenant = next(t for t in cfg.tenants if t.name == "assistant").model_copy(update={"managed_by": "tenant-stack"})
+    newer = contract.model_copy(update={"layers": (*contract.layers, "serving-from-the-future")})
+    assert newer.tenant_problems(tenant) == [
+        "platform: dev runs layers this library does not have (serving-from-the-future): "
+        "run the tenant stack with the library release that deployed the platform"
+    ]
+    assert not any(p.startswith("platform:") for p in contract.tenant_problems(tenant))

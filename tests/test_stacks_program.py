@@ -134,7 +134,7 @@ def test_the_tenant_program_refuses_what_the_contract_refuses_and_builds_nothing
 
 def test_the_tenant_program_refuses_a_contract_of_another_version(contract):
     newer = json.dumps({**json.loads(contract), "contract_version": CONTRACT_VERSION + 1})
-    with pytest.raises(pulumi.RunError, match="exports contract version 2; this library reads version 1"):
+    with pytest.raises(pulumi.RunError, match=f"exports contract version {CONTRACT_VERSION + 1}; this library reads version {CONTRACT_VERSION}"):
         run_tenant(registered("assistant").model_dump(mode="json"), newer)
 
 
