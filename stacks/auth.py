@@ -1,18 +1,19 @@
 """OIDC bearer tokens: who is calling, and in which groups.
 
 Tokens are JWTs signed by the platform's issuer (`identity.issuer_url`). Its signing keys come
-from the issuer's discovery document (`/.well-known/openid-configuration` -> `jwks_uri`), fetched
-on first use, cached, and fetched again when a token names a key the cache does not hold (key
-rotation), at most once per `min_refresh_seconds`. A token is accepted only if its signature
-verifies with an asymmetric algorithm, its issuer and audience are the expected ones, and it has
-not expired (with a small leeway for clock skew).
+from the issuer's discovery document (`/.well-known/openid-configuration` -> `jwks_uri`), read once;
+PyJWT's `PyJWKClient` fetches the key set, caches it (`ttl_seconds`) and fetches it again when a
+token names a key it does not hold (key rotation), at most once per `min_refresh_seconds`. Both
+requests trust the issuer's CA when one is given (`ssl_context`), the system's otherwise. A token
+is accepted only if its signature verifies with an asymmetric algorithm, its issuer and audience
+are the expected ones, and it has not expired (with a small leeway for clock skew).
 """
 
 from __future__ import annotations
 
 import json
+import ssl
 import threading
-import time
 import urllib.request
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -44,47 +45,85 @@ class Caller:
         return self.admin or bool(self.groups & set(owner_groups))
 
 
-def fetch_json(url: str) -> dict[str, Any]:
+def issuer_ssl_context(ca_file: str | None) -> ssl.SSLContext:
+    """TLS to the issuer: its own CA bundle when given (a private PKI), the system's otherwise.
+    Only these requests trust it, not the rest of the process (the `pulumi` CLI included)."""
+    return ssl.create_default_context(cafile=ca_file)
+
+
+def fetch_json(url: str, ssl_context: ssl.SSLContext | None = None) -> dict[str, Any]:
     if not url.startswith("https://"):
         raise IssuerUnavailable(f"refusing to fetch signing keys over anything but https: {url}")
-    with urllib.request.urlopen(url, timeout=10) as response:  # noqa: S310 (https only, checked above)
+    with urllib.request.urlopen(url, timeout=10, context=ssl_context) as response:  # noqa: S310 (https only, checked above)
         return json.loads(response.read())
 
 
-class Jwks:
-    """The issuer's signing keys, cached."""
+class _KeySetClient(jwt.PyJWKClient):
+    """PyJWKClient whose key-set request goes through an injected `fetch` (tests, custom transports)."""
 
-    def __init__(self, issuer: str, fetch: Fetch = fetch_json, *, ttl_seconds: float = 600, min_refresh_seconds: float = 30, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, uri: str, fetch: Fetch, **options: Any):
+        super().__init__(uri, **options)
+        self._fetch = fetch
+
+    def fetch_data(self) -> Any:
+        try:
+            data = self._fetch(self.uri)
+        except OSError as err:
+            raise jwt.PyJWKClientConnectionError(str(err)) from err
+        if self.jwk_set_cache is not None:
+            self.jwk_set_cache.put(data)
+        return data
+
+
+class Jwks:
+    """The issuer's signing keys. `fetch`: how the discovery document (and, when given, the key
+    set) is read; by default HTTPS with `ssl_context`."""
+
+    def __init__(
+        self,
+        issuer: str,
+        fetch: Fetch | None = None,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        ttl_seconds: float = 600,
+        min_refresh_seconds: float = 30,
+    ):
         self.issuer = issuer
         self._fetch = fetch
-        self._ttl = ttl_seconds
-        self._min_refresh = min_refresh_seconds
-        self._clock = clock
+        self._ssl_context = ssl_context
+        self._options = {"cache_jwk_set": True, "lifespan": ttl_seconds, "cooldown_duration": min_refresh_seconds, "timeout": 10, "ssl_context": ssl_context}
         self._lock = threading.Lock()
-        self._keys: dict[str, jwt.PyJWK] = {}
-        self._fetched_at: float | None = None
+        self._client: jwt.PyJWKClient | None = None
 
     def key(self, kid: str) -> jwt.PyJWK:
-        with self._lock:
-            now = self._clock()
-            stale = self._fetched_at is None or now - self._fetched_at > self._ttl
-            rotated = kid not in self._keys and (self._fetched_at is None or now - self._fetched_at >= self._min_refresh)
-            if stale or rotated:
-                self._refresh(now)
-            if kid not in self._keys:
-                raise AuthError(f"the token is signed with key {kid!r}, which the issuer does not publish")
-            return self._keys[kid]
-
-    def _refresh(self, now: float) -> None:
         try:
-            discovery = self._fetch(self.issuer.rstrip("/") + "/.well-known/openid-configuration")
-            if discovery.get("issuer") != self.issuer:
-                raise IssuerUnavailable(f"the discovery document of {self.issuer} names another issuer ({discovery.get('issuer')!r})")
-            keys = jwt.PyJWKSet.from_dict(self._fetch(discovery["jwks_uri"])).keys
-        except (OSError, ValueError, KeyError, jwt.PyJWKSetError) as err:
+            return self._keys().get_signing_key(kid)
+        except jwt.PyJWKClientConnectionError as err:
             raise IssuerUnavailable(f"cannot fetch the signing keys of {self.issuer}: {err}") from None
-        self._keys = {k.key_id: k for k in keys if k.key_id and k.public_key_use in (None, "sig")}
-        self._fetched_at = now
+        except (jwt.PyJWKClientError, jwt.PyJWKSetError) as err:
+            if "Unable to find a signing key" in str(err):
+                raise AuthError(f"the token is signed with key {kid!r}, which the issuer does not publish") from None
+            raise IssuerUnavailable(f"cannot fetch the signing keys of {self.issuer}: {err}") from None
+
+    def _keys(self) -> jwt.PyJWKClient:
+        with self._lock:
+            if self._client is None:
+                discovery = self._discovery()
+                uri = discovery.get("jwks_uri")
+                if not isinstance(uri, str) or not uri.startswith("https://"):
+                    raise IssuerUnavailable(f"the discovery document of {self.issuer} names no https jwks_uri ({uri!r})")
+                self._client = _KeySetClient(uri, self._fetch, **self._options) if self._fetch else jwt.PyJWKClient(uri, **self._options)
+            return self._client
+
+    def _discovery(self) -> dict[str, Any]:
+        url = self.issuer.rstrip("/") + "/.well-known/openid-configuration"
+        try:
+            discovery = self._fetch(url) if self._fetch else fetch_json(url, self._ssl_context)
+        except (OSError, ValueError) as err:
+            raise IssuerUnavailable(f"cannot fetch the signing keys of {self.issuer}: {err}") from None
+        if not isinstance(discovery, dict) or discovery.get("issuer") != self.issuer:
+            raise IssuerUnavailable(f"the discovery document of {self.issuer} names another issuer ({discovery.get('issuer') if isinstance(discovery, dict) else None!r})")
+        return discovery
 
 
 class TokenVerifier:

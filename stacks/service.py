@@ -46,7 +46,7 @@ from pydantic import BaseModel
 
 from ai_factory.factory.model.config import Tenant
 from ai_factory.factory.model.loading import ConfigError, load_stack_file, stack_file, validate_tenant
-from ai_factory.stacks.auth import AuthError, Caller, IssuerUnavailable, Jwks, TokenVerifier
+from ai_factory.stacks.auth import AuthError, Caller, IssuerUnavailable, Jwks, TokenVerifier, issuer_ssl_context
 from ai_factory.stacks.backend import Backend, BackendError, StackResult, check_name
 from ai_factory.stacks.contract import ContractError
 from ai_factory.stacks.tenants import TenantExists, TenantNotFound, TenantRecord, TenantStacks, TenantStatus, TenantSummary
@@ -76,6 +76,9 @@ class ServiceSettings(BaseModel):
     """The audience tokens must carry: this service's client id at the issuer."""
     admin_group: str = "platform-admins"
     """Members of this group act on every tenant."""
+    issuer_ca: FilePath | None = None
+    """CA bundle (PEM) the issuer's certificate chains to, when it is not a public CA; trusted for
+    the issuer's discovery and key requests only."""
 
 
 # --------------------------------------------------------------------------- jobs
@@ -370,5 +373,6 @@ def service_app(settings: ServiceSettings, backend: Backend, *, project_dir: Fil
     if len(identities) != 1:
         raise ConfigError([f"identity: the environments served name different issuers or group claims {sorted(identities)}; run one service per issuer"])
     issuer, groups_claim = identities.pop()
-    verifier = TokenVerifier(Jwks(issuer), audience=settings.audience, admin_group=settings.admin_group, groups_claim=groups_claim)
+    jwks = Jwks(issuer, ssl_context=issuer_ssl_context(str(settings.issuer_ca) if settings.issuer_ca else None))
+    verifier = TokenVerifier(jwks, audience=settings.audience, admin_group=settings.admin_group, groups_claim=groups_claim)
     return create_app(TenantStacks(backend, project_dir=project_dir), verifier, settings)

@@ -204,7 +204,7 @@ def test_an_environment_the_service_does_not_manage_is_not_found(service):
 def test_the_service_is_built_from_the_environments_config(tmp_path, monkeypatch):
     fetched = []
 
-    def offline(url, timeout):
+    def offline(url, timeout, context=None):
         fetched.append(url)
         raise OSError("network unreachable")
 
