@@ -24,7 +24,7 @@ from typing import Any, Callable, Literal
 
 from pulumi import automation as auto
 from pulumi.automation.events import EngineEvent
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from ai_factory.factory.model.secrets import REDACTED
 
@@ -109,6 +109,8 @@ def check_name(kind: str, name: str) -> None:
 
 
 class KeptResource(BaseModel):
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     urn: str
     type: str
     reason: Literal["protected", "needed by a protected resource", "retained on delete"]
@@ -118,6 +120,8 @@ class KeptResource(BaseModel):
 
 
 class StackResult(BaseModel):
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     stack: str
     operation: Literal["preview", "up", "destroy"]
     changes: dict[str, int]

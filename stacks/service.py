@@ -42,7 +42,7 @@ from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pulumi.automation import CommandError
 from pulumi.automation.events import EngineEvent
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from ai_factory.factory.model.config import Tenant
 from ai_factory.factory.model.loading import ConfigError, load_stack_file, stack_file, validate_tenant
@@ -70,6 +70,8 @@ class Forbidden(Exception):
 
 
 class ServiceSettings(BaseModel):
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     environments: tuple[str, ...]
     """The environments (platform stacks) whose tenants the service manages."""
     audience: str = "ai-factory-tenants"
@@ -85,6 +87,10 @@ class ServiceSettings(BaseModel):
 
 
 class JobView(BaseModel):
+    """A job: one operation on one tenant's stack, run in the background."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     id: str
     operation: Operation
     environment: str
@@ -186,8 +192,14 @@ def _now() -> datetime:
 
 
 class Problems(BaseModel):
+    """Why a request was refused."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     detail: str
+    """One line."""
     problems: list[str] = []
+    """Every problem, with its path (`tenant.gpus[0].count: ...`), when there are several."""
 
 
 def create_app(tenants: TenantStacks, verifier: TokenVerifier, settings: ServiceSettings) -> FastAPI:
@@ -195,8 +207,15 @@ def create_app(tenants: TenantStacks, verifier: TokenVerifier, settings: Service
         title="ai-factory tenant API",
         version="1",
         description=DESCRIPTION,
-        responses={401: {"model": Problems}, 403: {"model": Problems}, 422: {"model": Problems}},
+        responses={
+            401: {"model": Problems, "description": "No acceptable bearer token"},
+            403: {"model": Problems, "description": "None of the caller's groups owns the tenant"},
+            404: {"model": Problems, "description": "No such environment, tenant or job (for this caller)"},
+            422: {"model": Problems, "description": "The request or the tenant is invalid: every problem with its path"},
+            503: {"model": Problems, "description": "The issuer's keys or the state backend cannot be reached"},
+        },
     )
+    conflict = {409: {"model": Problems, "description": "The tenant exists already, or the platform contract refuses it"}}
     jobs = Jobs()
     bearer = HTTPBearer(auto_error=False, description="An OIDC access token of the platform's issuer")
 
@@ -205,14 +224,15 @@ def create_app(tenants: TenantStacks, verifier: TokenVerifier, settings: Service
             raise AuthError("a bearer token is required")
         return verifier.verify(credentials.credentials)
 
-    def environment(env: Annotated[str, Path(pattern=NAME_PATTERN)]) -> str:
+    def environment(env: Annotated[str, Path(pattern=NAME_PATTERN, max_length=63)], who: Annotated[Caller, Depends(caller)]) -> str:
+        """Known only to authenticated callers: an unknown environment answers 404 after 401."""
         if env not in settings.environments:
             raise HTTPException(404, f"this service manages no environment {env!r}")
         return env
 
     Who = Annotated[Caller, Depends(caller)]
     Env = Annotated[str, Depends(environment)]
-    Name = Annotated[str, Path(pattern=NAME_PATTERN)]
+    Name = Annotated[str, Path(pattern=NAME_PATTERN, max_length=63)]
     TenantBody = Annotated[Tenant, Body(description="The tenant, as in the platform config's `tenants`.")]
 
     def submit(op: Operation, env: str, name: str, who: Caller, owners: frozenset[str], work: Callable[[Job], StackResult]) -> JSONResponse:
@@ -229,7 +249,7 @@ def create_app(tenants: TenantStacks, verifier: TokenVerifier, settings: Service
     def list_tenants(env: Env, who: Who) -> list[TenantSummary]:
         return [t for t in tenants.list(env) if who.may_act_for(t.owners)]
 
-    @app.post("/v1/environments/{env}/tenants", status_code=202, response_model=JobView, summary="Create a tenant (a job)")
+    @app.post("/v1/environments/{env}/tenants", status_code=202, response_model=JobView, responses=conflict, summary="Create a tenant (a job)")
     def create(env: Env, tenant: TenantBody, who: Who) -> JSONResponse:
         tenant = _revalidated(tenant)
         record = tenants.record(env, tenant.name)
@@ -244,14 +264,14 @@ def create_app(tenants: TenantStacks, verifier: TokenVerifier, settings: Service
         _authorise(who, _existing(tenants.record(env, name), env, name), name)
         return tenants.status(env, name)
 
-    @app.put("/v1/environments/{env}/tenants/{name}", status_code=202, response_model=JobView, summary="Update a tenant (a job)")
+    @app.put("/v1/environments/{env}/tenants/{name}", status_code=202, response_model=JobView, responses=conflict, summary="Update a tenant (a job)")
     def update(env: Env, name: Name, tenant: TenantBody, who: Who) -> JSONResponse:
         tenant = _revalidated(tenant, name)
         owners = _authorise_change(who, _existing(tenants.record(env, name), env, name), tenant)
         tenants.check(env, tenant)
         return submit("update", env, name, who, owners, lambda job: tenants.update(env, tenant, on_event=job.on_event))
 
-    @app.post("/v1/environments/{env}/tenants/{name}/preview", status_code=202, response_model=JobView, summary="Preview a create or update (a job)")
+    @app.post("/v1/environments/{env}/tenants/{name}/preview", status_code=202, response_model=JobView, responses=conflict, summary="Preview a create or update (a job)")
     def preview(env: Env, name: Name, tenant: TenantBody, who: Who) -> JSONResponse:
         tenant = _revalidated(tenant, name)
         owners = _authorise_change(who, tenants.record(env, name), tenant)
@@ -264,7 +284,7 @@ def create_app(tenants: TenantStacks, verifier: TokenVerifier, settings: Service
         return submit("delete", env, name, who, owners, lambda job: tenants.delete(env, name, on_event=job.on_event))
 
     @app.get("/v1/jobs/{job_id}", response_model=JobView, summary="A job's state, progress and result")
-    def job(job_id: str, who: Who) -> JobView:
+    def job(job_id: Annotated[str, Path(pattern=r"^[0-9a-f]{32}$")], who: Who) -> JobView:
         found = jobs.get(job_id)
         if found is None or not (who.may_act_for(found.owners) or who.subject == found.subject):
             raise HTTPException(404, f"no job {job_id}")

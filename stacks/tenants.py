@@ -28,7 +28,7 @@ from typing import Any, Callable, Mapping
 import pulumi
 import yaml
 from pulumi import automation as auto
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from ai_factory.components.tenant_stack import TenantStack, tenant_stack_args
 from ai_factory.factory.model.config import Tenant
@@ -100,6 +100,8 @@ async def tenant_program() -> None:
 
 
 class TenantSummary(BaseModel):
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     name: str
     stack: str
     owners: list[str]
@@ -110,6 +112,8 @@ class TenantSummary(BaseModel):
 
 
 class LastOperation(BaseModel):
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     kind: str
     """`update`, `destroy`, `refresh`, ..."""
     result: str
@@ -120,6 +124,8 @@ class LastOperation(BaseModel):
 
 
 class TenantStatus(BaseModel):
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     environment: str
     name: str
     stack: str

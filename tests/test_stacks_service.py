@@ -214,3 +214,18 @@ def test_the_service_is_built_from_the_environments_config(tmp_path, monkeypatch
     response = client.get(TENANTS, headers={"Authorization": f"Bearer {Issuer().token(['g'])}"})
     assert response.status_code == 503  # the issuer is unreachable here...
     assert fetched == ["https://sso.par1.example.com/realms/ai-factory/.well-known/openid-configuration"]  # ...and it is dev's
+
+
+def test_the_openapi_document_lists_every_answer_and_describes_every_field(service):
+    schema = service.client.get("/openapi.json").json()
+    create = schema["paths"]["/v1/environments/{env}/tenants"]["post"]["responses"]
+    assert {"202", "401", "403", "404", "409", "422", "503"} <= set(create)
+    job = schema["components"]["schemas"]["JobView"]["properties"]
+    assert job["steps_done"]["description"].startswith("Resource steps the engine has completed")
+    tenant = schema["components"]["schemas"]["Tenant"]["properties"]
+    assert "Low-trust tenants get whole GPUs on dedicated nodes only" in tenant["trust"]["description"]
+
+
+def test_an_unknown_environment_is_not_revealed_before_authentication(service):
+    assert service.client.get("/v1/environments/nowhere/tenants").status_code == 401
+    assert service.client.get("/v1/environments/nowhere/tenants", headers=service.auth("platform-admins")).status_code == 404

@@ -32,7 +32,8 @@ SUPPORTED_KUBERNETES = ("1.32", "1.33", "1.34", "1.35", "1.36", "1.37")
 
 
 class Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Attribute docstrings are the fields' descriptions (the tenant API's OpenAPI document shows them).
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 # --------------------------------------------------------------------------- kubernetes
