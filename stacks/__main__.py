@@ -64,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--port", type=int, default=8080)
     serve.add_argument("--audience", default="ai-factory-tenants", help="the audience tokens must carry")
     serve.add_argument("--admin-group", default="platform-admins", help="members act on every tenant")
+    serve.add_argument("--database-url", help="where jobs are kept (SQLAlchemy URL, e.g. postgresql+psycopg://api@db/tenants; default: SQLite in the state dir)")
     serve.add_argument("--issuer-ca", type=Path, help="CA bundle (PEM) of the issuer's certificate, for a private PKI (only the issuer's requests trust it)")
     serve.add_argument("--tls-cert", type=Path, help="serve HTTPS with this certificate chain (PEM); with --tls-key")
     serve.add_argument("--tls-key", type=Path, help="the certificate's private key (PEM)")
@@ -121,7 +122,7 @@ def _serve(args: argparse.Namespace, backend: Backend) -> int:
 
     if (args.tls_cert is None) != (args.tls_key is None):
         raise ValueError("--tls-cert and --tls-key go together")
-    settings = ServiceSettings(environments=tuple(args.environment), audience=args.audience, admin_group=args.admin_group, issuer_ca=args.issuer_ca)
+    settings = ServiceSettings(environments=tuple(args.environment), audience=args.audience, admin_group=args.admin_group, issuer_ca=args.issuer_ca, database_url=args.database_url)
     tls = {"ssl_certfile": str(args.tls_cert), "ssl_keyfile": str(args.tls_key)} if args.tls_cert else {}
     uvicorn.run(service_app(settings, backend), host=args.host, port=args.port, log_config=None, **tls)
     return 0

@@ -17,7 +17,8 @@ the Python API.
   config errors, and so is a tenant the platform contract refuses.
 - Jobs: create, update, preview and delete answer 202 with a job (`Location: /v1/jobs/<id>`) and
   run in the background: one tenant's jobs in submission order, different tenants' in parallel.
-  Jobs live in memory: a restart forgets them (the stacks keep the truth; `GET` a tenant).
+  Jobs are kept in a database (`stacks.jobstore`: SQLite by default, PostgreSQL by URL), so they
+  survive a restart; one that a stopped process left unfinished is marked failed.
 - Secrets: no response carries one (secret stack outputs are `[secret]`); tokens are never logged.
 
 Why FastAPI (with uvicorn): the request models *are* the library's pydantic models, so the
@@ -49,6 +50,7 @@ from ai_factory.factory.model.loading import ConfigError, load_stack_file, stack
 from ai_factory.stacks.auth import AuthError, Caller, IssuerUnavailable, Jwks, TokenVerifier, issuer_ssl_context
 from ai_factory.stacks.backend import Backend, BackendError, StackResult, check_name
 from ai_factory.stacks.contract import ContractError
+from ai_factory.stacks.jobstore import JobStore
 from ai_factory.stacks.tenants import TenantExists, TenantNotFound, TenantRecord, TenantStacks, TenantStatus, TenantSummary
 
 log = logging.getLogger("ai_factory.stacks.service")
@@ -78,6 +80,9 @@ class ServiceSettings(BaseModel):
     """The audience tokens must carry: this service's client id at the issuer."""
     admin_group: str = "platform-admins"
     """Members of this group act on every tenant."""
+    database_url: str | None = None
+    """Where jobs are kept (an SQLAlchemy URL): `postgresql+psycopg://...` for several replicas;
+    by default an SQLite file in the state directory."""
     issuer_ca: FilePath | None = None
     """CA bundle (PEM) the issuer's certificate chains to, when it is not a public CA; trusted for
     the issuer's discovery and key requests only."""
@@ -131,15 +136,23 @@ class Job:
 
 class Jobs:
     """Background jobs: per tenant a queue drained by one thread, so that one tenant's jobs run
-    in submission order and different tenants' in parallel."""
+    in submission order and different tenants' in parallel. Every change of state is written to
+    the job store (`stacks.jobstore`), which answers for jobs this process is not running."""
 
-    def __init__(self) -> None:
+    def __init__(self, store: JobStore) -> None:
+        self._store = store
         self._lock = threading.Lock()
         self._jobs: dict[str, Job] = {}
         self._queues: dict[str, deque[Job]] = {}
+        if interrupted := store.interrupted("the tenant API service stopped"):
+            log.warning("%d job(s) interrupted by a restart marked failed", interrupted)
+
+    def _save(self, job: Job) -> None:
+        self._store.save(job.view.id, job.snapshot().model_dump(mode="json"), job.owners, job.subject)
 
     def submit(self, job: Job) -> Job:
         key = f"{job.view.environment}.{job.view.tenant}"
+        self._save(job)
         with self._lock:
             self._jobs[job.view.id] = job
             queue = self._queues.setdefault(key, deque())
@@ -149,24 +162,32 @@ class Jobs:
         log.info("job %s: %s %s/%s queued", job.view.id, job.view.operation, job.view.environment, job.view.tenant)
         return job
 
-    def get(self, job_id: str) -> Job | None:
-        return self._jobs.get(job_id)
+    def get(self, job_id: str) -> tuple[JobView, frozenset[str], str] | None:
+        """The job (live when this process runs it), its owners and its submitter."""
+        if (job := self._jobs.get(job_id)) is not None:
+            return job.snapshot(), job.owners, job.subject
+        if (stored := self._store.load(job_id)) is None:
+            return None
+        view, owners, subject = stored
+        return JobView.model_validate(view), owners, subject
 
     def _drain(self, key: str) -> None:
         while True:
             with self._lock:
                 job = self._queues[key][0]
             self._run(job)
+            self._save(job)
             with self._lock:
+                self._jobs.pop(job.view.id, None)
                 self._queues[key].popleft()
                 if not self._queues[key]:
                     del self._queues[key]
                     return
 
-    @staticmethod
-    def _run(job: Job) -> None:
+    def _run(self, job: Job) -> None:
         view = job.view
         view.state, view.started_at = "running", _now()
+        self._save(job)
         log.info("job %s: %s %s/%s started", view.id, view.operation, view.environment, view.tenant)
         try:
             view.result, view.state = job.work(job), "succeeded"
@@ -202,7 +223,8 @@ class Problems(BaseModel):
     """Every problem, with its path (`tenant.gpus[0].count: ...`), when there are several."""
 
 
-def create_app(tenants: TenantStacks, verifier: TokenVerifier, settings: ServiceSettings) -> FastAPI:
+def create_app(tenants: TenantStacks, verifier: TokenVerifier, settings: ServiceSettings, store: JobStore | None = None) -> FastAPI:
+    """`store`: where jobs are kept; by default the SQLite file of `settings.database_url`."""
     app = FastAPI(
         title="ai-factory tenant API",
         version="1",
@@ -216,7 +238,10 @@ def create_app(tenants: TenantStacks, verifier: TokenVerifier, settings: Service
         },
     )
     conflict = {409: {"model": Problems, "description": "The tenant exists already, or the platform contract refuses it"}}
-    jobs = Jobs()
+    if store is None:
+        tenants.backend.state_dir.mkdir(parents=True, exist_ok=True)
+        store = JobStore(settings.database_url or f"sqlite:///{tenants.backend.state_dir / 'tenant-api.db'}")
+    jobs = Jobs(store)
     bearer = HTTPBearer(auto_error=False, description="An OIDC access token of the platform's issuer")
 
     def caller(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> Caller:
@@ -286,9 +311,9 @@ def create_app(tenants: TenantStacks, verifier: TokenVerifier, settings: Service
     @app.get("/v1/jobs/{job_id}", response_model=JobView, summary="A job's state, progress and result")
     def job(job_id: Annotated[str, Path(pattern=r"^[0-9a-f]{32}$")], who: Who) -> JobView:
         found = jobs.get(job_id)
-        if found is None or not (who.may_act_for(found.owners) or who.subject == found.subject):
+        if found is None or not (who.may_act_for(found[1]) or who.subject == found[2]):
             raise HTTPException(404, f"no job {job_id}")
-        return found.snapshot()
+        return found[0]
 
     _install_error_handlers(app)
     return app

@@ -4,12 +4,16 @@ validation, jobs, secrets. Tokens come from an issuer made on the spot; the CLI 
 from __future__ import annotations
 
 import logging
+import os
 import time
+
+import sqlalchemy
 
 import pytest
 from fastapi.testclient import TestClient
 
 from ai_factory.stacks.auth import Jwks, TokenVerifier
+from ai_factory.stacks.jobstore import JobStore
 from ai_factory.stacks.service import ServiceSettings, create_app, service_app
 from tests.stacks_support import AUDIENCE, ISSUER, KUBECONFIG, PASSPHRASE, REGISTRY_PASSWORD, REPO, Issuer, backend, deployed_platform, registered, tenant
 
@@ -229,3 +233,40 @@ def test_the_openapi_document_lists_every_answer_and_describes_every_field(servi
 def test_an_unknown_environment_is_not_revealed_before_authentication(service):
     assert service.client.get("/v1/environments/nowhere/tenants").status_code == 401
     assert service.client.get("/v1/environments/nowhere/tenants", headers=service.auth("platform-admins")).status_code == 404
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request, tmp_path) -> str:
+    """The job store's database: SQLite, and the PostgreSQL server `.ci/run` starts."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'jobs.db'}"
+    url = os.environ.get("FACTORY_TEST_POSTGRES_URL")
+    if not url:
+        if os.environ.get("FACTORY_REQUIRE_POSTGRES"):
+            pytest.fail("FACTORY_REQUIRE_POSTGRES is set but FACTORY_TEST_POSTGRES_URL is not")
+        pytest.skip("no FACTORY_TEST_POSTGRES_URL (.ci/run starts a PostgreSQL server)")
+    with sqlalchemy.create_engine(url).begin() as db:  # a clean table per test
+        db.execute(sqlalchemy.text("DROP TABLE IF EXISTS tenant_api_jobs"))
+    return url
+
+
+def test_jobs_survive_a_restart_of_the_service_and_unfinished_ones_are_marked_failed(tmp_path, issuer, store_url):
+    cli, _, tenants = deployed_platform(tmp_path)
+    verifier = TokenVerifier(Jwks(ISSUER, issuer.fetch), audience=AUDIENCE, admin_group="platform-admins")
+    settings = ServiceSettings(environments=("dev",), database_url=store_url)
+    first = TestClient(create_app(tenants, verifier, settings))
+    owner = {"Authorization": f"Bearer {issuer.token(['vision-admins'])}"}
+    done = first.post(TENANTS, json=tenant(), headers=owner)
+    location = done.headers["Location"]
+    for _ in range(300):
+        if first.get(location, headers=owner).json()["state"] == "succeeded":
+            break
+        time.sleep(0.02)
+    stalled = JobStore(store_url)
+    stalled.save("0" * 32, {"operation": "update", "environment": "dev", "tenant": "vision", "state": "running", "id": "0" * 32, "submitted_at": "2026-12-01T00:00:00Z"}, frozenset({"vision-admins"}), "user-1")
+
+    restarted = TestClient(create_app(tenants, verifier, settings))
+    assert restarted.get(location, headers=owner).json()["state"] == "succeeded"
+    interrupted = restarted.get(f"/v1/jobs/{'0' * 32}", headers=owner).json()
+    assert (interrupted["state"], interrupted["error"]) == ("failed", "the tenant API service stopped while it was running")
+    assert restarted.get(location, headers={"Authorization": f"Bearer {issuer.token(['speech-admins'], sub='user-2')}"}).status_code == 404
