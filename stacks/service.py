@@ -58,7 +58,7 @@ log = logging.getLogger("ai_factory.stacks.service")
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 RECENT_STEPS = 50
 
-Operation = Literal["create", "update", "preview", "delete"]
+Operation = Literal["create", "update", "preview", "delete", "onboard", "offboard"]
 DESCRIPTION = """Tenant environments of the ai-factory platform, one Pulumi stack per tenant.
 
 Authenticate with an OIDC bearer token of the platform's issuer. You act on the tenants one of
@@ -112,6 +112,8 @@ class JobView(BaseModel):
     error: str | None = None
     problems: list[str] = []
     """When the tenant was refused: every problem, with its path."""
+    phases: list[str] = []
+    """Onboarding and offboarding: the steps done so far (registered, platform updated, tenant stack created)."""
 
 
 @dataclass
@@ -121,6 +123,8 @@ class Job:
     """Groups that may see the job: the tenant's owners of record when it was submitted."""
     subject: str
     work: Callable[["Job"], StackResult]
+    persist: Callable[["Job"], None] = lambda job: None
+    """Writes the job to the store (set by `Jobs.submit`)."""
     recent: deque = field(default_factory=lambda: deque(maxlen=RECENT_STEPS))
 
     def on_event(self, event: EngineEvent) -> None:
@@ -129,6 +133,10 @@ class Job:
             self.recent.append(f"{step.op.value} {step.type} {step.urn.rsplit('::', 1)[-1]}")
         if event.res_outputs_event is not None:
             self.view.steps_done += 1
+
+    def on_phase(self, phase: str) -> None:
+        self.view.phases.append(phase)
+        self.persist(self)
 
     def snapshot(self) -> JobView:
         return self.view.model_copy(update={"recent_steps": list(self.recent)})
@@ -152,6 +160,7 @@ class Jobs:
 
     def submit(self, job: Job) -> Job:
         key = f"{job.view.environment}.{job.view.tenant}"
+        job.persist = self._save
         self._save(job)
         with self._lock:
             self._jobs[job.view.id] = job
@@ -274,13 +283,22 @@ def create_app(tenants: TenantStacks, verifier: TokenVerifier, settings: Service
     def list_tenants(env: Env, who: Who) -> list[TenantSummary]:
         return [t for t in tenants.list(env) if who.may_act_for(t.owners)]
 
-    @app.post("/v1/environments/{env}/tenants", status_code=202, response_model=JobView, responses=conflict, summary="Create a tenant (a job)")
+    @app.post(
+        "/v1/environments/{env}/tenants",
+        status_code=202,
+        response_model=JobView,
+        responses=conflict,
+        summary="Create a tenant (a job); one the platform does not register onboards itself where `self_service` allows",
+    )
     def create(env: Env, tenant: TenantBody, who: Who) -> JSONResponse:
         tenant = _revalidated(tenant)
         record = tenants.record(env, tenant.name)
         owners = _authorise_change(who, record, tenant)
         if record.exists:
             raise TenantExists(f"tenant {tenant.name!r} of {env} exists already")
+        if record.registered is None:  # not in the platform's `tenants`: it may onboard itself
+            tenants.onboarding_check(env, tenant)
+            return submit("onboard", env, tenant.name, who, owners, lambda job: tenants.onboard(env, tenant, on_phase=job.on_phase, on_event=job.on_event))
         tenants.check(env, tenant)
         return submit("create", env, tenant.name, who, owners, lambda job: tenants.create(env, tenant, on_event=job.on_event))
 
@@ -306,6 +324,8 @@ def create_app(tenants: TenantStacks, verifier: TokenVerifier, settings: Service
     @app.delete("/v1/environments/{env}/tenants/{name}", status_code=202, response_model=JobView, summary="Delete a tenant (a job); protected resources are kept")
     def delete(env: Env, name: Name, who: Who) -> JSONResponse:
         owners = _authorise(who, _existing(tenants.record(env, name), env, name), name)
+        if tenants.self_service(env, name):
+            return submit("offboard", env, name, who, owners, lambda job: tenants.offboard(env, name, on_phase=job.on_phase, on_event=job.on_event))
         return submit("delete", env, name, who, owners, lambda job: tenants.delete(env, name, on_event=job.on_event))
 
     @app.get("/v1/jobs/{job_id}", response_model=JobView, summary="A job's state, progress and result")

@@ -33,7 +33,9 @@ from pydantic import BaseModel, ConfigDict
 from ai_factory.components.tenant_stack import TenantStack, tenant_stack_args
 from ai_factory.factory.model.config import Tenant
 from ai_factory.factory.model.loading import project_dir as current_project
-from ai_factory.factory.model.loading import ConfigError, read_stack_file, stack_file, validate_tenant
+from ai_factory.factory.model.loading import ConfigError, read_stack_file, stack_file, validate, validate_tenant, with_registered_tenants
+from ai_factory.factory.model.onboarding import REGISTRY_DIR, is_registered, register, self_service_problems, unregister
+from ai_factory.factory.planning.from_config import plan_for, previous_plan
 from ai_factory.components.registry import tenant_hooks
 from ai_factory.factory.rendering.platform import tenant_stack_name
 from ai_factory.factory.rendering.program import ROOT
@@ -55,6 +57,8 @@ PROVIDER_NAMESPACES = ("kubernetes",)
 same cluster (`kubernetes:context`, ...)."""
 
 TenantInput = Tenant | Mapping[str, Any]
+OnPhase = Callable[[str], Any]
+"""Told each step of an onboarding or offboarding as it completes."""
 
 
 class TenantNotFound(LookupError):
@@ -183,6 +187,64 @@ class TenantStacks:
         if problems:
             raise ConfigError(problems, source=f"tenant {tenant.name!r} of {env}")
         return tenant
+
+    def onboarding_check(self, env: str, tenant: TenantInput) -> Tenant:
+        """A tenant the platform does not register yet, checked against the environment's
+        self-service rules (`self_service`), the owners of every other tenant and the capacity the
+        plan has free (planned from the lock: no other tenant's GPUs move). Reads only."""
+        check_name("environment", env)
+        tenant = validate_tenant(tenant.model_dump(mode="json") if isinstance(tenant, Tenant) else tenant)
+        path = stack_file(env, self.project_dir)
+        raw = with_registered_tenants(read_stack_file(path)[0], env, path.resolve().parent)
+        cfg = validate(raw, source=f"environment {env}")
+        if any(t.name == tenant.name for t in cfg.tenants):
+            raise TenantExists(f"tenant {tenant.name!r} of {env} is registered already")
+        problems = self_service_problems(cfg, tenant, env)
+        problems += owner_conflicts(tenant, {t.name: set(t.owners.groups) for t in cfg.tenants} | {d.name: set(d.owners) for d in self.list(env)})
+        if problems:
+            raise ConfigError(problems, source=f"tenant {tenant.name!r} of {env}")
+        with_tenant = validate({**raw, "tenants": [*raw.get("tenants", []), tenant.model_dump(mode="json")]}, source=f"tenant {tenant.name!r} of {env}")
+        plan_for(with_tenant, previous_plan(env, self.project_dir))  # a shortfall is a ConfigError naming the demand
+        return tenant
+
+    def onboard(
+        self, env: str, tenant: TenantInput, *, on_phase: OnPhase | None = None, on_output: OnOutput | None = None, on_event: OnEvent | None = None
+    ) -> StackResult:
+        """A new self-service tenant end to end: registered (`tenants/<env>/<name>.yaml`), planned
+        by an update of the platform stack, then its own stack created. A platform update that
+        fails unregisters it again; onboardings of one environment run one at a time."""
+        phase = on_phase or (lambda _: None)
+        with self._locks(f"registry:{env}"):
+            tenant = self.onboarding_check(env, tenant)  # again: another onboarding may have just taken the capacity
+            path = register(env, tenant, self.project_dir)
+            phase(f"registered in {path.relative_to(self.project_dir)}")
+            try:
+                self.platforms.up(env, on_output=on_output, on_event=on_event)
+            except BaseException:
+                unregister(env, tenant.name, self.project_dir)
+                phase("unregistered: the platform update failed")
+                raise
+            phase(f"platform {env} updated")
+        result = self.create(env, tenant, on_output=on_output, on_event=on_event)
+        phase("tenant stack created")
+        return result
+
+    def offboard(self, env: str, name: str, *, on_phase: OnPhase | None = None, on_output: OnOutput | None = None, on_event: OnEvent | None = None) -> StackResult:
+        """The reverse of `onboard`: the tenant's stack deleted (protected resources kept), its
+        registration removed, and the platform updated so its GPUs are free again."""
+        phase = on_phase or (lambda _: None)
+        result = self.delete(env, name, on_output=on_output, on_event=on_event)
+        phase("tenant stack deleted")
+        with self._locks(f"registry:{env}"):
+            unregister(env, name, self.project_dir)
+            phase(f"unregistered from {REGISTRY_DIR}/{env}")
+            self.platforms.up(env, on_output=on_output, on_event=on_event)
+            phase(f"platform {env} updated")
+        return result
+
+    def self_service(self, env: str, name: str) -> bool:
+        """The tenant onboarded itself (its registration is in the registry, not in `tenants`)."""
+        return is_registered(env, name, self.project_dir)
 
     def create(self, env: str, tenant: TenantInput, *, on_output: OnOutput | None = None, on_event: OnEvent | None = None) -> StackResult:
         """A new tenant stack, deployed. `TenantExists` if the tenant has one already."""

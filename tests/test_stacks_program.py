@@ -165,6 +165,17 @@ def test_the_tenant_program_gives_hooks_the_platform_secrets_and_keeps_them_secr
 def test_the_platform_stack_leaves_tenants_with_a_stack_of_their_own_out(dev_raw):
     raw = copy.deepcopy(dev_raw[0])
     raw["tenants"][1]["managed_by"] = "tenant-stack"
-    rendered = render(raw, dev_raw[1])
     assert raw["tenants"][1]["name"] == "assistant"
-    assert {r.name for r in rendered.graph.of_type("ai-factory:tenancy:TenantStack")} == {"ai-factory-tenant-search", "ai-factory-tenant-partner-acme"}
+    config = {f"ai-factory:{section}": json.dumps(value, default=str) for section, value in raw.items()}
+    graph = run_program(platform_main, project="ai-factory", stack="dev", config=config, secret_keys=[f"ai-factory:{s}" for s in dev_raw[1]])
+    assert {r.name for r in graph.of_type("ai-factory:tenancy:TenantStack")} == {"ai-factory-tenant-search", "ai-factory-tenant-partner-acme"}
+
+
+def test_the_render_shows_the_environment_whole_with_self_managed_tenants_as_their_stacks_build_them(dev_raw):
+    raw = copy.deepcopy(dev_raw[0])
+    raw["tenants"][1]["managed_by"] = "tenant-stack"
+    rendered = render(raw, dev_raw[1])
+    stacks = {r.name: r for r in rendered.graph.of_type("ai-factory:tenancy:TenantStack")}
+    assert set(stacks) == {"ai-factory-tenant-search", "ai-factory-tenant-partner-acme", "ai-factory-tenant-assistant"}
+    assert stacks["ai-factory-tenant-assistant"].parent is None  # a stack of its own, not a child of the platform
+    assert stacks["ai-factory-tenant-search"].parent.type == "ai-factory:index:Platform"

@@ -596,6 +596,18 @@ class Tenant(Model):
 # --------------------------------------------------------------------------- environment
 
 
+class SelfService(Model):
+    """Tenants that may onboard themselves through the tenant API, without the platform team
+    editing `tenants` (`ai_factory.factory.model.onboarding`). Off while `trust` is empty."""
+
+    trust: list[Trust] = []
+    """Trust levels a self-service tenant may declare."""
+    pools: list[DnsLabel] = []
+    """Pools its GPU demands may name."""
+    max_gpus: int = Field(default=0, ge=0, le=4096)
+    """The most its demands may add up to: one per whole GPU, MIG instance, replica or slice."""
+
+
 class FactoryConfig(Model):
     kubernetes: KubernetesSpec = KubernetesSpec()
     fleet: Fleet
@@ -603,6 +615,7 @@ class FactoryConfig(Model):
     identity: Identity | None = None
     """Required as soon as a tenant has its own control plane (vCluster)."""
     tenants: list[Tenant] = []
+    self_service: SelfService = SelfService()
 
     def pool(self, name: str) -> Pool:
         return next(p for p in self.fleet.pools if p.name == name)

@@ -28,6 +28,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from ai_factory.factory.model.config import SECTIONS, FactoryConfig, KubernetesSpec, Tenant
 from ai_factory.factory.model.gpus import GPU_MODELS
+from ai_factory.factory.model.onboarding import RegistryError, registered_tenants, registry_dir
 from ai_factory.factory.planning.placement import UNASSIGNED, offering_name
 from ai_factory.factory.model.secrets import offline_placeholder
 
@@ -120,10 +121,22 @@ def read_stack_file(path: Path) -> tuple[dict[str, Any], set[str]]:
     return raw, secret_sections
 
 
+def with_registered_tenants(raw: dict[str, Any], env: str, directory: Path) -> dict[str, Any]:
+    """`raw` with the tenants that onboarded themselves (`tenants/<env>/*.yaml`) after its own:
+    the environment as the platform program sees it (the stack file alone is `read_stack_file`)."""
+    try:
+        registered = registered_tenants(env, directory)
+    except RegistryError as err:
+        raise ConfigError([f"tenants: {err}"], source=str(registry_dir(env, directory))) from None
+    if not registered:
+        return raw
+    return {**raw, "tenants": [*_as_list(raw.get("tenants")), *registered]}
+
+
 def load_stack_file(env: str, directory: Path | None = None) -> FactoryConfig:
     path = stack_file(env, directory)
     raw, _ = read_stack_file(path)
-    return validate(raw, source=str(path))
+    return validate(with_registered_tenants(raw, stack_name(path), path.resolve().parent), source=str(path))
 
 
 def load_pulumi_config() -> FactoryConfig:
@@ -133,6 +146,7 @@ def load_pulumi_config() -> FactoryConfig:
 
     config = pulumi.Config()  # the project's own namespace
     raw = {section: value for section in SECTIONS if (value := config.get_object(section)) is not None}
+    raw = with_registered_tenants(raw, pulumi.get_stack(), project_dir())
     decrypted = {section for section in raw if is_config_secret(f"{pulumi.get_project()}:{section}")}
     return validate(raw, decrypted_secret_sections=decrypted, source=f"stack {pulumi.get_stack()}")
 
@@ -225,6 +239,9 @@ def cross_check(raw: dict[str, Any]) -> list[str]:
     problems += _check_tenancy(raw, tenants)
     problems += _check_security_layers(raw)
     problems += _check_scheduling(raw, pools, tenants)
+    for i, pool in enumerate(_as_list(_as_dict(raw.get("self_service")).get("pools"))):
+        if isinstance(pool, str) and pool not in pools_by_name:
+            problems.append(f"self_service.pools[{i}]: unknown pool {pool!r}{_did_you_mean(pool, pools_by_name)}")
     problems += _check_owners(tenants)
     problems += _check_offering_names(pools_by_name, tenants)
 

@@ -28,7 +28,7 @@ from ai_factory.factory.rendering.harness import Graph, Resource, run_program
 from ai_factory.factory.model.tenancy import TENANT_LABEL
 from ai_factory.factory.planning.from_config import plan_for
 from ai_factory.factory.planning.model import Plan
-from ai_factory.factory.model.loading import read_stack_file, stack_file, stack_name, stack_project, validate
+from ai_factory.factory.model.loading import read_stack_file, stack_file, stack_name, stack_project, validate, with_registered_tenants
 
 FLUX_INTERVAL = "1h"
 HELM_RELEASE_TYPES = ("kubernetes:helm.sh/v3:Release", "kubernetes:helm.sh/v4:Chart")
@@ -128,7 +128,8 @@ def render_env(env: str) -> Rendered:
     `env` is an environment name (`Pulumi.<env>.yaml` of the project) or a stack file's path."""
     path = stack_file(env)
     raw, secret_sections = read_stack_file(path)
-    cfg = validate(raw, source=str(path))
+    # The program adds the registered tenants itself, as under `pulumi up`; validated with them here.
+    cfg = validate(with_registered_tenants(raw, stack_name(path), path.resolve().parent), source=str(path))
     plan_for(cfg)  # demands that do not fit are reported here, before anything is registered
     return render_raw(raw, secret_sections, cfg, stack=stack_name(path), project=stack_project(path))
 
@@ -142,7 +143,7 @@ def render_raw(
 
     config = {f"{project}:{section}": json.dumps(value, default=_placeholder) for section, value in raw.items()}
     graph = run_program(
-        functools.partial(main, plan),
+        functools.partial(main, plan, with_tenant_stacks=True),
         project=project,
         stack=stack,
         config=config,
