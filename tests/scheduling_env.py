@@ -51,4 +51,5 @@ def bigger_environment(dev: dict[str, Any]) -> dict[str, Any]:
     ]
     dev["fleet"] = {"sites": [{"name": "dc1"}, {"name": "dc2"}], "pools": pools}
     dev["tenants"] = tenants
+    dev.pop("self_service", None)  # dev's rules name dev's pools
     return dev

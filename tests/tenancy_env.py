@@ -32,4 +32,5 @@ def many_tenants(dev: dict[str, Any], count: int = 30) -> dict[str, Any]:
         ],
     }
     dev["tenants"] = tenants
+    dev["self_service"] = {"trust": ["medium", "low"], "pools": ["h100", "l40s-hami"], "max_gpus": 8}  # dev's rules, on these pools
     return dev
