@@ -376,9 +376,15 @@ def vcluster_values(args: TenantStackArgs) -> dict[str, Any]:
             # stack's LimitRange is the only one (two would make container defaults ambiguous).
             "resourceQuota": off,
             "limitRange": off,
-            # Host NetworkPolicies between the control plane and its workloads, without the chart's
-            # public egress (the tenant's egress is the platform flows of its Cilium policy).
-            "networkPolicy": {"enabled": True, "workload": {"publicEgress": off}},
+            # Off: the chart's policies cannot be narrowed by values (they are templates; values only
+            # add rules) and they open cross-tenant paths: `namespaceSelector: {}` with a pod label
+            # any tenant can set (`app: loft`), egress on 443/6443 to every pod, the API server
+            # open on 8443 to every pod. Cilium adds Kubernetes allow rules to the cluster-wide
+            # deny, so they would widen it. The tenant's Cilium policy (`network_policy_spec`) is
+            # all the vCluster needs: its own namespace (control plane, synced workloads,
+            # snapshots), kube-dns, the host API server as the `kube-apiserver` entity (its real
+            # address), and the platform flows of the config (users' ingress path among them).
+            "networkPolicy": off,
         },
         "experimental": {"deploy": {"vcluster": {"manifests": in_vcluster_manifests(args)}}},
         "telemetry": off,

@@ -706,13 +706,14 @@ class Oracles:
         return sorted({name for _, name, served in self._crd_index(group, kind) if served})
 
     def _crd_index(self, group: str, kind: str) -> list[tuple[pathlib.Path, str, bool]]:
-        """(file, version, served) of every CRD version of group/kind, in path order.
+        """(file, version, served) of every CRD version of group/kind: the charts' first (in the
+        order they were added), then the oracle files' in path order.
 
-        Built on first use by parsing every CRD file once (~1 s). Only this index is kept: all CRDs
-        parsed take ~65 MB, so the few files a check needs are parsed again, and cached."""
+        The oracle part is built once per process by parsing every CRD file (~1 s). Only the index
+        is kept: all CRDs parsed take ~65 MB, so the few files a check needs are parsed again, and
+        cached."""
         if self._file_index is None:
-            files = {path for pattern in _CRD_FILE_PATTERNS for path in self.root.glob(pattern)} if self.root else set()
-            self._file_index = _index_crds((path, _read_crds(path)) for path in sorted(files) if path.is_file() and path.suffix in (".yaml", ".yml", ".json"))
+            self._file_index = _oracle_crd_index(self.root) if self.root else {}
         if self._crd_versions_by_kind is None:
             shipped = _index_crds((key, self._crd_documents[key]) for key in self._shipped)
             merged = {key: list(entries) for key, entries in shipped.items()}
@@ -946,6 +947,13 @@ class Oracles:
             metadata = _load_yaml_file(chart_yaml) if chart_yaml.is_file() else None
             self._chart_names[folder] = metadata.get("name") if isinstance(metadata, dict) else None
         return self._chart_names[folder]
+
+
+@functools.cache
+def _oracle_crd_index(root: pathlib.Path) -> dict[tuple[str, str], list[tuple[pathlib.Path, str, bool]]]:
+    """The CRD index of an oracle directory, built once per process (parsing every file takes ~1 s)."""
+    files = {path for pattern in _CRD_FILE_PATTERNS for path in root.glob(pattern)}
+    return _index_crds((path, _read_crds(path)) for path in sorted(files) if path.is_file() and path.suffix in (".yaml", ".yml", ".json"))
 
 
 def _index_crds(sources: Iterable[tuple[pathlib.Path, list[dict[str, Any]]]]) -> dict[tuple[str, str], list[tuple[pathlib.Path, str, bool]]]:

@@ -34,6 +34,7 @@ from typing import Any, Iterable
 
 import yaml
 
+from ai_factory.factory.checking.oracles import is_core_api
 from ai_factory.factory.model.catalog import CHARTS, ChartSource
 from ai_factory.factory.rendering.bundle import Manifest, Rendered
 
@@ -291,8 +292,11 @@ def chart_manifests(outputs: list[ChartOutput]) -> list[Manifest]:
         for document in out.documents:
             obj = dict(document)
             metadata = dict(obj.get("metadata") or {})
-            group = str(obj.get("apiVersion", "")).rpartition("/")[0]
-            scoped = obj.get("kind") in CLUSTER_SCOPED_CORE_KINDS if "." not in group else (group, obj.get("kind")) in cluster_scoped
+            api_version = str(obj.get("apiVersion", ""))
+            if is_core_api(api_version):
+                scoped = obj.get("kind") in CLUSTER_SCOPED_CORE_KINDS
+            else:
+                scoped = (api_version.rpartition("/")[0], obj.get("kind")) in cluster_scoped
             if not scoped and not metadata.get("namespace"):
                 metadata["namespace"] = out.release.namespace
             obj["metadata"] = metadata
@@ -335,7 +339,8 @@ def _semver(version: str) -> str:
 
 
 def _helm_error(stderr: str) -> str:
-    text = " ".join(line.strip() for line in stderr.splitlines() if line.strip()).removeprefix("Error: ")
+    lines = [line.strip() for line in stderr.splitlines() if line.strip() and not line.startswith("Use --debug")]
+    text = " ".join(lines).removeprefix("Error: ")
     return text if len(text) <= _MAX_ERROR else text[: _MAX_ERROR - 1] + "…"
 
 

@@ -1,0 +1,178 @@
+"""`factory check` with the real charts: every release rendered by helm from the chart cache, and the
+charts' objects checked together with the library's (issue 12 items 1-2, issue 23)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ai_factory.factory.checking.charts import Report, check_environment
+from ai_factory.factory.rendering import charts
+from ai_factory.factory.rendering.bundle import Rendered
+from tests.conftest import REPO, ChartEnv
+from tests.test_isolation import find, variant
+
+
+@pytest.fixture(scope="session")
+def dev_report(dev, oracles, chart_env: ChartEnv) -> Report:
+    return check_environment(dev, oracles.root, chart_env.charts_dir, chart_env.helm, chart_env.store)
+
+
+def check(rendered: Rendered, oracles, chart_env: ChartEnv) -> Report:
+    return check_environment(rendered, oracles.root, chart_env.charts_dir, chart_env.helm, chart_env.store)
+
+
+def values_of(release: str):
+    def edit(change):
+        return lambda r: change(find(r, "HelmRelease", release)["spec"]["values"])
+
+    return edit
+
+
+def test_dev_renders_every_release_with_its_chart_and_is_clean(dev, dev_report):
+    releases = [m for m in dev.manifests if m.kind == "HelmRelease"]
+    assert (dev_report.charts_rendered, dev_report.not_run, dev_report.findings) == (len(releases), [], [])
+    assert dev_report.objects > 4 * len(dev.manifests)  # the charts' objects were checked too
+
+
+def _drop_cleanup_crd(values):
+    values["crds"] = {"groups": {"kyverno": {"cleanuppolicies": False}}}
+
+
+CHART_BREAKAGES = [
+    (
+        "a misspelt key in a chart without a values schema",
+        values_of("kueue")(lambda v: v["controllerManager"].update(replicass=2)),
+        "helm-values: HelmRelease/kueue-system/kueue: kueue-0.19.2.tgz: values.controllerManager.replicass: not a key of the chart's values.yaml",
+    ),
+    (
+        "a wrong-typed value helm accepts",
+        values_of("kueue")(lambda v: v["controllerManager"].update(replicas="two")),
+        "schema: Deployment/kueue-system/kueue-controller-manager: spec.replicas: expected integer, got string",
+    ),
+    (
+        "a value the chart's template refuses",
+        values_of("kyverno")(_drop_cleanup_crd),
+        "chart-render: HelmRelease/kyverno/kyverno: kyverno-3.9.0.tgz does not template: execution error at (kyverno/templates/validate.yaml:2:4): "
+        "CRD cleanuppolicies disabled while cleanupController enabled",
+    ),
+]
+
+
+@pytest.mark.parametrize("change, expected", [row[1:] for row in CHART_BREAKAGES], ids=[row[0] for row in CHART_BREAKAGES])
+def test_chart_breakage_fails_check(dev, oracles, chart_env, change, expected):
+    findings = [str(f) for f in check(variant(dev, change), oracles, chart_env).findings]
+    assert expected in findings, findings
+
+
+def _reopen_vcluster_policy(values):
+    values["policies"]["networkPolicy"] = {"enabled": True}
+
+
+def _uncap_hami_percentage(r: Rendered) -> None:
+    for m in r.manifests:
+        if m.kind == "ResourceQuota":
+            m.obj["spec"]["hard"].pop("requests.nvidia.com/gpumem-percentage", None)
+
+
+def _unprivilege_hami_namespace(r: Rendered) -> None:
+    find(r, "Namespace", "hami-system")["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] = "baseline"
+
+
+UNION_HOLES = [
+    (
+        "the vCluster chart's network policy admits every namespace's app=loft pods",
+        values_of("vcluster-assistant")(_reopen_vcluster_policy),
+        "network-allow-rules: NetworkPolicy/tenant-assistant/vc-cp-vcluster-assistant: allows ingress of tenant assistant from every namespace "
+        "(empty namespaceSelector) [tenants: assistant]",
+    ),
+    (
+        "the vCluster chart's network policy lets the control plane reach every pod on 443/6443",
+        values_of("vcluster-assistant")(_reopen_vcluster_policy),
+        "network-allow-rules: NetworkPolicy/tenant-assistant/vc-cp-vcluster-assistant: allows egress of tenant assistant to every pod of every "
+        "namespace and every address on 443,8443,6443 (rule without 'to') [tenants: assistant]",
+    ),
+    (
+        "the vCluster chart's network policy opens the API server to every pod",
+        values_of("vcluster-assistant")(_reopen_vcluster_policy),
+        "network-allow-rules: NetworkPolicy/tenant-assistant/vc-cp-vcluster-assistant: allows ingress of tenant assistant from every pod of every "
+        "namespace and every address on 8443 (rule without 'from') [tenants: assistant]",
+    ),
+    (
+        "a HAMi resource name no tenant quota caps (only the chart's device config names it)",
+        _uncap_hami_percentage,
+        "quota: ResourceQuota/tenant-search/tenant-quota: tenant search's quota does not cap requests.nvidia.com/gpumem-percentage [tenants: search]",
+    ),
+    (
+        "a chart's ClusterRoleBinding to a tenant's service account",
+        values_of("vcluster-assistant")(lambda v: v.setdefault("rbac", {}).update(clusterRole={"enabled": True})),
+        "rbac-subjects: ClusterRoleBinding/vc-vcluster-assistant-v-tenant-assistant: binds ServiceAccount tenant-assistant/vc-vcluster-assistant "
+        "of tenant assistant cluster-wide [tenants: assistant]",
+    ),
+    (
+        "a chart's privileged pod in a tenant's namespace",
+        values_of("vcluster-assistant")(
+            lambda v: v["controlPlane"]["statefulSet"]["security"]["containerSecurityContext"].update(privileged=True, allowPrivilegeEscalation=True)
+        ),
+        "tenant-pods: StatefulSet/tenant-assistant/vcluster-assistant: container syncer is privileged [tenants: assistant]",
+    ),
+    (
+        "a chart's privileged DaemonSet outside the platform's privileged namespaces",
+        _unprivilege_hami_namespace,
+        "privileged-workloads: DaemonSet/hami-system/hami-device-plugin: container device-plugin is privileged outside the platform's "
+        "privileged namespaces (",
+    ),
+]
+
+
+@pytest.mark.parametrize("change, expected", [row[1:] for row in UNION_HOLES], ids=[row[0] for row in UNION_HOLES])
+def test_hole_in_the_union_of_library_and_chart_objects_is_a_finding(dev, oracles, chart_env, change, expected):
+    findings = [str(f) for f in check(variant(dev, change), oracles, chart_env).findings]
+    assert any(f.startswith(expected) for f in findings), findings
+
+
+def test_a_recheck_of_an_unchanged_environment_renders_no_chart(dev, oracles, chart_env, dev_report, monkeypatch):
+    def refuse(*args):
+        raise AssertionError("helm template ran again")
+
+    monkeypatch.setattr(charts, "_template", refuse)
+    again = check(dev, oracles, chart_env)
+    assert (again.charts_rendered, again.findings) == (dev_report.charts_rendered, dev_report.findings)
+
+
+def test_release_whose_chart_is_not_cached_is_named_as_not_rendered(dev, oracles, chart_env, tmp_path):
+    for chart in chart_env.charts_dir.glob("*.tgz"):
+        if not chart.name.startswith("kueue-"):
+            (tmp_path / chart.name).symlink_to(chart)
+    report = check_environment(dev, oracles.root, tmp_path, chart_env.helm, chart_env.store)
+    assert report.not_run == [
+        f"chart rendering of HelmRelease/kueue-system/kueue: not rendered, kueue-0.19.2.tgz is not in {tmp_path} "
+        f"(run `ai-factory charts pull --charts {tmp_path}`)"
+    ]
+
+
+def test_without_oracles_and_charts_the_other_checks_run_and_name_what_did_not(dev):
+    report = check_environment(dev, None, None, None)
+    assert report.findings == []
+    assert [line.split(":")[0].split(" (")[0] for line in report.not_run] == [
+        "chart rendering",
+        "custom resources of kinds no chart ships a CRD for",
+        "Helm values of HelmRelease/external-secrets/external-secrets, HelmRelease/falco/falco, HelmRelease/gpu-operator/gpu-operator, "
+        "HelmRelease/hami-system/hami, HelmRelease/keycloak/keycloak, HelmRelease/kube-system/cilium, HelmRelease/kueue-system/kueue, "
+        "HelmRelease/kyverno/kyverno, HelmRelease/openbao/openbao, HelmRelease/tenant-assistant/vcluster-assistant, "
+        "HelmRelease/tenant-partner-acme/vcluster-partner-acme, HelmRelease/trivy-system/trivy-operator",
+    ]
+
+
+@pytest.mark.parametrize("require, status", [(None, 3), ("1", 1)], ids=["clean but incomplete", "CI refuses incomplete"])
+def test_check_exit_status_when_a_check_family_cannot_run(tmp_path, require, status):
+    env = {**os.environ, "FACTORY_HELM": str(tmp_path / "no-helm"), "FACTORY_RENDER_CACHE": str(tmp_path)}
+    env.pop("FACTORY_REQUIRE_UPSTREAM", None)
+    if require:
+        env["FACTORY_REQUIRE_UPSTREAM"] = require
+    done = subprocess.run([sys.executable, "-m", "ai_factory.factory", "check", "dev"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == status, done.stdout + done.stderr
+    assert "check: not run: chart rendering: no helm binary" in done.stderr
