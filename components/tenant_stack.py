@@ -52,7 +52,7 @@ import pulumi_kubernetes as k8s
 import yaml
 
 from ai_factory.components._common import FactoryComponent, TenantHook, helm_release, labels, namespace
-from ai_factory.components.dra import whole_gpu_class
+from ai_factory.components.dra import CHART_DEVICE_CLASSES, whole_gpu_class
 from ai_factory.factory.model.catalog import ChartSource
 from ai_factory.factory.model.config import FactoryConfig, Identity, PlatformFlow, Tenant, TenantQuota
 from ai_factory.factory.planning.model import WHOLE_GPU, Plan
@@ -193,6 +193,8 @@ def owner_subjects(names: TenantNames) -> list[dict[str, str]]:
 def device_class_ceilings(plan: Plan, ceiling: GpuCeiling) -> dict[str, int]:
     dra_models = {p.name: p.gpu_model for p in plan.pools if p.sharing == "dra"}
     classes = {whole_gpu_class(model): 0 for model in dra_models.values()}
+    if dra_models:
+        classes.update(dict.fromkeys(CHART_DEVICE_CLASSES, 0))
     for offering in ceiling.offerings:
         if offering.pool in dra_models:
             classes[whole_gpu_class(offering.gpu_model)] += ceiling.per_offering.get((offering.name, WHOLE_GPU), 0)

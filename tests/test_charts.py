@@ -9,7 +9,10 @@ from ai_factory.factory.checking.charts import Report, check_environment
 from ai_factory.factory.cli import main
 from ai_factory.factory.rendering import charts
 from ai_factory.factory.rendering.bundle import Rendered
-from tests.conftest import REPO, ChartEnv
+from ai_factory.factory.checking.isolation import DRA_QUOTA_SUFFIX
+from tests.conftest import REPO, ChartEnv, render
+from tests.test_device_layer import STACK as DEVICE_STACK
+from tests.test_device_layer import device_config
 from tests.test_isolation import find, variant
 
 
@@ -174,3 +177,19 @@ def test_check_exit_status_when_a_check_family_cannot_run(tmp_path, monkeypatch,
     monkeypatch.chdir(REPO)
     assert main(["check", "dev"]) == status
     assert "check: not run: chart rendering: no helm binary" in capsys.readouterr().err
+
+
+def test_dra_chart_device_classes_are_capped_in_every_quota_and_uncapped_ones_are_found(dev_raw, oracles, chart_env):
+    """The DRA chart installs gpu.nvidia.com, mig.nvidia.com and vfio.gpu.nvidia.com itself: a claim
+    through them would escape the per-model quota lines, so each tenant quota caps them at 0."""
+    raw, secrets = dev_raw
+    device = render(device_config(raw), secrets, stack=DEVICE_STACK)
+    assert check(device, oracles, chart_env).findings == []
+
+    def uncap(r: Rendered) -> None:
+        for m in r.manifests:
+            if m.kind == "ResourceQuota":
+                m.obj["spec"]["hard"].pop(f"gpu.nvidia.com{DRA_QUOTA_SUFFIX}", None)
+
+    findings = [str(f) for f in check(variant(device, uncap), oracles, chart_env).findings]
+    assert f"quota: ResourceQuota/tenant-search/tenant-quota: tenant search's quota does not cap gpu.nvidia.com{DRA_QUOTA_SUFFIX} [tenants: search]" in findings
