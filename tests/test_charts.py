@@ -7,6 +7,7 @@ import pytest
 
 from ai_factory.factory.checking.charts import Report, check_environment
 from ai_factory.factory.cli import main
+from ai_factory.factory.model.catalog import CHARTS
 from ai_factory.factory.rendering import charts
 from ai_factory.factory.rendering.bundle import Rendered
 from ai_factory.factory.checking.isolation import DRA_QUOTA_SUFFIX
@@ -193,3 +194,24 @@ def test_dra_chart_device_classes_are_capped_in_every_quota_and_uncapped_ones_ar
 
     findings = [str(f) for f in check(variant(device, uncap), oracles, chart_env).findings]
     assert f"quota: ResourceQuota/tenant-search/tenant-quota: tenant search's quota does not cap gpu.nvidia.com{DRA_QUOTA_SUFFIX} [tenants: search]" in findings
+
+
+def test_pull_fetches_each_missing_pin_at_its_version_from_its_repository(tmp_path):
+    """`ai-factory charts pull` as a user with network access runs it (helm itself is faked here)."""
+    calls, helm, cache = tmp_path / "calls", tmp_path / "helm", tmp_path / "cache"
+    helm.write_text(
+        "#!/bin/sh\n"
+        f'echo "$@" >> {calls}\n'
+        'name=$(basename "$2")\n'
+        'while [ "$#" -gt 0 ]; do case "$1" in --version) v=$2;; --destination) d=$2;; esac; shift; done\n'
+        'touch "$d/$name-$v.tgz"\n'
+    )
+    helm.chmod(0o755)
+    cache.mkdir()
+    (cache / "hami-2.10.0.tgz").touch()
+    lines = charts.pull([CHARTS["kueue"], CHARTS["vcluster"], CHARTS["hami"]], cache, str(helm))
+    assert lines == [f"hami-2.10.0.tgz: already in {cache}", "kueue-0.19.2.tgz: pulled", "vcluster-0.36.1.tgz: pulled"]
+    assert calls.read_text().splitlines() == [
+        f"pull oci://registry.k8s.io/kueue/charts/kueue --version 0.19.2 --destination {cache}",
+        f"pull vcluster --repo https://charts.loft.sh --version 0.36.1 --destination {cache}",
+    ]
