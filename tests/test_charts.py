@@ -3,6 +3,8 @@ charts' objects checked together with the library's (issue 12 items 1-2, issue 2
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from ai_factory.factory.checking.charts import Report, check_environment
@@ -215,3 +217,20 @@ def test_pull_fetches_each_missing_pin_at_its_version_from_its_repository(tmp_pa
         f"pull oci://registry.k8s.io/kueue/charts/kueue --version 0.19.2 --destination {cache}",
         f"pull vcluster --repo https://charts.loft.sh --version 0.36.1 --destination {cache}",
     ]
+
+
+def test_a_crd_the_chart_ships_is_preferred_to_the_oracles_copy(dev, oracles):
+    from ai_factory.factory.checking.oracles import Oracles
+
+    queue = next(m.obj for m in dev.manifests if m.kind == "ClusterQueue")
+    assert oracles.validate_custom_object(queue) == []
+    schema = copy.deepcopy(oracles.crd_schema(queue["apiVersion"], "ClusterQueue"))
+    schema["properties"]["spec"]["required"] = ["notAField"]
+    group, version = queue["apiVersion"].split("/")
+    crd = {
+        "kind": "CustomResourceDefinition",
+        "spec": {"group": group, "names": {"kind": "ClusterQueue"}, "versions": [{"name": version, "served": True, "schema": {"openAPIV3Schema": schema}}]},
+    }
+    shipped = Oracles(oracles.root)
+    shipped.add_crds("kueue-test.tgz", [crd])
+    assert shipped.validate_custom_object(queue) == [f"ClusterQueue/{queue['metadata']['name']}: spec.notAField: required field missing"]

@@ -648,7 +648,8 @@ class Oracles:
         return served[0] if served else None
 
     def validate_custom_object(self, obj: dict) -> list[str]:
-        """Errors of a custom resource against its upstream CRD (empty when valid).
+        """Errors of a custom resource against its CRD (empty when valid): the one a chart ships
+        (`add_crds`) when there is one, else the oracle directory's.
 
         When several oracle files define the same group/version/kind with different schemas (the
         network-operator bundles its own sriov CRDs), the object passes if it satisfies any of
@@ -687,8 +688,9 @@ class Oracles:
         if key not in self._served_schemas:
             found: list[dict[str, Any]] = []
             index = self._crd_index(group, kind)
-            sources = dict.fromkeys(path for path, name, served in index if name == version and served)
-            for source in sources:
+            sources = list(dict.fromkeys(path for path, name, served in index if name == version and served))
+            shipped = [source for source in sources if source in self._shipped]
+            for source in shipped or sources:  # a chart's own CRD is the one its cluster gets
                 for crd in self._crds_in(source):
                     spec = crd.get("spec") or {}
                     if spec.get("group") != group or (spec.get("names") or {}).get("kind") != kind:

