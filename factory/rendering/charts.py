@@ -2,7 +2,7 @@
 
 * The chart cache is a directory of packaged charts named `<chart name>-<version>.tgz`, as `helm
   pull` writes them (`ai-factory charts pull` fills one). `--charts DIR`, else `$FACTORY_CHARTS_DIR`
-  (which must exist), else `<project>/../shared/charts` if it exists, else
+  (which must exist), else `<project dir>/../shared/charts` if it exists, else
   `~/.cache/ai-factory/charts` (`$XDG_CACHE_HOME` respected) if it exists.
 * `helm` is `$FACTORY_HELM`, else the one next to the running Python (`.venv/bin/helm`, where
   `ai-factory charts install-helm` puts it), else the first on PATH.
@@ -120,8 +120,9 @@ class ChartCacheError(Exception):
 
 
 def default_chart_dirs() -> list[Path]:
-    project = Path(__file__).resolve().parents[2]
-    return [project.parent / "shared" / "charts", user_cache_dir() / "charts"]
+    """`<project dir>/../shared/charts` (the layout of this repository's checkout, as for the oracle
+    directory), then the user's cache."""
+    return [Path.cwd().resolve().parent / "shared" / "charts", user_cache_dir() / "charts"]
 
 
 def locate_chart_dir(explicit: Path | None = None) -> Path | None:
