@@ -117,7 +117,6 @@ def _diff(env: str, tenant: str) -> int:
 
 
 def _charts(args: argparse.Namespace) -> int:
-    import os
     import sysconfig
 
     from ai_factory.factory.model.catalog import CHARTS
@@ -138,8 +137,6 @@ def _charts(args: argparse.Namespace) -> int:
 
 
 def _check(target: str, upstream: Path | None, charts_dir: Path | None) -> int:
-    import os
-
     from ai_factory.factory.checking.charts import check_environment
     from ai_factory.factory.checking.oracles import OracleError, locate_upstream_dir
     from ai_factory.factory.rendering.bundle import load_rendered, render_env
