@@ -92,6 +92,12 @@ class DraArgs:
         )
 
 
+CHART_DEVICE_CLASSES = ("gpu.nvidia.com", "mig.nvidia.com", "vfio.gpu.nvidia.com")
+"""The DeviceClasses the chart installs itself with `resources.gpus` (any GPU of the driver, MIG and
+VFIO devices included). No value removes them, so every tenant quota caps each at 0: tenants claim
+through the per-model classes, which their quotas cap at their ceilings."""
+
+
 def chart_values(args: DraArgs) -> dict:
     """The chart values: a pure function of the arguments, so tests can read them directly."""
     return {

@@ -32,7 +32,7 @@ from ai_factory.components.gpu_operator import tolerations
 from ai_factory.factory.model.catalog import ChartSource
 from ai_factory.factory.model.config import FactoryConfig
 from ai_factory.factory.planning.model import NodePlan, Plan
-from ai_factory.factory.planning.placement import HAMI_DEVICE_PLUGIN_LABEL
+from ai_factory.factory.planning.placement import HAMI_DEVICE_PLUGIN_LABEL, HAMI_RESOURCES
 from ai_factory.components.registry import Layer
 
 TOKEN = "ai-factory:accelerators:Hami"
@@ -107,6 +107,8 @@ def node_configuration(nodes: tuple[HamiNode, ...]) -> str:
 def chart_values(args: HamiArgs) -> dict:
     """The chart values: a pure function of the arguments, so tests can read them directly."""
     return {
+        # Pinned, not left to the chart's defaults: tenant quotas cap exactly these names.
+        **HAMI_RESOURCES,
         "scheduler": {
             "defaultSchedulerPolicy": {"nodeSchedulerPolicy": "binpack", "gpuSchedulerPolicy": "binpack"},
             # The upstream kube-scheduler image, not the chart's default mirror.

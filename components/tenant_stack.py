@@ -52,7 +52,7 @@ import pulumi_kubernetes as k8s
 import yaml
 
 from ai_factory.components._common import FactoryComponent, TenantHook, helm_release, labels, namespace
-from ai_factory.components.dra import whole_gpu_class
+from ai_factory.components.dra import CHART_DEVICE_CLASSES, whole_gpu_class
 from ai_factory.factory.model.catalog import ChartSource
 from ai_factory.factory.model.config import FactoryConfig, Identity, PlatformFlow, Tenant, TenantQuota
 from ai_factory.factory.planning.model import WHOLE_GPU, Plan
@@ -193,6 +193,8 @@ def owner_subjects(names: TenantNames) -> list[dict[str, str]]:
 def device_class_ceilings(plan: Plan, ceiling: GpuCeiling) -> dict[str, int]:
     dra_models = {p.name: p.gpu_model for p in plan.pools if p.sharing == "dra"}
     classes = {whole_gpu_class(model): 0 for model in dra_models.values()}
+    if dra_models:
+        classes.update(dict.fromkeys(CHART_DEVICE_CLASSES, 0))
     for offering in ceiling.offerings:
         if offering.pool in dra_models:
             classes[whole_gpu_class(offering.gpu_model)] += ceiling.per_offering.get((offering.name, WHOLE_GPU), 0)
@@ -376,9 +378,15 @@ def vcluster_values(args: TenantStackArgs) -> dict[str, Any]:
             # stack's LimitRange is the only one (two would make container defaults ambiguous).
             "resourceQuota": off,
             "limitRange": off,
-            # Host NetworkPolicies between the control plane and its workloads, without the chart's
-            # public egress (the tenant's egress is the platform flows of its Cilium policy).
-            "networkPolicy": {"enabled": True, "workload": {"publicEgress": off}},
+            # Off: the chart's policies cannot be narrowed by values (they are templates; values only
+            # add rules) and they open cross-tenant paths: `namespaceSelector: {}` with a pod label
+            # any tenant can set (`app: loft`), egress on 443/6443 to every pod, the API server
+            # open on 8443 to every pod. Cilium adds Kubernetes allow rules to the cluster-wide
+            # deny, so they would widen it. The tenant's Cilium policy (`network_policy_spec`) is
+            # all the vCluster needs: its own namespace (control plane, synced workloads,
+            # snapshots), kube-dns, the host API server as the `kube-apiserver` entity (its real
+            # address), and the platform flows of the config (users' ingress path among them).
+            "networkPolicy": off,
         },
         "experimental": {"deploy": {"vcluster": {"manifests": in_vcluster_manifests(args)}}},
         "telemetry": off,

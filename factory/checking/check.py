@@ -12,10 +12,10 @@ from typing import Callable, Iterable
 from ai_factory.components.registry import checks_for
 from ai_factory.factory.checking import isolation
 from ai_factory.factory.checking import policies as policy_check
-from ai_factory.factory.model.catalog import CHARTS, ChartSource
 from ai_factory.factory.checking.findings import Finding
-from ai_factory.factory.checking.oracles import Oracles
+from ai_factory.factory.checking.oracles import Oracles, is_core_api
 from ai_factory.factory.rendering.bundle import Manifest, Rendered
+from ai_factory.factory.rendering.charts import releases_of
 
 
 Check = Callable[[Rendered, Oracles], Iterable[Finding]]
@@ -23,38 +23,43 @@ Check = Callable[[Rendered, Oracles], Iterable[Finding]]
 
 def schema(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
     """Core kinds against the Kubernetes schema of the target version (strict); custom resources,
-    Flux objects included, against their upstream CRD."""
+    Flux objects included, against their CRD (the chart's, else upstream's). Without an oracle
+    directory, custom resources of kinds no chart defines are left out (`unchecked_kinds`)."""
     for m in rendered.manifests:
+        if _unchecked_kind(m, oracles):
+            continue
         for error in oracles.validate_object(m.obj, rendered.kubernetes_version):
             # The oracle's message names the object too; the finding names it once.
             yield Finding("schema", m.ref, error.removeprefix(f"{m.ref}: "), _tenants(m))
 
 
 def helm_values(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
-    """Every HelmRelease installs a catalog chart at its pinned source, with values the chart knows."""
-    sources = {m.name: m.obj for m in rendered.manifests if m.kind in ("HelmRepository", "OCIRepository")}
-    for m in rendered.manifests:
-        if m.kind != "HelmRelease":
-            continue
-        pin = chart_of(m, sources)
-        if pin is None:
-            yield Finding("helm-values", m.ref, "installs a chart that is not in the catalog (factory/catalog.py)", _tenants(m))
-            continue
+    """Every HelmRelease installs a catalog chart at its pinned source, with values the chart knows
+    (the chart package's values.yaml and schema when it is cached, else the oracle's)."""
+    releases, unknown = releases_of(rendered)
+    for m in unknown:
+        yield Finding("helm-values", m.ref, "installs a chart that is not in the catalog (factory/catalog.py)", _tenants(m))
+    for release in releases:
+        m, pin = release.manifest, release.pin
+        if not oracles.knows_values(pin.oracle_dir):
+            continue  # reported by `unchecked_values`
         for error in oracles.validate_values(pin.oracle_dir, m.obj["spec"].get("values") or {}):
             yield Finding("helm-values", m.ref, error, _tenants(m))
 
 
-def chart_of(release: Manifest, sources: dict[str, dict]) -> ChartSource | None:
-    spec = release.obj.get("spec") or {}
-    if "chartRef" in spec:
-        url = ((sources.get(spec["chartRef"].get("name")) or {}).get("spec") or {}).get("url", "")
-        return next((c for c in CHARTS.values() if c.is_oci and c.oci_url == url), None)
-    chart_spec = ((spec.get("chart") or {}).get("spec")) or {}
-    url = ((sources.get((chart_spec.get("sourceRef") or {}).get("name")) or {}).get("spec") or {}).get("url", "")
-    return next(
-        (c for c in CHARTS.values() if c.name == chart_spec.get("chart") and c.repository.rstrip("/") == url.rstrip("/")),
-        None,
-    )
+def _unchecked_kind(m: Manifest, oracles: Oracles) -> bool:
+    api_version = m.obj.get("apiVersion")
+    return oracles.root is None and isinstance(api_version, str) and not is_core_api(api_version) and not oracles.knows_kind(api_version, m.kind)
+
+
+def unchecked_kinds(rendered: Rendered, oracles: Oracles) -> list[str]:
+    """Custom kinds `schema` could not check: no oracle directory and no chart ships their CRD."""
+    return sorted({f"{m.obj.get('apiVersion')} {m.kind}" for m in rendered.manifests if _unchecked_kind(m, oracles)})
+
+
+def unchecked_values(rendered: Rendered, oracles: Oracles) -> list[str]:
+    """Releases `helm_values` could not check: neither the chart package nor the oracle has the values."""
+    return sorted(r.manifest.ref for r in releases_of(rendered)[0] if not oracles.knows_values(r.pin.oracle_dir))
 
 
 def _tenants(m: Manifest) -> tuple[str, ...]:

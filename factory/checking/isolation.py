@@ -47,6 +47,7 @@ from ai_factory.factory.planning.placement import (
     PLACEMENT_TAINT_KEYS,
 )
 from ai_factory.factory.rendering.bundle import Manifest, Rendered
+from ai_factory.factory.rendering.charts import CHART_ORIGIN
 from ai_factory.factory.model.tenancy import OIDC_PREFIX, TENANT_LABEL, TRUST_DOMAIN_LABEL, TRUST_LABEL
 
 Subject = tuple[str, str]
@@ -197,6 +198,8 @@ def tenant_labels(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
     live in its namespace (or are cluster-scoped), never in another tenant's or the platform's."""
     view = View(rendered)
     for m in view.manifests:
+        if m.origin.startswith(CHART_ORIGIN):
+            continue  # helm labels a chart's objects itself; they belong to the release's tenant
         labelled = metadata_map(m.obj, "labels").get(TENANT_LABEL)
         home = view.tenant_at(m.namespace)
         if home and labelled != home.tenant:
@@ -421,18 +424,26 @@ def tenant_pods(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
                 yield _finding("tenant-pods", m, problem, tenant)
 
 
-def _pod_problems(spec: Mapping[str, Any], namespace: str | None, config_maps: Mapping[tuple, Mapping]) -> Iterator[str]:
+def _containers(spec: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    return [*(spec.get("initContainers") or []), *(spec.get("containers") or []), *(spec.get("ephemeralContainers") or [])]
+
+
+def _host_access(spec: Mapping[str, Any]) -> Iterator[str]:
     for flag in ("hostNetwork", "hostPID", "hostIPC"):
         if spec.get(flag):
             yield f"sets {flag}"
     for volume in spec.get("volumes") or []:
         if "hostPath" in volume:
             yield f"volume {volume.get('name')} is a hostPath ({(volume['hostPath'] or {}).get('path')})"
-    containers = [*(spec.get("initContainers") or []), *(spec.get("containers") or []), *(spec.get("ephemeralContainers") or [])]
-    for c in containers:
-        name = c.get("name")
+    for c in _containers(spec):
         if (c.get("securityContext") or {}).get("privileged"):
-            yield f"container {name} is privileged"
+            yield f"container {c.get('name')} is privileged"
+
+
+def _pod_problems(spec: Mapping[str, Any], namespace: str | None, config_maps: Mapping[tuple, Mapping]) -> Iterator[str]:
+    yield from _host_access(spec)
+    for c in _containers(spec):
+        name = c.get("name")
         variables = [e.get("name", "") for e in c.get("env") or []]
         for source in c.get("envFrom") or []:
             ref = (source.get("configMapRef") or {}).get("name")
@@ -444,6 +455,27 @@ def _pod_problems(spec: Mapping[str, Any], namespace: str | None, config_maps: M
             path = mount.get("mountPath", "")
             if any(fnmatchcase(path, pattern) for pattern in FORBIDDEN_MOUNTS):
                 yield f"container {name} mounts {path}"
+
+
+PRIVILEGED_SYSTEM_NAMESPACES = ("kube-system",)
+"""Namespaces the platform does not create but runs privileged node agents in (Cilium)."""
+
+
+def privileged_workloads(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
+    """A pod template with host access (privileged containers, host namespaces, hostPath) runs only
+    in the platform's allow-list: a namespace the platform creates with Pod Security `privileged`,
+    or kube-system. Elsewhere Pod Security refuses it, or it is a node agent nobody declared.
+    Tenant namespaces are `tenant_pods`' concern."""
+    view = View(rendered)
+    allowed = set(PRIVILEGED_SYSTEM_NAMESPACES) | {
+        ns for ns, labels in view.namespace_labels.items() if labels.get("pod-security.kubernetes.io/enforce") == "privileged"
+    }
+    for m in view.manifests:
+        if view.tenant_at(m.namespace) or m.namespace in allowed:
+            continue
+        for spec in _pod_specs(m.obj.get("spec")):
+            for problem in _host_access(spec):
+                yield _finding("privileged-workloads", m, f"{problem} outside the platform's privileged namespaces ({', '.join(sorted(allowed))})")
 
 
 # --------------------------------------------------------------------------- C. network isolation
@@ -567,6 +599,12 @@ def network_allow_rules(rendered: Rendered, oracles: Oracles) -> Iterable[Findin
             continue
         for direction, key in (("ingress", "from"), ("egress", "to")):
             for rule in (m.obj.get("spec") or {}).get(direction) or []:
+                if not rule.get(key):
+                    # Cilium adds Kubernetes allow rules to the cluster-wide default deny: a rule
+                    # without peers opens the selected pods to (or towards) every pod and address.
+                    ports = ",".join(str(p.get("port", "all")) for p in rule.get("ports") or []) or "every port"
+                    message = f"allows {direction} of tenant {t.tenant} {key} every pod of every namespace and every address on {ports} (rule without {key!r})"
+                    yield _finding("network-allow-rules", m, message, t.tenant)
                 for peer in rule.get(key) or []:
                     yield from _network_policy_peer_findings(view, m, t, direction, peer)
 
@@ -652,7 +690,28 @@ def gpu_quota_keys(view: View) -> set[str]:
     for queue in view.of_kind("ClusterQueue"):
         for group in (queue.obj.get("spec") or {}).get("resourceGroups") or []:
             keys |= {f"requests.{r}" for r in group.get("coveredResources") or [] if _gpu_quota_key(f"requests.{r}")}
+    keys |= {f"requests.{r}" for r in registered_gpu_resources(view)}
+    keys |= {f"{m.name}{DRA_QUOTA_SUFFIX}" for m in view.of_kind("DeviceClass")}
     return keys
+
+
+HAMI_DEVICE_CONFIG = "device-config.yaml"
+
+
+def registered_gpu_resources(view: View) -> set[str]:
+    """The NVIDIA resource names HAMi's rendered device config registers (count, memory, memory
+    percentage, cores, priority): its scheduler admits each, so each needs a quota line."""
+    names: set[str] = set()
+    for m in view.of_kind("ConfigMap"):
+        text = (m.obj.get("data") or {}).get(HAMI_DEVICE_CONFIG)
+        if not isinstance(text, str):
+            continue
+        try:
+            nvidia = (yaml.safe_load(text) or {}).get("nvidia") or {}
+        except (yaml.YAMLError, AttributeError):
+            continue
+        names |= {str(v) for k, v in nvidia.items() if str(k).startswith("resource") and str(k).endswith("Name") and "/" in str(v)}
+    return names
 
 
 def _quantity_is_zero(value: Any) -> bool:
@@ -854,7 +913,7 @@ VCLUSTER_OFF = (
 
 def vcluster_hardening(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
     """D34 and part 1 of the issue: each tenant vCluster syncs nothing cluster-scoped to the host,
-    has no chart quota missing a GPU resource, its network policy on without public egress,
+    has no chart quota missing a GPU resource, the chart's network policy off,
     Pod Security set to the namespace's level, OIDC with the prefix and an audience of its own for
     its API server, and keeps its data volume on deletion."""
     view = View(rendered)
@@ -873,10 +932,11 @@ def vcluster_hardening(rendered: Rendered, oracles: Oracles) -> Iterable[Finding
         missing = sorted(gpu_keys - set(_vcluster_quota(release)))
         if _get(values, "policies.resourceQuota.enabled", "auto") is not False and missing:
             problems.append(f"its chart quota does not cap {', '.join(missing)}")
-        if _get(values, "policies.networkPolicy.enabled") is not True:
-            problems.append("its network policy is off")
-        elif _get(values, "policies.networkPolicy.workload.publicEgress.enabled", True) is not False:
-            problems.append("its network policy opens public egress to its workloads")
+        if _get(values, "policies.networkPolicy.enabled") is True:
+            # The chart's rules admit every namespace's `app: loft` pods and every pod on the API
+            # server port; values can add rules, never remove those. The tenant's Cilium policy
+            # isolates the namespace instead (`network_default_deny`, `network_allow_rules`).
+            problems.append("its chart network policy is on: it admits pods of every namespace (`app: loft`) and every pod on 8443")
         level = home.labels.get("pod-security.kubernetes.io/enforce") if home else "restricted"
         if _get(values, "policies.podSecurityStandard") != level:
             problems.append(f"its Pod Security standard is {_get(values, 'policies.podSecurityStandard')!r}, not the namespace's {level!r}")
@@ -946,6 +1006,7 @@ CHECKS: list[Check] = [
         service_account_token,
         pod_security,
         tenant_pods,
+        privileged_workloads,
         network_default_deny,
         network_allow_rules,
         quota,

@@ -567,10 +567,11 @@ class _DeclaredKeys:
 
 @dataclass
 class _Chart:
-    """One chart folder of the oracle directory."""
+    """One chart folder: of the oracle directory, or of an unpacked chart package."""
 
     folder: str
-    """Relative to the oracle root, e.g. "gpu-operator/chart"."""
+    """How errors name it: relative to the oracle root ("gpu-operator/chart"), or the chart
+    package ("kueue-0.19.2.tgz")."""
     defaults: dict[str, Any]
     schema: dict[str, Any] | None
     subcharts: dict[str, _Chart | None] = field(default_factory=dict)
@@ -591,19 +592,50 @@ class _Chart:
 
 
 class Oracles:
-    """Checks against one oracle directory. Files are read on first use and cached."""
+    """Checks against one oracle directory, and against what the charts themselves ship (`add_crds`,
+    `use_chart`), which wins over the oracle directory's copy. Files are read on first use and
+    cached. `root` None: only what the charts ship is known."""
 
-    def __init__(self, root: pathlib.Path):
-        root = pathlib.Path(root)
-        if not root.is_dir():
-            raise OracleError(f"oracle directory {root} does not exist")
+    def __init__(self, root: pathlib.Path | None):
+        if root is not None:
+            root = pathlib.Path(root)
+            if not root.is_dir():
+                raise OracleError(f"oracle directory {root} does not exist")
         self.root = root
+        self._file_index: dict[tuple[str, str], list[tuple[pathlib.Path, str, bool]]] | None = None
+        self._shipped: list[pathlib.Path] = []
+        self._chart_folders: dict[str, tuple[pathlib.Path, str]] = {}
         self._crd_versions_by_kind: dict[tuple[str, str], list[tuple[pathlib.Path, str, bool]]] | None = None
         self._crd_documents: dict[pathlib.Path, list[dict[str, Any]]] = {}
         self._served_schemas: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
         self._crd_validators: dict[tuple[str, str, str], list[Validator]] = {}
         self._charts: dict[str, _Chart] = {}
         self._chart_names: dict[pathlib.Path, str | None] = {}
+
+    # ---- what the charts ship ---------------------------------------------------------------
+
+    def add_crds(self, source: str, crds: Iterable[Mapping[str, Any]]) -> None:
+        """CRDs a chart ships (`source` names it): preferred over the oracle directory's for the
+        kinds they define."""
+        key = pathlib.Path(f"<{source}>")
+        self._crd_documents[key] = [dict(c) for c in crds if c.get("kind") == "CustomResourceDefinition"]
+        self._shipped.append(key)
+        self._crd_versions_by_kind = None
+        self._served_schemas.clear()
+        self._crd_validators.clear()
+
+    def use_chart(self, chart_dir: str, folder: pathlib.Path, label: str) -> None:
+        """Read the values of the chart known as `chart_dir` (its oracle folder) from the unpacked
+        chart in `folder`; errors name it `label`."""
+        self._chart_folders[chart_dir] = (folder, label)
+        self._charts.pop(chart_dir, None)
+
+    def knows_values(self, chart_dir: str) -> bool:
+        return chart_dir in self._chart_folders or (self.root is not None and (self.root / chart_dir / "values.yaml").is_file())
+
+    def knows_kind(self, api_version: str, kind: str) -> bool:
+        """Some CRD (shipped by a chart or in the oracle directory) defines group/kind."""
+        return bool(self._crd_index(_split_api_version(api_version)[0], kind))
 
     # ---- custom resources -------------------------------------------------------------------
 
@@ -616,7 +648,8 @@ class Oracles:
         return served[0] if served else None
 
     def validate_custom_object(self, obj: dict) -> list[str]:
-        """Errors of a custom resource against its upstream CRD (empty when valid).
+        """Errors of a custom resource against its CRD (empty when valid): the one a chart ships
+        (`add_crds`) when there is one, else the oracle directory's.
 
         When several oracle files define the same group/version/kind with different schemas (the
         network-operator bundles its own sriov CRDs), the object passes if it satisfies any of
@@ -655,8 +688,9 @@ class Oracles:
         if key not in self._served_schemas:
             found: list[dict[str, Any]] = []
             index = self._crd_index(group, kind)
-            sources = dict.fromkeys(path for path, name, served in index if name == version and served)
-            for source in sources:
+            sources = list(dict.fromkeys(path for path, name, served in index if name == version and served))
+            shipped = [source for source in sources if source in self._shipped]
+            for source in shipped or sources:  # a chart's own CRD is the one its cluster gets
                 for crd in self._crds_in(source):
                     spec = crd.get("spec") or {}
                     if spec.get("group") != group or (spec.get("names") or {}).get("kind") != kind:
@@ -674,22 +708,20 @@ class Oracles:
         return sorted({name for _, name, served in self._crd_index(group, kind) if served})
 
     def _crd_index(self, group: str, kind: str) -> list[tuple[pathlib.Path, str, bool]]:
-        """(file, version, served) of every CRD version of group/kind, in path order.
+        """(file, version, served) of every CRD version of group/kind: the charts' first (in the
+        order they were added), then the oracle files' in path order.
 
-        Built on first use by parsing every CRD file once (~1 s). Only this index is kept: all CRDs
-        parsed take ~65 MB, so the few files a check needs are parsed again, and cached."""
+        The oracle part is built once per process by parsing every CRD file (~1 s). Only the index
+        is kept: all CRDs parsed take ~65 MB, so the few files a check needs are parsed again, and
+        cached."""
+        if self._file_index is None:
+            self._file_index = _oracle_crd_index(self.root) if self.root else {}
         if self._crd_versions_by_kind is None:
-            index: dict[tuple[str, str], list[tuple[pathlib.Path, str, bool]]] = defaultdict(list)
-            files = {path for pattern in _CRD_FILE_PATTERNS for path in self.root.glob(pattern)}
-            for path in sorted(files):
-                if not path.is_file() or path.suffix not in (".yaml", ".yml", ".json"):
-                    continue
-                for crd in _read_crds(path):
-                    spec = crd.get("spec") or {}
-                    crd_key = (str(spec.get("group")), str((spec.get("names") or {}).get("kind")))
-                    for crd_version in spec.get("versions") or []:
-                        index[crd_key].append((path, str(crd_version.get("name")), crd_version.get("served") is True))
-            self._crd_versions_by_kind = dict(index)
+            shipped = _index_crds((key, self._crd_documents[key]) for key in self._shipped)
+            merged = {key: list(entries) for key, entries in shipped.items()}
+            for key, entries in self._file_index.items():
+                merged.setdefault(key, []).extend(entries)
+            self._crd_versions_by_kind = merged
         return self._crd_versions_by_kind.get((group, kind), [])
 
     def _crds_in(self, path: pathlib.Path) -> list[dict[str, Any]]:
@@ -742,7 +774,7 @@ class Oracles:
         """
         chart = self._chart(chart_dir)
         if not isinstance(values, Mapping):
-            return [f"{chart_dir}: values: expected object, got {_json_type(values)}"]
+            return [f"{chart.folder}: values: expected object, got {_json_type(values)}"]
         top: FieldPath = ("values",)
         schema_problems = self._schema_problems(chart, chart.defaults, values, top)
         key_problems: list[tuple[FieldPath, str]] = []
@@ -784,7 +816,7 @@ class Oracles:
             for path, message in key_problems
             if not (path in unknown_to_schema and message.startswith("not a key"))
         ]
-        return _error_lines(chart_dir, [*schema_problems, *key_problems])
+        return _error_lines(chart.folder, [*schema_problems, *key_problems])
 
     @staticmethod
     def _root_nodes(chart: _Chart) -> list[Mapping[str, Any]]:
@@ -846,17 +878,27 @@ class Oracles:
         return merged
 
     def _chart(self, chart_dir: str) -> _Chart:
+        """`chart_dir`: an oracle folder (relative to the root; a chart registered with
+        `use_chart` is read from its unpacked package instead), or the absolute folder of a
+        subchart inside such a package."""
         if chart_dir not in self._charts:
-            folder = self.root / chart_dir
+            if chart_dir in self._chart_folders:
+                folder, label = self._chart_folders[chart_dir]
+            elif pathlib.Path(chart_dir).is_absolute():
+                folder, label = pathlib.Path(chart_dir), self._subchart_label(pathlib.Path(chart_dir))
+            elif self.root is not None:
+                folder, label = self.root / chart_dir, chart_dir
+            else:
+                raise OracleError(f"{chart_dir}: no oracle directory and no chart package to read its values from")
             values_file = folder / "values.yaml"
             if not values_file.is_file():
-                raise OracleError(f"{chart_dir}: no values.yaml in the oracle directory {self.root}")
+                raise OracleError(f"{label}: no values.yaml in {folder.parent}")
             defaults = _load_yaml_file(values_file) or {}
             if not isinstance(defaults, dict):
-                raise OracleError(f"{chart_dir}/values.yaml: expected a map at the top level")
+                raise OracleError(f"{label}/values.yaml: expected a map at the top level")
             schema_file = folder / "values.schema.json"
             schema = json.loads(schema_file.read_text(encoding="utf-8")) if schema_file.is_file() else None
-            chart = _Chart(folder=chart_dir, defaults=defaults, schema=schema)
+            chart = _Chart(folder=label, defaults=defaults, schema=schema)
             # Registered before the subcharts load, so a dependency cycle cannot recurse forever.
             self._charts[chart_dir] = chart
             chart_yaml = folder / "Chart.yaml"
@@ -864,21 +906,34 @@ class Oracles:
             for dependency in metadata.get("dependencies") or []:
                 subchart_folder = self._find_subchart(folder, str(dependency.get("name")), dependency.get("version"))
                 chart.subcharts[str(dependency.get("alias") or dependency.get("name"))] = (
-                    self._chart(subchart_folder.relative_to(self.root).as_posix()) if subchart_folder else None
+                    self._chart(self._chart_key(subchart_folder)) if subchart_folder else None
                 )
         return self._charts[chart_dir]
+
+    def _chart_key(self, folder: pathlib.Path) -> str:
+        if self.root is not None and folder.is_relative_to(self.root):
+            return folder.relative_to(self.root).as_posix()
+        return str(folder)
+
+    def _subchart_label(self, folder: pathlib.Path) -> str:
+        for parent, label in self._chart_folders.values():
+            if folder.is_relative_to(parent):
+                return f"{label}/{folder.relative_to(parent).as_posix()}"
+        return str(folder)
 
     def _find_subchart(self, folder: pathlib.Path, name: str, version: Any) -> pathlib.Path | None:
         """The folder of a dependency, matched like Helm does: by the `name` in its Chart.yaml.
 
-        Looks in the chart's own charts/ (gpu-operator's node-feature-discovery), then in the
-        product's charts/ folder, where the oracle keeps local dependencies under their repository
-        folder names (llm-d's routerlib is the chart "router", remediation's nvsentinel-janitor is
-        "janitor"). A matching version wins a tie."""
-        product = self.root / folder.relative_to(self.root).parts[0]
+        Looks in the chart's own charts/ (gpu-operator's node-feature-discovery), then, in the
+        oracle directory, in the product's charts/ folder, where the oracle keeps local
+        dependencies under their repository folder names (llm-d's routerlib is the chart "router",
+        remediation's nvsentinel-janitor is "janitor"). A matching version wins a tie."""
+        places = [folder / "charts"]
+        if self.root is not None and folder.is_relative_to(self.root):
+            places.append(self.root / folder.relative_to(self.root).parts[0] / "charts")
         matches = [
             candidate
-            for charts in (folder / "charts", product / "charts")
+            for charts in places
             if charts.is_dir()
             for candidate in sorted(charts.iterdir())
             if candidate != folder and self._chart_name(candidate) == name
@@ -894,6 +949,24 @@ class Oracles:
             metadata = _load_yaml_file(chart_yaml) if chart_yaml.is_file() else None
             self._chart_names[folder] = metadata.get("name") if isinstance(metadata, dict) else None
         return self._chart_names[folder]
+
+
+@functools.cache
+def _oracle_crd_index(root: pathlib.Path) -> dict[tuple[str, str], list[tuple[pathlib.Path, str, bool]]]:
+    """The CRD index of an oracle directory, built once per process (parsing every file takes ~1 s)."""
+    files = {path for pattern in _CRD_FILE_PATTERNS for path in root.glob(pattern)}
+    return _index_crds((path, _read_crds(path)) for path in sorted(files) if path.is_file() and path.suffix in (".yaml", ".yml", ".json"))
+
+
+def _index_crds(sources: Iterable[tuple[pathlib.Path, list[dict[str, Any]]]]) -> dict[tuple[str, str], list[tuple[pathlib.Path, str, bool]]]:
+    index: dict[tuple[str, str], list[tuple[pathlib.Path, str, bool]]] = defaultdict(list)
+    for path, crds in sources:
+        for crd in crds:
+            spec = crd.get("spec") or {}
+            crd_key = (str(spec.get("group")), str((spec.get("names") or {}).get("kind")))
+            for crd_version in spec.get("versions") or []:
+                index[crd_key].append((path, str(crd_version.get("name")), crd_version.get("served") is True))
+    return dict(index)
 
 
 _LEADING_COMMENTS = re.compile(r"\A(?:[ \t]*(?:#[^\n]*)?\n)*[ \t]*")

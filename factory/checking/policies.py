@@ -38,6 +38,7 @@ from pulumi_policy import (
 from pulumi_policy.proxy import UnknownValueError, unknown_checking_proxy
 
 from ai_factory.factory.checking.findings import Finding
+from ai_factory.factory.rendering.charts import CHART_ORIGIN
 from ai_factory.factory.rendering.harness import Graph
 from ai_factory.factory.model.loading import project_dir
 from ai_factory.factory.checking.oracles import Oracles
@@ -132,8 +133,8 @@ def resources_from_directory(rendered: Rendered) -> tuple[list[PolicyResource], 
     unmatched = dict(entries)
     built: list[tuple[str, str, dict[str, Any], dict[str, Any] | None, str | None]] = []
     for m in rendered.manifests:
-        if m.kind in ("HelmRepository", "OCIRepository"):
-            continue
+        if m.kind in ("HelmRepository", "OCIRepository") or m.origin.startswith(CHART_ORIGIN):
+            continue  # a chart's objects are inside its release, the one resource the pack sees
         if m.kind == "HelmRelease":
             types, props = (HELM_RELEASE,), _release_props(m, sources)
         else:

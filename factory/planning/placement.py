@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Literal
 
 from ai_factory.factory.model.gpus import GPU_MODELS
-from ai_factory.factory.planning.model import Plan, PoolPlan
+from ai_factory.factory.planning.model import HAMI_CORES, HAMI_MEMORY, WHOLE_GPU, Plan, PoolPlan
 from ai_factory.factory.model.tenancy import LABEL_PREFIX, TRUST_DOMAIN_LABEL, TenantNames
 
 POOL_LABEL = f"{LABEL_PREFIX}/pool"
@@ -41,6 +41,17 @@ DEVICE_PLUGIN_DEPLOY_LABEL = "nvidia.com/gpu.deploy.device-plugin"
 """GPU Operator: `false` keeps the NVIDIA device plugin off a node (HAMi's plugin or the DRA
 driver serves its GPUs; two allocators on one GPU would hand it out twice)."""
 MIG_DISABLED_CONFIG = "all-disabled"
+HAMI_RESOURCES = {
+    "resourceName": WHOLE_GPU,
+    "resourceMem": HAMI_MEMORY,
+    "resourceMemPercentage": "nvidia.com/gpumem-percentage",
+    "resourceCores": HAMI_CORES,
+    "resourcePriority": "nvidia.com/priority",
+}
+"""Every NVIDIA resource name HAMi registers, by the chart value that names it: the HAMi layer sets
+exactly these values and every tenant quota caps each name (`advertised_resources`), so no name
+the scheduler admits escapes quota. The plan only grants memory (MiB) and cores; a tenant's
+percentage and priority lines are therefore 0, and its admission policy refuses them."""
 SHARED_GPU = "nvidia.com/gpu.shared"
 """What the device plugin advertises time-sliced replicas as (`renameByDefault: true`), so a pod
 asking for a whole `nvidia.com/gpu` can never get a replica."""
@@ -244,13 +255,13 @@ def tolerable_taints(names: TenantNames, tenant_offerings: Iterable[Offering]) -
 
 def advertised_resources(plan: Plan) -> tuple[str, ...]:
     """Every GPU resource name the platform's nodes can advertise (whole GPUs, each MIG profile of
-    every MIG pool's model, HAMi memory and cores, time-sliced replicas): what tenant quotas must cover."""
-    names = {"nvidia.com/gpu"}
+    every MIG pool's model, every name HAMi registers, time-sliced replicas): what tenant quotas must cover."""
+    names = {WHOLE_GPU}
     for pool in plan.pools:
         if pool.sharing == "mig":
             names |= {p.resource_name for p in GPU_MODELS[pool.gpu_model].mig_profiles}
         elif pool.sharing == "hami":
-            names |= {"nvidia.com/gpumem", "nvidia.com/gpucores"}
+            names |= set(HAMI_RESOURCES.values())
         elif pool.sharing == "time-slicing":
             names.add(SHARED_GPU)
     return tuple(sorted(names))

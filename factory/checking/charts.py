@@ -1,0 +1,75 @@
+"""`factory check` over the union of the library's objects and what its charts really produce.
+
+Every Helm release is rendered by the real chart (`ai_factory.factory.rendering.charts`); the
+objects it produces join the library's, and every check of `check.CHECKS` runs over the union:
+chart objects validate against kubernetes-validate (core kinds) and the CRDs the charts ship
+(preferred over the oracle directory's copy), release values against the chart's own values.yaml
+and schema, and the isolation checks see the charts' pods, bindings and policies too.
+
+What cannot run without the oracle directory, helm or the chart cache is skipped and named, one
+line per check family with how to enable it (`Report.not_run`): the result is then "clean but
+incomplete", never "clean".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ai_factory.factory.checking.check import run_checks, unchecked_kinds, unchecked_values
+from ai_factory.factory.checking.findings import Finding
+from ai_factory.factory.checking.oracles import Oracles
+from ai_factory.factory.rendering.bundle import Rendered
+from ai_factory.factory.rendering.charts import ChartOutput, chart_file, chart_manifests, extract_chart, releases_of, template_all
+
+
+@dataclass
+class Report:
+    findings: list[Finding]
+    objects: int
+    """Objects checked: the library's and the charts'."""
+    charts_rendered: int
+    not_run: list[str] = field(default_factory=list)
+    """One line per check family that could not run, with how to enable it."""
+
+
+def check_environment(
+    rendered: Rendered, upstream: Path | None, charts_dir: Path | None, helm: str | None, store: Path | None = None
+) -> Report:
+    oracles = Oracles(upstream)
+    releases, _ = releases_of(rendered)
+    not_run: list[str] = []
+    outputs: list[ChartOutput] = []
+    if helm is None:
+        not_run.append("chart rendering: no helm binary (run `ai-factory charts install-helm`, set FACTORY_HELM or put helm on PATH)")
+    elif charts_dir is None:
+        not_run.append("chart rendering: no chart cache (run `ai-factory charts pull`, or pass --charts DIR / set FACTORY_CHARTS_DIR)")
+    else:
+        outputs = template_all(releases, charts_dir, helm, rendered.kubernetes_version, store)
+        for r in releases:
+            if not chart_file(charts_dir, r.pin).is_file():
+                not_run.append(
+                    f"chart rendering of {r.manifest.ref}: not rendered, {chart_file(charts_dir, r.pin).name} is not in {charts_dir} "
+                    f"(run `ai-factory charts pull --charts {charts_dir}`)"
+                )
+    findings: list[Finding] = []
+    for out in outputs:
+        tenants = (out.release.manifest.tenant,) if out.release.manifest.tenant else ()
+        if out.error is not None:
+            findings.append(Finding("chart-render", out.release.manifest.ref, f"{out.chart.name} does not template: {out.error}", tenants))
+        else:
+            oracles.add_crds(out.chart.name, out.crds)
+    for chart, pin in sorted({out.chart: out.release.pin for out in outputs}.items(), key=lambda item: item[0]):
+        oracles.use_chart(pin.oracle_dir, extract_chart(chart, store), chart.name)
+    union = Rendered(rendered.config, rendered.kubernetes_version, [*rendered.manifests, *chart_manifests(outputs)], rendered.inventory, rendered.graph)
+    findings += run_checks(union, oracles)
+    kinds = unchecked_kinds(union, oracles)
+    if kinds:
+        not_run.append(
+            f"custom resources of kinds no chart ships a CRD for ({', '.join(kinds)}): no oracle directory "
+            "(set FACTORY_UPSTREAM_DIR or pass --upstream; ../shared/upstream is the default)"
+        )
+    values = unchecked_values(union, oracles)
+    if values:
+        not_run.append(f"Helm values of {', '.join(values)}: neither the chart cache nor an oracle directory has the chart's values")
+    return Report(sorted(set(findings)), len(union.manifests), sum(1 for out in outputs if out.error is None), not_run)

