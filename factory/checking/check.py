@@ -44,6 +44,12 @@ def helm_values(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
             yield Finding("helm-values", m.ref, error, _tenants(m))
 
 
+def rendered_files(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
+    """Every rendered file `load_rendered` could not read as Kubernetes objects, by file name."""
+    for path, problem in rendered.unreadable:
+        yield Finding("rendered-files", path, problem)
+
+
 def chart_of(release: Manifest, sources: dict[str, dict]) -> ChartSource | None:
     spec = release.obj.get("spec") or {}
     if "chartRef" in spec:
@@ -61,7 +67,7 @@ def _tenants(m: Manifest) -> tuple[str, ...]:
     return (m.tenant,) if m.tenant else ()
 
 
-CHECKS: list[Check] = [schema, helm_values, *isolation.CHECKS, policy_check.policies]
+CHECKS: list[Check] = [rendered_files, schema, helm_values, *isolation.CHECKS, policy_check.policies]
 
 
 def checks(rendered: Rendered) -> list[Check]:
