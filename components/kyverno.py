@@ -76,6 +76,14 @@ FORBIDDEN_MOUNTS = (
     "/usr/local/vgpu*",  # HAMi's shim
 )
 """Mount paths no tenant container may use."""
+IMAGE_REGISTRIES_POLICY = "tenant-image-registries"
+STANDARD_TOLERATION_KEYS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+"""Taints every pod may tolerate (`NoExecute`, `Exists`), as the `DefaultTolerationSeconds`
+admission plugin adds them, for at most `MAX_TOLERATION_SECONDS`."""
+MAX_TOLERATION_SECONDS = 300
+"""The plugin's default: how long a tenant pod may stay on a not-ready or unreachable node."""
+PLATFORM_PRIORITY_CLASSES = ("system-node-critical", "system-cluster-critical")
+"""Kubernetes' own priority classes (every `system-` name is reserved): never a tenant's."""
 VCLUSTER_IMAGES = ("ghcr.io/loft-sh/*", "coredns/coredns:*")
 """What a tenant's vCluster runs in its namespace: the control plane and its CoreDNS."""
 ALL_CONTAINERS = "request.object.spec.[ephemeralContainers, initContainers, containers][]"
@@ -245,7 +253,7 @@ def platform_policies(args: KyvernoArgs) -> dict[str, tuple[dict[str, str], dict
                 ]
             ),
         ),
-        "tenant-image-registries": (
+        IMAGE_REGISTRIES_POLICY: (
             {},
             _policy_spec(
                 [

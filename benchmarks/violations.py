@@ -1,0 +1,236 @@
+"""Mutation benchmark of `ai-factory check`: single violations injected into copies of the dev
+render, each expected to be caught by a named check, and the catch rate.
+
+    python benchmarks/violations.py            (from the repository root; about 15 s)
+    python benchmarks/violations.py -v         (every finding of every mutation)
+
+Each row of `MUTATIONS` is (family, what is injected, the check expected to catch it, the
+mutation). A mutation edits the rendered files (`Bundle`: YAML objects by path, the inventory, raw
+text), which are written to a fresh directory and read back with `load_rendered`, exactly as
+`ai-factory check <dir>` reads a bundle. A row is caught when, besides what the clean render yields
+(nothing), a finding of the expected check appears. `CONTROLS` are edits that break nothing (a
+compliant tenant workload, a narrow egress rule): they must yield no finding.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from ai_factory.factory.checking.check import run_checks  # noqa: E402
+from ai_factory.factory.checking.findings import Finding  # noqa: E402
+from ai_factory.factory.checking.oracles import Oracles, locate_upstream_dir  # noqa: E402
+from ai_factory.factory.rendering.bundle import load_rendered, render_env  # noqa: E402
+
+TENANT = "tenant-search"
+"""A high-trust tenant namespace of dev (restricted Pod Security, trust domain internal)."""
+LOW_TRUST = "tenant-partner-acme"
+"""The low-trust tenant namespace of dev (dedicated nodes)."""
+
+
+@dataclass
+class Bundle:
+    """A rendered directory being mutated: objects by path (one document per file, as rendered),
+    the inventory entries, and files written verbatim."""
+
+    objects: dict[str, dict[str, Any]]
+    inventory: dict[str, Any]
+    raw: dict[str, str] = field(default_factory=dict)
+
+    def obj(self, path: str) -> dict[str, Any]:
+        return self.objects[f"manifests/{path}.yaml"]
+
+    def add(self, layer: str, obj: dict[str, Any]) -> None:
+        namespace = obj["metadata"].get("namespace") or "_cluster"
+        self.objects[f"manifests/{layer}/{namespace}/{obj['kind'].lower()}-{obj['metadata']['name']}.yaml"] = obj
+
+    def remove(self, path: str) -> None:
+        del self.objects[f"manifests/{path}.yaml"]
+
+    def entry(self, name: str) -> dict[str, Any]:
+        return next(e for e in self.inventory["resources"] if e["name"] == name)
+
+    def write(self, out: Path) -> None:
+        for relative, obj in self.objects.items():
+            (out / relative).parent.mkdir(parents=True, exist_ok=True)
+            (out / relative).write_text(yaml.safe_dump(obj, sort_keys=True))
+        for relative, text in self.raw.items():
+            (out / relative).parent.mkdir(parents=True, exist_ok=True)
+            (out / relative).write_text(text)
+        (out / "inventory.json").write_text(json.dumps(self.inventory))
+
+
+def read_bundle(directory: Path) -> Bundle:
+    objects = {str(p.relative_to(directory)): yaml.safe_load(p.read_text()) for p in sorted((directory / "manifests").rglob("*.yaml"))}
+    return Bundle(objects, json.loads((directory / "inventory.json").read_text()))
+
+
+# --------------------------------------------------------------------------- tenant workloads
+
+
+def workload(namespace: str = TENANT, name: str = "trainer", kind: str = "Deployment", **pod: Any) -> dict[str, Any]:
+    """A tenant workload that passes every check; `pod` overrides fields of its pod spec."""
+    container = {
+        "name": "main",
+        "image": "nvcr.io/nvidia/pytorch:25.01-py3",
+        "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "1Gi"}},
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    }
+    spec = {"containers": [container], **pod}
+    labels = {"app": name}
+    template = {"metadata": {"labels": labels}, "spec": spec}
+    body: dict[str, Any] = {
+        "Deployment": {"selector": {"matchLabels": labels}, "template": template},
+        "Job": {"template": {**template, "spec": {**spec, "restartPolicy": "Never"}}},
+        "CronJob": {"schedule": "0 * * * *", "jobTemplate": {"spec": {"template": {**template, "spec": {**spec, "restartPolicy": "Never"}}}}},
+        "Pod": spec,
+    }[kind]
+    api = {"Deployment": "apps/v1", "Job": "batch/v1", "CronJob": "batch/v1", "Pod": "v1"}[kind]
+    tenant = {"ai-factory.io/tenant": namespace.removeprefix("tenant-")}
+    return {"apiVersion": api, "kind": kind, "metadata": {"name": name, "namespace": namespace, "labels": tenant}, "spec": body}
+
+
+def add_workload(**kwargs: Any) -> Callable[[Bundle], None]:
+    def mutate(bundle: Bundle) -> None:
+        obj = workload(**{k: v for k, v in kwargs.items() if k in ("namespace", "name", "kind")})
+        containers = _pod(obj)["containers"]
+        for key, value in kwargs.items():
+            if key == "container":
+                value(containers[0])
+            elif key == "pod_spec":
+                value(_pod(obj))
+        bundle.add(str(kwargs.get("layer", obj["metadata"]["namespace"])), obj)
+
+    return mutate
+
+
+def _pod(obj: dict[str, Any]) -> dict[str, Any]:
+    spec = obj["spec"]
+    if obj["kind"] == "Pod":
+        return spec
+    if obj["kind"] == "CronJob":
+        return spec["jobTemplate"]["spec"]["template"]["spec"]
+    return spec["template"]["spec"]
+
+
+def container_sets(*path: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    def edit(target: dict[str, Any]) -> None:
+        for key in path[:-1]:
+            target = target.setdefault(key, {})
+        target[path[-1]] = value
+
+    return edit
+
+
+def container_drops(*path: str) -> Callable[[dict[str, Any]], None]:
+    def edit(target: dict[str, Any]) -> None:
+        for key in path[:-1]:
+            target = target[key]
+        del target[path[-1]]
+
+    return edit
+
+
+Mutation = tuple[str, str, str, Callable[[Bundle], None]]
+
+WORKLOADS: list[Mutation] = [
+    ("tenant pods", "runAsNonRoot: false", "tenant-pod-security-context", add_workload(container=container_sets("securityContext", "runAsNonRoot", value=False))),
+    ("tenant pods", "runAsUser: 0 (pod level)", "tenant-pod-security-context", add_workload(pod_spec=container_sets("securityContext", "runAsUser", value=0))),
+    ("tenant pods", "allowPrivilegeEscalation: true", "tenant-pod-security-context", add_workload(container=container_sets("securityContext", "allowPrivilegeEscalation", value=True))),
+    ("tenant pods", "seccompProfile Unconfined", "tenant-pod-security-context", add_workload(container=container_sets("securityContext", "seccompProfile", value={"type": "Unconfined"}))),
+    ("tenant pods", "unsafe sysctl kernel.msgmax", "tenant-pod-security-context", add_workload(pod_spec=container_sets("securityContext", "sysctls", value=[{"name": "kernel.msgmax", "value": "65536"}]))),
+    ("tenant pods", "procMount: Unmasked", "tenant-pod-security-context", add_workload(container=container_sets("securityContext", "procMount", value="Unmasked"))),
+    ("tenant pods", "capability SYS_ADMIN added", "tenant-pod-security-context", add_workload(container=container_sets("securityContext", "capabilities", "add", value=["SYS_ADMIN"]))),
+    ("tenant pods", "writable root filesystem (untrusted tenant)", "tenant-pod-security-context", add_workload(namespace=LOW_TRUST, layer="tenant-partner-acme", container=container_sets("securityContext", "readOnlyRootFilesystem", value=False))),
+    ("tenant pods", "automountServiceAccountToken: true", "tenant-pod-security-context", add_workload(kind="CronJob", pod_spec=container_sets("automountServiceAccountToken", value=True))),
+    ("tenant pods", "no resource requests", "tenant-pod-resources", add_workload(container=container_drops("resources"))),
+    ("tenant pods", "no memory limit (Job)", "tenant-pod-resources", add_workload(kind="Job", container=container_drops("resources", "limits"))),
+    ("tenant pods", "image from docker.io", "tenant-pod-registries", add_workload(kind="Pod", container=container_sets("image", value="docker.io/library/python:3.12"))),
+    ("tenant pods", "priorityClassName system-node-critical", "tenant-pod-placement", add_workload(pod_spec=container_sets("priorityClassName", value="system-node-critical"))),
+    ("tenant pods", "nodeName set", "tenant-pod-placement", add_workload(kind="Pod", pod_spec=container_sets("nodeName", value="gpu-h100-01"))),
+    ("tenant pods", "tolerates another tenant's dedicated nodes", "tenant-pod-placement",
+     add_workload(pod_spec=container_sets("tolerations", value=[{"key": "ai-factory.io/dedicated", "operator": "Equal", "value": "partner-acme", "effect": "NoSchedule"}]))),
+    ("tenant pods", "tolerates another trust domain", "tenant-pod-placement",
+     add_workload(pod_spec=container_sets("tolerations", value=[{"key": "ai-factory.io/trust-domain", "operator": "Equal", "value": "assistant", "effect": "NoSchedule"}]))),
+    ("tenant pods", "operator Exists with an empty key", "tenant-pod-placement", add_workload(pod_spec=container_sets("tolerations", value=[{"operator": "Exists"}]))),
+    ("tenant pods", "nvidia.com/gpu Exists", "tenant-pod-placement", add_workload(pod_spec=container_sets("tolerations", value=[{"key": "nvidia.com/gpu", "operator": "Exists"}]))),
+    ("tenant pods", "hostPath volume (existing)", "tenant-pods", add_workload(pod_spec=container_sets("volumes", value=[{"name": "host", "hostPath": {"path": "/"}}]))),
+]
+
+CONTROLS: list[tuple[str, Callable[[Bundle], None]]] = [
+    ("a compliant tenant Deployment", add_workload()),
+    ("a compliant untrusted tenant Job", add_workload(namespace=LOW_TRUST, layer="tenant-partner-acme", kind="Job")),
+    (
+        "a whitelisted toleration with bounded seconds",
+        add_workload(pod_spec=container_sets("tolerations", value=[{"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}])),
+    ),
+]
+
+MUTATIONS: list[Mutation] = [*WORKLOADS]
+
+
+# --------------------------------------------------------------------------- running
+
+
+def findings_of(base: Bundle, mutate: Callable[[Bundle], None], oracles: Oracles) -> list[Finding]:
+    bundle = copy.deepcopy(base)
+    mutate(bundle)
+    directory = Path(tempfile.mkdtemp(prefix="violation-"))
+    try:
+        bundle.write(directory)
+        return run_checks(load_rendered(directory), oracles)
+    finally:
+        shutil.rmtree(directory)
+
+
+def dev_bundle() -> Bundle:
+    directory = Path(tempfile.mkdtemp(prefix="dev-render-"))
+    try:
+        render_env("dev").write(directory)
+        return read_bundle(directory)
+    finally:
+        shutil.rmtree(directory)
+
+
+def main(verbose: bool = False) -> int:
+    oracles = Oracles(locate_upstream_dir())
+    base = dev_bundle()
+    baseline = set(findings_of(base, lambda b: None, oracles))
+    print(f"clean dev render: {len(baseline)} finding(s)")
+    caught = 0
+    for family, what, expected, mutate in MUTATIONS:
+        new = [f for f in findings_of(base, mutate, oracles) if f not in baseline]
+        hit = any(f.check == expected for f in new)
+        caught += hit
+        print(f"{'caught' if hit else 'MISSED':7} {family:18} {what:55} {expected}")
+        for f in new if verbose or not hit else []:
+            print(f"          {f}")
+    false_alarms = 0
+    for what, mutate in CONTROLS:
+        new = [f for f in findings_of(base, mutate, oracles) if f not in baseline]
+        false_alarms += bool(new)
+        print(f"{'clean' if not new else 'FLAGGED':7} {'control':18} {what}")
+        for f in new:
+            print(f"          {f}")
+    print(f"caught {caught}/{len(MUTATIONS)} ({100 * caught / len(MUTATIONS):.0f}%); controls flagged: {false_alarms}/{len(CONTROLS)}")
+    return 0 if caught == len(MUTATIONS) and not false_alarms else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main("-v" in sys.argv))
