@@ -57,8 +57,8 @@ class Bundle:
     def remove(self, path: str) -> None:
         del self.objects[f"manifests/{path}.yaml"]
 
-    def entry(self, name: str) -> dict[str, Any]:
-        return next(e for e in self.inventory["resources"] if e["name"] == name)
+    def entry(self, resource_type: str, name: str) -> dict[str, Any]:
+        return next(e for e in self.inventory["resources"] if e["type"] == resource_type and e["name"] == name)
 
     def write(self, out: Path) -> None:
         for relative, obj in self.objects.items():
@@ -173,6 +173,107 @@ WORKLOADS: list[Mutation] = [
     ("tenant pods", "hostPath volume (existing)", "tenant-pods", add_workload(pod_spec=container_sets("volumes", value=[{"name": "host", "hostPath": {"path": "/"}}]))),
 ]
 
+# --------------------------------------------------------------------------- network, secrets, admission, reliability
+
+ISOLATION = "tenant-search/_cluster/ciliumclusterwidenetworkpolicy-tenant-search-isolation"
+CLUSTER = "kyverno/_cluster/clusterpolicy-"
+OPENBAO = "openbao/openbao/helmrelease-openbao"
+KEYCLOAK = "keycloak/keycloak/helmrelease-keycloak"
+
+
+def edit(path: str, change: Callable[[dict[str, Any]], None]) -> Callable[[Bundle], None]:
+    return lambda bundle: change(bundle.obj(path))
+
+
+def egress(rule: dict[str, Any]) -> Callable[[Bundle], None]:
+    return edit(ISOLATION, lambda policy: policy["spec"]["egress"].append(rule))
+
+
+def network_policy(rule: dict[str, Any]) -> Callable[[Bundle], None]:
+    obj = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": {"name": "egress", "namespace": TENANT, "labels": {"ai-factory.io/tenant": "search"}},
+           "spec": {"podSelector": {}, "policyTypes": ["Egress"], "egress": [rule]}}
+    return lambda bundle: bundle.add("tenant-search", obj)
+
+
+def service(**spec: Any) -> Callable[[Bundle], None]:
+    obj = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "api", "namespace": TENANT, "labels": {"ai-factory.io/tenant": "search"}},
+           "spec": {"selector": {"app": "api"}, "ports": [{"port": 80}], **spec}}
+    return lambda bundle: bundle.add("tenant-search", obj)
+
+
+def secret(**fields: Any) -> Callable[[Bundle], None]:
+    obj = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "db", "namespace": TENANT, "labels": {"ai-factory.io/tenant": "search"}}, **fields}
+    return lambda bundle: bundle.add("tenant-search", obj)
+
+
+def cluster_external_secret(selector: dict[str, Any]) -> Callable[[Bundle], None]:
+    obj = {"apiVersion": "external-secrets.io/v1", "kind": "ClusterExternalSecret", "metadata": {"name": "shared"},
+           "spec": {"namespaceSelectors": [selector], "externalSecretSpec": {"secretStoreRef": {"name": "openbao", "kind": "SecretStore"}, "data": []}}}
+    return lambda bundle: bundle.add("external-secrets", obj)
+
+
+def set_path(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    def change(obj: dict[str, Any]) -> None:
+        *parents, last = path.split(".")
+        for key in parents:
+            obj = obj[int(key)] if isinstance(obj, list) else obj.setdefault(key, {})
+        obj[last] = value
+
+    return change
+
+
+def unprotect(resource_type: str, name: str) -> Callable[[Bundle], None]:
+    def mutate(bundle: Bundle) -> None:
+        bundle.entry(resource_type, name).update(protect=False, retainOnDelete=False)
+
+    return mutate
+
+
+def raw(path: str, text: str) -> Callable[[Bundle], None]:
+    def mutate(bundle: Bundle) -> None:
+        bundle.raw[f"manifests/{path}.yaml"] = text
+
+    return mutate
+
+
+OTHERS: list[Mutation] = [
+    ("network", "egress to 0.0.0.0/0 except the metadata address", "tenant-egress-bounded",
+     egress({"toCIDRSet": [{"cidr": "0.0.0.0/0", "except": ["169.254.169.254/32"]}]})),
+    ("network", "egress to 10.0.0.0/8", "tenant-egress-bounded", egress({"toCIDR": ["10.0.0.0/8"]})),
+    ("network", "egress to ::/0", "tenant-egress-bounded", egress({"toCIDR": ["::/0"]})),
+    ("network", "toFQDNs matchPattern '*'", "tenant-egress-bounded", egress({"toFQDNs": [{"matchPattern": "*"}]})),
+    ("network", "NetworkPolicy ipBlock 192.168.0.0/16", "tenant-egress-bounded", network_policy({"to": [{"ipBlock": {"cidr": "192.168.0.0/16"}}]})),
+    ("network", "Service type LoadBalancer", "tenant-services-internal", service(type="LoadBalancer")),
+    ("network", "Service with externalIPs", "tenant-services-internal", service(externalIPs=["203.0.113.7"])),
+    ("secrets", "Secret with literal stringData", "bundle-secrets", secret(stringData={"password": "hunter2"})),
+    ("secrets", "Secret with literal data", "bundle-secrets", secret(data={"password": "aHVudGVyMg=="})),
+    ("secrets", "platform Secret's value in clear", "bundle-secrets", edit("keycloak/keycloak/secret-keycloak-database", set_path("stringData.password", "s3cret"))),
+    ("secrets", "ClusterExternalSecret over every tenant", "tenant-secret-stores-scoped",
+     cluster_external_secret({"matchExpressions": [{"key": "ai-factory.io/tenant", "operator": "Exists"}]})),
+    ("secrets", "SecretStore with another tenant's role", "tenant-secret-stores-scoped",
+     edit("tenant-search/tenant-search/secretstore-openbao", set_path("spec.provider.vault.auth.kubernetes.role", "tenant-assistant"))),
+    ("secrets", "ESO processes ClusterExternalSecrets", "tenant-secret-stores-scoped",
+     edit("external-secrets/external-secrets/helmrelease-external-secrets", set_path("spec.values.processClusterExternalSecret", True))),
+    ("admission", "escape-env policy switched to Audit", "admission-policies-enforced",
+     edit(f"{CLUSTER}tenant-gpu-escape-env", set_path("spec.rules.0.validate.failureAction", "Audit"))),
+    ("admission", "tenant policy deleted", "admission-policies-enforced", lambda b: b.remove("tenant-search/_cluster/clusterpolicy-tenant-search-admission")),
+    ("admission", "registries policy deleted", "admission-policies-enforced", lambda b: b.remove(f"{CLUSTER}tenant-image-registries")),
+    ("admission", "failurePolicy Ignore", "admission-policies-enforced", edit(f"{CLUSTER}tenant-gpu-queue", set_path("spec.failurePolicy", "Ignore"))),
+    ("admission", "webhook timeout 30 s", "admission-policies-enforced", edit(f"{CLUSTER}tenant-gpu-device-mounts", set_path("spec.webhookTimeoutSeconds", 30))),
+    ("admission", "Kyverno forces failurePolicy Ignore", "admission-policies-enforced",
+     edit("kyverno/kyverno/helmrelease-kyverno", set_path("spec.values.features.forceFailurePolicyIgnore.enabled", True))),
+    ("reliability", "Keycloak database Secret unprotected", "stateful-resources-protected", unprotect("kubernetes:core/v1:Secret", "keycloak-database")),
+    ("reliability", "Keycloak namespace unprotected", "stateful-resources-protected", unprotect("kubernetes:core/v1:Namespace", "keycloak-namespace")),
+    ("reliability", "OpenBao release unprotected", "stateful-resources-protected", unprotect("kubernetes:helm.sh/v3:Release", "openbao")),
+    ("reliability", "OpenBao with 1 replica", "stateful-high-availability", edit(OPENBAO, set_path("spec.values.server.ha.replicas", 1))),
+    ("reliability", "OpenBao disruption budget off", "stateful-high-availability", edit(OPENBAO, set_path("spec.values.server.ha.disruptionBudget.enabled", False))),
+    ("reliability", "OpenBao volumes deleted with it", "stateful-high-availability",
+     edit(OPENBAO, set_path("spec.values.server.persistentVolumeClaimRetentionPolicy.whenDeleted", "Delete"))),
+    ("reliability", "Keycloak with one replica", "stateful-high-availability", edit(KEYCLOAK, set_path("spec.values.replicas", 1))),
+    ("robustness", "a file whose document is a list", "rendered-files", raw("kyverno/_cluster/list", "- a\n- b\n")),
+    ("robustness", "a file whose document is a scalar", "rendered-files", raw("kyverno/_cluster/scalar", "42\n")),
+]
+
 CONTROLS: list[tuple[str, Callable[[Bundle], None]]] = [
     ("a compliant tenant Deployment", add_workload()),
     ("a compliant untrusted tenant Job", add_workload(namespace=LOW_TRUST, layer="tenant-partner-acme", kind="Job")),
@@ -180,9 +281,11 @@ CONTROLS: list[tuple[str, Callable[[Bundle], None]]] = [
         "a whitelisted toleration with bounded seconds",
         add_workload(pod_spec=container_sets("tolerations", value=[{"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}])),
     ),
+    ("egress to a public address block and a named domain", egress({"toCIDR": ["203.0.113.0/24"], "toFQDNs": [{"matchPattern": "*.example.com"}]})),
+    ("a ClusterIP Service", service()),
 ]
 
-MUTATIONS: list[Mutation] = [*WORKLOADS]
+MUTATIONS: list[Mutation] = [*WORKLOADS, *OTHERS]
 
 
 # --------------------------------------------------------------------------- running

@@ -77,6 +77,8 @@ FORBIDDEN_MOUNTS = (
 )
 """Mount paths no tenant container may use."""
 IMAGE_REGISTRIES_POLICY = "tenant-image-registries"
+PLATFORM_POLICY_NAMES = ("tenant-gpu-queue", "tenant-gpu-escape-env", "tenant-gpu-device-mounts", IMAGE_REGISTRIES_POLICY, "tenant-service-exposure")
+"""The platform-wide policies (`platform_policies`), each expected by name by the offline checks."""
 STANDARD_TOLERATION_KEYS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
 """Taints every pod may tolerate (`NoExecute`, `Exists`), as the `DefaultTolerationSeconds`
 admission plugin adds them, for at most `MAX_TOLERATION_SECONDS`."""
@@ -311,6 +313,11 @@ class Kyverno(FactoryComponent):
         self.register_outputs({"namespace": self.namespace})
 
 
+def tenant_policy_name(namespace: str) -> str:
+    """The name of a tenant's own ClusterPolicy, from its namespace."""
+    return f"{namespace}-admission"
+
+
 def toleration_pairs(taints: Sequence[Taint]) -> list[str]:
     """The `key=value` pairs (`TOLERATION_PAIR`) of the placement taints a tenant may tolerate."""
     return [f"{t.key}={t.value}" for t in taints]
@@ -455,7 +462,7 @@ class TenantAdmissionHook:
             stack.child_name("admission"),
             api_version="kyverno.io/v1",
             kind="ClusterPolicy",
-            metadata=k8s.meta.v1.ObjectMetaArgs(name=f"{names.namespace}-admission", labels=labels(stack.layer, tenant=names.tenant, extra=names.labels)),
+            metadata=k8s.meta.v1.ObjectMetaArgs(name=tenant_policy_name(names.namespace), labels=labels(stack.layer, tenant=names.tenant, extra=names.labels)),
             spec=spec,
             opts=stack.child(),
         )
