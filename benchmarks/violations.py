@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from ai_factory.factory.checking.check import run_checks  # noqa: E402
 from ai_factory.factory.checking.findings import Finding  # noqa: E402
 from ai_factory.factory.checking.oracles import Oracles, locate_upstream_dir  # noqa: E402
-from ai_factory.factory.rendering.bundle import load_rendered, render_env  # noqa: E402
+from ai_factory.factory.rendering.bundle import SAFE_LOADER, load_rendered, render_env  # noqa: E402
 
 TENANT = "tenant-search"
 """A high-trust tenant namespace of dev (restricted Pod Security, trust domain internal)."""
@@ -63,15 +63,18 @@ class Bundle:
     def write(self, out: Path) -> None:
         for relative, obj in self.objects.items():
             (out / relative).parent.mkdir(parents=True, exist_ok=True)
-            (out / relative).write_text(yaml.safe_dump(obj, sort_keys=True))
+            (out / relative).write_text(yaml.dump(obj, Dumper=DUMPER, sort_keys=True))
         for relative, text in self.raw.items():
             (out / relative).parent.mkdir(parents=True, exist_ok=True)
             (out / relative).write_text(text)
         (out / "inventory.json").write_text(json.dumps(self.inventory))
 
 
+DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
 def read_bundle(directory: Path) -> Bundle:
-    objects = {str(p.relative_to(directory)): yaml.safe_load(p.read_text()) for p in sorted((directory / "manifests").rglob("*.yaml"))}
+    objects = {str(p.relative_to(directory)): yaml.load(p.read_text(), Loader=SAFE_LOADER) for p in sorted((directory / "manifests").rglob("*.yaml"))}
     return Bundle(objects, json.loads((directory / "inventory.json").read_text()))
 
 
@@ -272,6 +275,8 @@ OTHERS: list[Mutation] = [
     ("reliability", "Keycloak with one replica", "stateful-high-availability", edit(KEYCLOAK, set_path("spec.values.replicas", 1))),
     ("robustness", "a file whose document is a list", "rendered-files", raw("kyverno/_cluster/list", "- a\n- b\n")),
     ("robustness", "a file whose document is a scalar", "rendered-files", raw("kyverno/_cluster/scalar", "42\n")),
+    ("robustness", "a file that is not YAML", "rendered-files", raw("kyverno/_cluster/broken", "a: [\n")),
+    ("robustness", "an object whose metadata is a list", "rendered-files", raw("kyverno/_cluster/pod-x", "kind: Pod\nmetadata: [x]\n")),
 ]
 
 CONTROLS: list[tuple[str, Callable[[Bundle], None]]] = [

@@ -286,6 +286,10 @@ def inventory_entry(resource: Resource) -> dict[str, Any]:
 # --------------------------------------------------------------------------- reading a rendered tree
 
 
+SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+"""libyaml's safe loader where PyYAML was built with it (ten times faster on a large bundle)."""
+
+
 def load_rendered(directory: Path) -> Rendered:
     """A rendered directory back into objects, for `factory check <dir>`. A file that is not YAML,
     or a document that is not an object with mapping metadata, is recorded in `unreadable` (and
@@ -307,7 +311,7 @@ def load_rendered(directory: Path) -> Rendered:
         relative = str(path.relative_to(directory))
         layer = path.relative_to(directory / "manifests").parts[0]
         try:
-            documents = list(yaml.safe_load_all(path.read_text()))
+            documents = list(yaml.load_all(path.read_text(), Loader=SAFE_LOADER))
         except (yaml.YAMLError, UnicodeDecodeError) as err:
             unreadable.append((relative, f"is not YAML ({str(err).splitlines()[0]})"))
             continue
