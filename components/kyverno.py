@@ -77,7 +77,7 @@ FORBIDDEN_MOUNTS = (
 )
 """Mount paths no tenant container may use."""
 IMAGE_REGISTRIES_POLICY = "tenant-image-registries"
-PLATFORM_POLICY_NAMES = ("tenant-gpu-queue", "tenant-gpu-escape-env", "tenant-gpu-device-mounts", IMAGE_REGISTRIES_POLICY, "tenant-service-exposure")
+PLATFORM_POLICY_NAMES = ("tenant-gpu-queue", "tenant-node-name", "tenant-gpu-escape-env", "tenant-gpu-device-mounts", IMAGE_REGISTRIES_POLICY, "tenant-service-exposure")
 """The platform-wide policies (`platform_policies`), each expected by name by the offline checks."""
 STANDARD_TOLERATION_KEYS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
 """Taints every pod may tolerate (`NoExecute`, `Exists`), as the `DefaultTolerationSeconds`
@@ -93,9 +93,22 @@ TOLERATIONS = "request.object.spec.tolerations || `[]`"
 TOLERATION_KEY = "{{ element.key || '' }}"
 TOLERATION_OPERATOR = "{{ element.operator || 'Equal' }}"
 TOLERATION_PAIR = "{{ element.key || '' }}={{ element.value || '' }}"
+TOLERATION_SECONDS = f"{{{{ element.tolerationSeconds || `{MAX_TOLERATION_SECONDS + 1}` }}}}"
+"""A toleration's seconds; without any it tolerates for ever, read as one second over the bound."""
 """A toleration as `key=value` (`key=` for `operator: Exists`), the form of `toleration_pairs`."""
 DEDICATED_SELECTOR = f"{{{{ request.object.spec.nodeSelector.\"{DEDICATED_LABEL}\" || '' }}}}"
 TENANT_NAMESPACES = {"matchExpressions": [{"key": TENANT_LABEL, "operator": "Exists"}]}
+POD_KINDS = ("Pod", "Pod/ephemeralcontainers")
+"""What pod rules match: a Pod, and the subresource `kubectl debug` adds ephemeral containers through
+(a rule matching `Pod` alone never sees that request)."""
+BASE_RESOURCES = ("cpu", "memory", "ephemeral-storage")
+"""Resources every tenant may request (with `hugepages-*`): anything else must be granted to it."""
+EXTENDED_RESOURCES = (
+    "[?!starts_with(@, 'hugepages-') && "
+    + " && ".join(f"@ != '{r}'" for r in BASE_RESOURCES)
+    + "]"
+)
+"""JMESPath filter keeping the resource names beyond the base ones (GPU and other device resources)."""
 NO_AUTOGEN = {"pod-policies.kyverno.io/autogen-controllers": "none"}
 
 
@@ -138,8 +151,11 @@ def chart_values(args: KyvernoArgs) -> dict[str, Any]:
     }
 
 
-def _in_tenants(*kinds: str) -> dict[str, Any]:
-    return {"any": [{"resources": {"kinds": list(kinds), "namespaceSelector": TENANT_NAMESPACES}}]}
+def _in_tenants(*kinds: str, operations: tuple[str, ...] = ()) -> dict[str, Any]:
+    resources: dict[str, Any] = {"kinds": list(kinds), "namespaceSelector": TENANT_NAMESPACES}
+    if operations:
+        resources["operations"] = list(operations)
+    return {"any": [{"resources": resources}]}
 
 
 def _rule(name: str, match: dict[str, Any], message: str, check: dict[str, Any], preconditions: dict | None = None) -> dict[str, Any]:
@@ -149,8 +165,8 @@ def _rule(name: str, match: dict[str, Any], message: str, check: dict[str, Any],
     return rule
 
 
-def _policy_spec(rules: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"background": True, "failurePolicy": "Fail", "webhookTimeoutSeconds": WEBHOOK_TIMEOUT_SECONDS, "rules": rules}
+def _policy_spec(rules: list[dict[str, Any]], background: bool = True) -> dict[str, Any]:
+    return {"background": background, "failurePolicy": "Fail", "webhookTimeoutSeconds": WEBHOOK_TIMEOUT_SECONDS, "rules": rules}
 
 
 def requested_resources(containers: str) -> str:
@@ -166,43 +182,49 @@ def platform_policies(args: KyvernoArgs) -> dict[str, tuple[dict[str, str], dict
     """Name -> (annotations, spec) of the policies that hold for every tenant."""
     gpu = list(args.gpu_resources)
     registries = _any_of([*args.allowed_registries, *VCLUSTER_IMAGES])
-    job_owned = "{{ length(request.object.metadata.ownerReferences[?kind=='Job'] || `[]`) }}"
-    not_owned = "{{ length(request.object.metadata.ownerReferences || `[]`) }}"
-    queued = {"pattern": {"metadata": {"labels": {QUEUE_LABEL: "?*"}}}}
+    queued = {QUEUE_LABEL: "?*"}
+
+    def carries_a_queue(name: str, kinds: tuple[str, ...], what: str, pod_spec: str, pattern: dict[str, Any]) -> dict[str, Any]:
+        # Keyed on what is requested, never on ownerReferences (a tenant can forge them) nor on who
+        # creates the object (a CronJob's Jobs, a Job's pods carry their template's labels).
+        return _rule(
+            name,
+            _in_tenants(*kinds),
+            f"{what} requesting a GPU must name its Kueue queue with the label {QUEUE_LABEL} (on a workload's pod template too).",
+            {"pattern": pattern},
+            {"all": [{"key": requested_resources(f"{pod_spec}.[ephemeralContainers, initContainers, containers][]"), "operator": "AnyIn", "value": gpu}]},
+        )
+
     return {
         "tenant-gpu-queue": (
             NO_AUTOGEN,
             _policy_spec(
                 [
-                    _rule(
-                        "gpu-pods-carry-a-queue",
-                        _in_tenants("Pod"),
-                        f"A pod requesting a GPU must name its Kueue queue with the label {QUEUE_LABEL}.",
-                        queued,
-                        {
-                            "all": [
-                                {"key": requested_resources("request.object.spec.[initContainers, containers][]"), "operator": "AnyIn", "value": gpu},
-                                {"key": job_owned, "operator": "Equals", "value": 0},
-                            ]
-                        },
-                    ),
-                    _rule(
-                        "gpu-jobs-carry-a-queue",
-                        _in_tenants("Job"),
-                        f"A Job requesting a GPU must name its Kueue queue with the label {QUEUE_LABEL}.",
-                        queued,
-                        {
-                            "all": [
-                                {
-                                    "key": requested_resources("request.object.spec.template.spec.[initContainers, containers][]"),
-                                    "operator": "AnyIn",
-                                    "value": gpu,
-                                },
-                                {"key": not_owned, "operator": "Equals", "value": 0},
-                            ]
-                        },
+                    carries_a_queue("gpu-pods-carry-a-queue", POD_KINDS, "A pod", "request.object.spec", {"metadata": {"labels": queued}}),
+                    carries_a_queue("gpu-jobs-carry-a-queue", ("Job",), "A Job", "request.object.spec.template.spec", {"metadata": {"labels": queued}}),
+                    carries_a_queue(
+                        "gpu-cronjobs-carry-a-queue",
+                        ("CronJob",),
+                        "A CronJob",
+                        "request.object.spec.jobTemplate.spec.template.spec",
+                        {"spec": {"jobTemplate": {"metadata": {"labels": queued}}}},
                     ),
                 ]
+            ),
+        ),
+        "tenant-node-name": (
+            {},
+            # Not in background scans: every scheduled pod has a nodeName, set by the scheduler's binding.
+            _policy_spec(
+                [
+                    _rule(
+                        "no-node-name",
+                        _in_tenants("Pod", operations=("CREATE",)),
+                        "Tenant pods may not set spec.nodeName: it bypasses the scheduler and every NoSchedule taint.",
+                        {"deny": {"conditions": {"any": [{"key": "{{ request.object.spec.nodeName || '' }}", "operator": "NotEquals", "value": ""}]}}},
+                    )
+                ],
+                background=False,
             ),
         ),
         "tenant-gpu-escape-env": (
@@ -211,13 +233,21 @@ def platform_policies(args: KyvernoArgs) -> dict[str, tuple[dict[str, str], dict
                 [
                     _rule(
                         "no-gpu-escape-variables",
-                        _in_tenants("Pod"),
-                        "Containers may not set NVIDIA device-selection, HAMi control or preload variables: GPUs come from the device plugin only.",
+                        _in_tenants(*POD_KINDS),
+                        "Containers may not set NVIDIA device-selection, HAMi control or preload variables, nor import variables "
+                        "with envFrom (a ConfigMap or Secret could carry them): GPUs come from the device plugin only.",
                         {
                             "foreach": [
                                 {
                                     "list": ALL_CONTAINERS,
-                                    "deny": {"conditions": {"any": [{"key": "{{ element.env[].name || `[]` }}", "operator": "AnyIn", "value": list(ESCAPE_VARIABLES)}]}},
+                                    "deny": {
+                                        "conditions": {
+                                            "any": [
+                                                {"key": "{{ element.env[].name || `[]` }}", "operator": "AnyIn", "value": list(ESCAPE_VARIABLES)},
+                                                {"key": "{{ length(element.envFrom || `[]`) }}", "operator": "GreaterThan", "value": 0},
+                                            ]
+                                        }
+                                    },
                                 }
                             ]
                         },
@@ -231,7 +261,7 @@ def platform_policies(args: KyvernoArgs) -> dict[str, tuple[dict[str, str], dict
                 [
                     _rule(
                         "no-gpu-device-mounts",
-                        _in_tenants("Pod"),
+                        _in_tenants(*POD_KINDS),
                         "Containers may not mount the GPU device list, device nodes, driver or HAMi files.",
                         {
                             "foreach": [
@@ -248,7 +278,7 @@ def platform_policies(args: KyvernoArgs) -> dict[str, tuple[dict[str, str], dict
                     ),
                     _rule(
                         "no-host-path",
-                        _in_tenants("Pod"),
+                        _in_tenants(*POD_KINDS),
                         "hostPath volumes are not allowed in tenant namespaces.",
                         {"pattern": {"spec": {"=(volumes)": [{"X(hostPath)": "null"}]}}},
                     ),
@@ -261,7 +291,7 @@ def platform_policies(args: KyvernoArgs) -> dict[str, tuple[dict[str, str], dict
                 [
                     _rule(
                         "allowed-registries",
-                        _in_tenants("Pod"),
+                        _in_tenants(*POD_KINDS),
                         "Images must come from the platform's allowed registries.",
                         {
                             "pattern": {
@@ -281,6 +311,12 @@ def platform_policies(args: KyvernoArgs) -> dict[str, tuple[dict[str, str], dict
             _policy_spec(
                 [
                     _rule("no-node-port", _in_tenants("Service"), "NodePort Services are not allowed for tenants.", {"pattern": {"spec": {"=(type)": "!NodePort"}}}),
+                    _rule(
+                        "no-load-balancer",
+                        _in_tenants("Service"),
+                        "LoadBalancer Services are not allowed for tenants: they expose services through the platform's gateway.",
+                        {"pattern": {"spec": {"=(type)": "!LoadBalancer"}}},
+                    ),
                     _rule(
                         "no-external-ips",
                         _in_tenants("Service"),
@@ -331,13 +367,16 @@ TOLERATIONS_RULE = "placement-tolerations"
 """The rule of a tenant's policy that allows only its placement taints' `key=value` pairs."""
 
 
-def granted_gpu_resources_rule(tenant: str, match: dict[str, Any], forbidden_gpu: list[str]) -> dict[str, Any]:
-    """A tenant's rule denying the GPU resource names `forbidden_gpu` (the advertised ones it cannot
-    be admitted) to the pods `match` selects: its only variable part is that list."""
+def granted_gpu_resources_rule(tenant: str, match: dict[str, Any], granted: list[str]) -> dict[str, Any]:
+    """A tenant's rule allowing the pods `match` selects, besides the base resources
+    (`BASE_RESOURCES`, `hugepages-*`), only the resource names `granted` (those of its ceiling):
+    an allow-list, so a name the platform never advertised (`nvidia.com/gpumem-percentage`) is
+    refused too. Its only variable part is that list."""
     return _rule(
         GPU_RESOURCES_RULE,
         match,
-        f"Tenant {tenant} may only request the GPU resources its trust domain offers it (granted or borrowable).",
+        f"Tenant {tenant} may only request the GPU resources its trust domain offers it (granted or borrowable): "
+        f"{', '.join(granted) or 'none'}, besides CPU, memory, ephemeral storage and huge pages.",
         {
             "foreach": [
                 {
@@ -345,8 +384,8 @@ def granted_gpu_resources_rule(tenant: str, match: dict[str, Any], forbidden_gpu
                     "deny": {
                         "conditions": {
                             "any": [
-                                {"key": "{{ keys(element.resources.limits || `{}`) }}", "operator": "AnyIn", "value": forbidden_gpu},
-                                {"key": "{{ keys(element.resources.requests || `{}`) }}", "operator": "AnyIn", "value": forbidden_gpu},
+                                {"key": f"{{{{ keys(element.resources.{kind} || `{{}}`){EXTENDED_RESOURCES} }}}}", "operator": "AnyNotIn", "value": granted}
+                                for kind in ("limits", "requests")
                             ]
                         }
                     },
@@ -358,12 +397,15 @@ def granted_gpu_resources_rule(tenant: str, match: dict[str, Any], forbidden_gpu
 
 def placement_tolerations_rule(tenant: str, match: dict[str, Any], pairs: list[str]) -> dict[str, Any]:
     """A tenant's rule allowing the pods `match` selects only the placement-taint tolerations
-    `pairs` (`toleration_pairs`): its only variable part is that list."""
+    `pairs` (`toleration_pairs`) and, of every other taint, only the node-lifecycle ones
+    (`STANDARD_TOLERATION_KEYS`, `NoExecute`, at most `MAX_TOLERATION_SECONDS`): an allow-list.
+    Its only variable part is `pairs`."""
     return _rule(
         TOLERATIONS_RULE,
         match,
         f"Tenant {tenant} may tolerate the placement taints ({', '.join(PLACEMENT_TAINT_KEYS)}) only as "
-        f"{', '.join(pairs) or 'nothing'} (operator Equal), and no taint at all with an empty key.",
+        f"{', '.join(pairs) or 'nothing'} (operator Equal), no taint at all with an empty key, and otherwise only "
+        f"{' and '.join(STANDARD_TOLERATION_KEYS)} (Exists, NoExecute, at most {MAX_TOLERATION_SECONDS} seconds).",
         {
             "foreach": [
                 {
@@ -378,18 +420,32 @@ def placement_tolerations_rule(tenant: str, match: dict[str, Any], pairs: list[s
                             ]
                         }
                     },
-                }
+                },
+                {
+                    "list": TOLERATIONS,
+                    "preconditions": {"all": [{"key": TOLERATION_KEY, "operator": "AnyNotIn", "value": ["", *PLACEMENT_TAINT_KEYS]}]},
+                    "deny": {
+                        "conditions": {
+                            "any": [
+                                {"key": TOLERATION_KEY, "operator": "AnyNotIn", "value": list(STANDARD_TOLERATION_KEYS)},
+                                {"key": TOLERATION_OPERATOR, "operator": "NotEquals", "value": "Exists"},
+                                {"key": "{{ element.effect || '' }}", "operator": "NotEquals", "value": "NoExecute"},
+                                {"key": TOLERATION_SECONDS, "operator": "GreaterThan", "value": MAX_TOLERATION_SECONDS},
+                            ]
+                        }
+                    },
+                },
             ]
         },
     )
 
 
 def tenant_policy_spec(
-    names: TenantNames, pod_security: str, forbidden_gpu: list[str], runtime_classes: list[str], tolerable: Sequence[Taint]
+    names: TenantNames, pod_security: str, granted_gpu: list[str], runtime_classes: list[str], tolerable: Sequence[Taint]
 ) -> dict[str, Any]:
     """The tenant's own admission rules. `tolerable`: the placement taints it may tolerate
     (`placement.tolerable_taints`)."""
-    own = {"any": [{"resources": {"kinds": ["Pod"], "namespaces": [names.namespace]}}]}
+    own = {"any": [{"resources": {"kinds": list(POD_KINDS), "namespaces": [names.namespace]}}]}
     rules = [
         _rule(
             POD_SECURITY_RULE,
@@ -398,8 +454,7 @@ def tenant_policy_spec(
             {"podSecurity": {"level": pod_security, "version": "latest"}},
         )
     ]
-    if forbidden_gpu:
-        rules.append(granted_gpu_resources_rule(names.tenant, own, forbidden_gpu))
+    rules.append(granted_gpu_resources_rule(names.tenant, own, granted_gpu))
     runtime = {"=(runtimeClassName)": _any_of(runtime_classes)} if runtime_classes else {"X(runtimeClassName)": "null"}
     rules.append(
         _rule(
@@ -454,7 +509,7 @@ class TenantAdmissionHook:
         spec = tenant_policy_spec(
             names,
             "baseline" if names.tenant in self.baseline_tenants else "restricted",
-            [r for r in self.gpu_resources if r not in allowed],
+            [r for r in self.gpu_resources if r in allowed],
             list(getattr(self.runtime_classes, names.trust)),
             self.tolerable.get(names.tenant, ()),
         )
