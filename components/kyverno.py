@@ -6,26 +6,36 @@ checks, kept current by Kyverno). Every rule sets `validate.failureAction: Enfor
 fails closed (`failurePolicy: Fail`, webhook timeout 10 s) and scans existing objects in the
 background. They select tenant namespaces by the tenant label, which tenants cannot edit.
 
-Platform-wide policies (one each, whatever the tenants):
-- `tenant-gpu-queue`: a pod requesting a GPU resource carries a Kueue queue (`kueue.x-k8s.io/
-  queue-name`), unless a batch Job owns it, and then the Job carries it;
+Platform-wide policies (one each, whatever the tenants; `PLATFORM_POLICY_NAMES`):
+- `tenant-gpu-queue`: a pod, Job or CronJob requesting a GPU resource carries a Kueue queue
+  (`kueue.x-k8s.io/queue-name`) itself, on its pod template too: the rule keys on what is
+  requested, never on `ownerReferences` (a tenant can forge them) nor on the creator;
+- `tenant-node-name`: no pod is created with `spec.nodeName` (it bypasses the scheduler and every
+  NoSchedule taint; not in background scans, where every scheduled pod has one);
 - `tenant-gpu-escape-env`: no container sets the NVIDIA/HAMi variables that widen GPU access or
-  switch HAMi's limits off, nor `LD_PRELOAD`;
+  switch HAMi's limits off, nor `LD_PRELOAD`, nor imports variables with `envFrom` (a ConfigMap or
+  Secret could carry them unseen);
 - `tenant-gpu-device-mounts`: no mount of the device-list path, GPU device nodes, driver or HAMi
   files, and no hostPath volume;
 - `tenant-image-registries`: images only from the configured registries (plus vCluster's own);
-- `tenant-service-exposure`: no NodePort Service, no `externalIPs` (CVE-2020-8554).
+- `tenant-service-exposure`: no NodePort or LoadBalancer Service, no `externalIPs` (CVE-2020-8554).
 
 Per tenant (`TenantAdmissionHook`, one `ClusterPolicy` per tenant, created by its stack):
-Pod Security at the tenant's level (restricted, or a reviewed baseline exception), only the GPU
-resource names it can be admitted (`quotas.gpu_ceiling` above 0: granted, or borrowable in its
-trust domain's cohort), only the RuntimeClasses of its trust level, only the placement taints
-(`placement.PLACEMENT_TAINT_KEYS`) it may tolerate (`placement.tolerable_taints`, the list its
-namespace's `PodTolerationRestriction` annotation carries: no `Exists` on those keys, no empty-key
-toleration of every taint), and, for a low-trust tenant, only pods that select its dedicated nodes
-(`nodeSelector` `ai-factory.io/dedicated: <tenant>`). The last two hold where the host API server
-does not enable the `PodNodeSelector`/`PodTolerationRestriction` plugins the namespace annotations
+Pod Security at the tenant's level (restricted, or a reviewed baseline exception); an allow-list of
+resource names: besides CPU, memory, ephemeral storage and huge pages, only the GPU resources it
+can be admitted (`quotas.gpu_ceiling` above 0: granted, or borrowable in its trust domain's
+cohort), so a name never advertised is refused too; only the RuntimeClasses of its trust level;
+tolerations as an allow-list: of the placement taints (`placement.PLACEMENT_TAINT_KEYS`) only
+those it may tolerate (`placement.tolerable_taints`, the list its namespace's
+`PodTolerationRestriction` annotation carries: no `Exists` on those keys, no empty-key toleration
+of every taint), and of every other taint only the node-lifecycle ones (`NoExecute`, at most 300
+s); and, for a low-trust tenant, only pods that select its dedicated nodes (`nodeSelector`
+`ai-factory.io/dedicated: <tenant>`). The placement rules hold where the host API server does not
+enable the `PodNodeSelector`/`PodTolerationRestriction` plugins the namespace annotations
 configure (most managed Kubernetes services do not offer `PodNodeSelector`).
+
+Every pod rule matches `Pod/ephemeralcontainers` as well: ephemeral containers are added through
+that subresource, which a rule matching `Pod` alone never sees.
 
 The webhooks exclude kube-system and Kyverno's namespace, and the admission controller runs at
 least 3 replicas (with a disruption budget), so a failing webhook cannot lock the cluster out.
