@@ -87,8 +87,17 @@ FORBIDDEN_MOUNTS = (
 )
 """Mount paths no tenant container may use."""
 IMAGE_REGISTRIES_POLICY = "tenant-image-registries"
-PLATFORM_POLICY_NAMES = ("tenant-gpu-queue", "tenant-node-name", "tenant-gpu-escape-env", "tenant-gpu-device-mounts", IMAGE_REGISTRIES_POLICY, "tenant-service-exposure")
-"""The platform-wide policies (`platform_policies`), each expected by name by the offline checks."""
+PLATFORM_RULES = {
+    "tenant-gpu-queue": ("gpu-pods-carry-a-queue", "gpu-jobs-carry-a-queue", "gpu-cronjobs-carry-a-queue"),
+    "tenant-node-name": ("no-node-name",),
+    "tenant-gpu-escape-env": ("no-gpu-escape-variables",),
+    "tenant-gpu-device-mounts": ("no-gpu-device-mounts", "no-host-path"),
+    IMAGE_REGISTRIES_POLICY: ("allowed-registries",),
+    "tenant-service-exposure": ("no-node-port", "no-load-balancer", "no-external-ips"),
+}
+"""The platform-wide policies (`platform_policies`) and their rules, each expected by name by the
+offline checks."""
+PLATFORM_POLICY_NAMES = tuple(PLATFORM_RULES)
 STANDARD_TOLERATION_KEYS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
 """Taints every pod may tolerate (`NoExecute`, `Exists`), as the `DefaultTolerationSeconds`
 admission plugin adds them, for at most `MAX_TOLERATION_SECONDS`."""
@@ -375,6 +384,10 @@ GPU_RESOURCES_RULE = "granted-gpu-resources"
 """The rule of a tenant's policy that denies the GPU resource names it cannot be admitted."""
 TOLERATIONS_RULE = "placement-tolerations"
 """The rule of a tenant's policy that allows only its placement taints' `key=value` pairs."""
+RUNTIME_CLASSES_RULE = "runtime-classes"
+DEDICATED_NODES_RULE = "dedicated-nodes"
+TENANT_RULES = (POD_SECURITY_RULE, GPU_RESOURCES_RULE, RUNTIME_CLASSES_RULE, TOLERATIONS_RULE)
+"""The rules of every tenant's policy (a low-trust tenant's has `DEDICATED_NODES_RULE` too)."""
 
 
 def granted_gpu_resources_rule(tenant: str, match: dict[str, Any], granted: list[str]) -> dict[str, Any]:
@@ -468,7 +481,7 @@ def tenant_policy_spec(
     runtime = {"=(runtimeClassName)": _any_of(runtime_classes)} if runtime_classes else {"X(runtimeClassName)": "null"}
     rules.append(
         _rule(
-            "runtime-classes",
+            RUNTIME_CLASSES_RULE,
             own,
             f"Tenant {names.tenant} ({names.trust} trust) may only use the RuntimeClasses: {', '.join(runtime_classes) or 'none'}.",
             {"pattern": {"spec": runtime}},
@@ -478,7 +491,7 @@ def tenant_policy_spec(
     if names.trust == "low":
         rules.append(
             _rule(
-                "dedicated-nodes",
+                DEDICATED_NODES_RULE,
                 own,
                 f"Pods of untrusted tenant {names.tenant} must select its dedicated nodes: nodeSelector {DEDICATED_LABEL}: {names.tenant} "
                 f"(and tolerate the taint {DEDICATED_LABEL}={names.tenant}:NoSchedule).",

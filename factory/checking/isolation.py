@@ -434,6 +434,8 @@ def _pod_problems(spec: Mapping[str, Any], namespace: str | None, config_maps: M
         if (c.get("securityContext") or {}).get("privileged"):
             yield f"container {name} is privileged"
         variables = [e.get("name", "") for e in c.get("env") or []]
+        if c.get("envFrom"):
+            yield f"container {name} imports variables with envFrom, which admission refuses (a ConfigMap or Secret could set GPU escape variables)"
         for source in c.get("envFrom") or []:
             ref = (source.get("configMapRef") or {}).get("name")
             variables += [f"{source.get('prefix', '')}{key}" for key in config_maps.get((namespace, ref), {})]

@@ -20,9 +20,21 @@ from typing import Any, Iterator
 
 from pulumi_policy import PolicyResource
 
-from ai_factory.components.kyverno import PLATFORM_POLICY_NAMES, WEBHOOK_TIMEOUT_SECONDS, tenant_policy_name
+from ai_factory.components.kyverno import (
+    DEDICATED_NODES_RULE,
+    ESCAPE_VARIABLES,
+    FORBIDDEN_MOUNTS,
+    IMAGE_REGISTRIES_POLICY,
+    PLATFORM_RULES,
+    POD_SECURITY_RULE,
+    TENANT_RULES,
+    WEBHOOK_TIMEOUT_SECONDS,
+    tenant_policy_name,
+)
+from ai_factory.factory.model.tenancy import TRUST_LABEL
 from ai_factory.policies.aif_policies.core import Violation, stack_policy
 from ai_factory.policies.aif_policies.kube import Cluster, Obj, as_list, as_map, chart_named, selects
+from ai_factory.policies.aif_policies.workloads import allowed_registries
 
 
 def _filters(match: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -42,9 +54,44 @@ def matches_namespace(rule: Mapping[str, Any], namespace: str, namespace_labels:
     return False
 
 
-def policy_problems(policy: Obj, protected: Mapping[str, Mapping[str, Any]]) -> Iterator[str]:
+POD_SECURITY_LEVELS = ("privileged", "baseline", "restricted")
+MIN_ADMISSION_REPLICAS = 3
+"""Kyverno's own guidance for a highly available admission controller (`layers.kyverno.admission_replicas`)."""
+OPEN_IMAGE_PATTERNS = ("*", "*/*", "?*", "*:*", "*/*/*")
+"""Image patterns that admit any image: an allow-list holding one is none."""
+CONTENT_LISTS = {
+    # policy: (what its deny values must still hold, what they are)
+    "tenant-gpu-escape-env": (ESCAPE_VARIABLES, "escape variable"),
+    "tenant-gpu-device-mounts": (FORBIDDEN_MOUNTS, "device mount"),
+}
+
+
+def _deny_values(rule: Mapping[str, Any]) -> set[str]:
+    values: set[str] = set()
+    for each in as_list(as_map(rule.get("validate")).get("foreach")):
+        for condition in as_list(as_map(as_map(as_map(each).get("deny")).get("conditions")).get("any")):
+            values |= {str(v) for v in as_list(as_map(condition).get("value"))}
+    return values
+
+
+def content_problems(name: str, rules: Mapping[str, Mapping[str, Any]], level: str | None) -> Iterator[str]:
+    """What a protecting policy's rules no longer refuse: escape variables or mounts dropped from
+    their lists, Pod Security below the namespace's."""
+    if name in CONTENT_LISTS:
+        required, what = CONTENT_LISTS[name]
+        missing = sorted(set(required) - {v for r in rules.values() for v in _deny_values(r)})
+        if missing:
+            yield f"no longer refuses the {what}(s) {', '.join(missing)}"
+    pod_security = as_map(as_map(rules.get(POD_SECURITY_RULE)).get("validate")).get("podSecurity")
+    if level in POD_SECURITY_LEVELS and pod_security is not None:
+        enforced = as_map(pod_security).get("level")
+        if enforced not in POD_SECURITY_LEVELS or POD_SECURITY_LEVELS.index(enforced) < POD_SECURITY_LEVELS.index(level):
+            yield f"enforces Pod Security {enforced!r}, below its namespace's {level!r}"
+
+
+def policy_problems(policy: Obj, protected: Mapping[str, Mapping[str, Any]], expected_rules: Sequence[str] = ()) -> Iterator[str]:
     """What makes a protecting ClusterPolicy let requests through; `protected`: the labels of the
-    tenant namespaces it must cover, by name."""
+    tenant namespaces it must cover, by name; `expected_rules`: the rules it must have."""
     spec = policy.spec
     if spec.get("admission") is False:
         yield "has admission switched off (admission: false)"
@@ -52,10 +99,16 @@ def policy_problems(policy: Obj, protected: Mapping[str, Mapping[str, Any]]) -> 
         yield f"sets validationFailureAction {spec.get('validationFailureAction')} (only Enforce refuses)"
     if spec.get("failurePolicy", "Fail") != "Fail":
         yield f"has failurePolicy {spec.get('failurePolicy')}: when Kyverno cannot answer, requests pass unchecked"
-    timeout = spec.get("webhookTimeoutSeconds", WEBHOOK_TIMEOUT_SECONDS)
-    if not isinstance(timeout, int) or timeout > WEBHOOK_TIMEOUT_SECONDS:
-        yield f"has webhookTimeoutSeconds {timeout}, above Kyverno's default {WEBHOOK_TIMEOUT_SECONDS}"
+    webhook = as_map(spec.get("webhookConfiguration"))
+    if webhook.get("failurePolicy", "Fail") != "Fail":
+        yield f"has webhookConfiguration.failurePolicy {webhook.get('failurePolicy')}: when Kyverno cannot answer, requests pass unchecked"
+    for key, timeout in (("webhookTimeoutSeconds", spec.get("webhookTimeoutSeconds")), ("webhookConfiguration.timeoutSeconds", webhook.get("timeoutSeconds"))):
+        if timeout is not None and (not isinstance(timeout, int) or timeout > WEBHOOK_TIMEOUT_SECONDS):
+            yield f"has {key} {timeout}, above Kyverno's default {WEBHOOK_TIMEOUT_SECONDS}"
     rules = [as_map(r) for r in as_list(spec.get("rules"))]
+    missing = sorted(set(expected_rules) - {str(r.get("name")) for r in rules})
+    if missing:
+        yield f"lacks the rule(s) {', '.join(missing)}"
     if not rules:
         yield "has no rules"
     for rule in rules:
@@ -78,14 +131,20 @@ def check_admission_policies_enforced(resources: Sequence[PolicyResource], confi
     if not tenant_namespaces:
         return
     policies = {p.name: p for p in cluster.of("ClusterPolicy")}
-    expected = {name: tenant_namespaces for name in PLATFORM_POLICY_NAMES}
-    expected |= {tenant_policy_name(ns): {ns: labels} for ns, labels in tenant_namespaces.items()}
-    for name, protected in sorted(expected.items()):
+    expected = {name: (tenant_namespaces, rules, None) for name, rules in PLATFORM_RULES.items()}
+    for ns, labels in tenant_namespaces.items():
+        rules = (*TENANT_RULES, DEDICATED_NODES_RULE) if labels.get(TRUST_LABEL) == "low" else TENANT_RULES
+        expected[tenant_policy_name(ns)] = ({ns: labels}, rules, str(labels.get("pod-security.kubernetes.io/enforce") or ""))
+    for name, (protected, rules, level) in sorted(expected.items()):
         policy = policies.get(name)
         if policy is None:
             yield None, f"Kyverno ClusterPolicy {name} is missing: what it refuses, tenants of {', '.join(sorted(protected))} may do."
             continue
-        for problem in policy_problems(policy, protected):
+        by_name = {str(as_map(r).get("name")): as_map(r) for r in as_list(policy.spec.get("rules"))}
+        problems = [*policy_problems(policy, protected, rules), *content_problems(name, by_name, level)]
+        if name == IMAGE_REGISTRIES_POLICY:
+            problems += [f"admits every image (pattern {p})" for p in allowed_registries(cluster) or [] if p in OPEN_IMAGE_PATTERNS]
+        for problem in problems:
             yield policy.resource, f"Kyverno ClusterPolicy {name} {problem}: it protects tenants at admission and must enforce, fail closed and cover them."
     releases = chart_named(resources, "kyverno")
     if not releases:
@@ -99,6 +158,12 @@ def check_admission_policies_enforced(resources: Sequence[PolicyResource], confi
             skipped = sorted(ns for ns, labels in tenant_namespaces.items() if not selects(selector, {**labels, "kubernetes.io/metadata.name": ns}))
             if skipped:
                 yield release, f"Helm release {chart.namespace}/{chart.name} (Kyverno): its webhooks' namespaceSelector skips the tenant namespace(s) {', '.join(skipped)}."
+        replicas = as_map(values.get("admissionController")).get("replicas")
+        if not isinstance(replicas, int) or replicas < MIN_ADMISSION_REPLICAS:
+            yield release, (
+                f"Helm release {chart.namespace}/{chart.name} (Kyverno) runs {replicas!r} admission controller replica(s), fewer than "
+                f"{MIN_ADMISSION_REPLICAS}: with the webhooks failing closed, one lost replica would block every tenant request."
+            )
 
 
 POLICIES = [
