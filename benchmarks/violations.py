@@ -174,6 +174,10 @@ WORKLOADS: list[Mutation] = [
     ("tenant pods", "operator Exists with an empty key", "tenant-pod-placement", add_workload(pod_spec=container_sets("tolerations", value=[{"operator": "Exists"}]))),
     ("tenant pods", "nvidia.com/gpu Exists", "tenant-pod-placement", add_workload(pod_spec=container_sets("tolerations", value=[{"key": "nvidia.com/gpu", "operator": "Exists"}]))),
     ("tenant pods", "envFrom a Secret", "tenant-pods", add_workload(container=container_sets("envFrom", value=[{"secretRef": {"name": "gpu-env"}}]))),
+    ("tenant pods", "an nfs volume", "tenant-pod-security-context", add_workload(pod_spec=container_sets("volumes", value=[{"name": "data", "nfs": {"server": "10.0.0.5", "path": "/"}}]))),
+    ("tenant pods", "hostNetwork: true", "tenant-pods", add_workload(pod_spec=container_sets("hostNetwork", value=True))),
+    ("tenant pods", "a privileged container", "tenant-pods", add_workload(container=container_sets("securityContext", "privileged", value=True))),
+    ("tenant pods", "a host port", "no-privileged-outside-allowlist", add_workload(container=container_sets("ports", value=[{"containerPort": 80, "hostPort": 80}]))),
     ("tenant pods", "hostPath volume (existing)", "tenant-pods", add_workload(pod_spec=container_sets("volumes", value=[{"name": "host", "hostPath": {"path": "/"}}]))),
 ]
 
@@ -216,6 +220,12 @@ def cluster_external_secret(selector: dict[str, Any]) -> Callable[[Bundle], None
     return lambda bundle: bundle.add("external-secrets", obj)
 
 
+def external_secret(key: str, kind: str = "SecretStore") -> Callable[[Bundle], None]:
+    obj = {"apiVersion": "external-secrets.io/v1", "kind": "ExternalSecret", "metadata": {"name": "db", "namespace": TENANT, "labels": {"ai-factory.io/tenant": "search"}},
+           "spec": {"secretStoreRef": {"name": "openbao", "kind": kind}, "target": {"name": "db"}, "data": [{"secretKey": "password", "remoteRef": {"key": key, "property": "password"}}]}}
+    return lambda bundle: bundle.add("tenant-search", obj)
+
+
 def set_path(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
     def change(obj: dict[str, Any]) -> None:
         *parents, last = path.split(".")
@@ -247,6 +257,9 @@ OTHERS: list[Mutation] = [
     ("network", "egress to ::/0", "tenant-egress-bounded", egress({"toCIDR": ["::/0"]})),
     ("network", "toFQDNs matchPattern '*'", "tenant-egress-bounded", egress({"toFQDNs": [{"matchPattern": "*"}]})),
     ("network", "NetworkPolicy ipBlock 192.168.0.0/16", "tenant-egress-bounded", network_policy({"to": [{"ipBlock": {"cidr": "192.168.0.0/16"}}]})),
+    ("network", "an egress rule of ports only (every destination)", "tenant-egress-bounded", egress({"toPorts": [{"ports": [{"port": "443", "protocol": "TCP"}]}]})),
+    ("network", "a NetworkPolicy egress rule naming no peer", "tenant-egress-bounded", network_policy({"ports": [{"port": 443}]})),
+    ("network", "egress to the world entity", "network-allow-rules", egress({"toEntities": ["world"]})),
     ("network", "Service type LoadBalancer", "tenant-services-internal", service(type="LoadBalancer")),
     ("network", "Service with externalIPs", "tenant-services-internal", service(externalIPs=["203.0.113.7"])),
     ("secrets", "Secret with literal stringData", "bundle-secrets", secret(stringData={"password": "hunter2"})),
@@ -256,6 +269,12 @@ OTHERS: list[Mutation] = [
      cluster_external_secret({"matchExpressions": [{"key": "ai-factory.io/tenant", "operator": "Exists"}]})),
     ("secrets", "SecretStore with another tenant's role", "tenant-secret-stores-scoped",
      edit("tenant-search/tenant-search/secretstore-openbao", set_path("spec.provider.vault.auth.kubernetes.role", "tenant-assistant"))),
+    ("secrets", "a ClusterSecretStore", "tenant-secret-stores-scoped",
+     lambda b: b.add("external-secrets", {"apiVersion": "external-secrets.io/v1", "kind": "ClusterSecretStore", "metadata": {"name": "everyone"},
+                                          "spec": {"provider": {"vault": {"server": "http://openbao.openbao.svc:8200", "path": "secret", "version": "v2",
+                                                                          "auth": {"tokenSecretRef": {"name": "root", "key": "token", "namespace": "openbao"}}}}}})),
+    ("secrets", "ExternalSecret outside the tenant's prefix", "tenant-secret-stores-scoped", external_secret("tenants/assistant/db")),
+    ("secrets", "ExternalSecret through a ClusterSecretStore", "tenant-secret-stores-scoped", external_secret("tenants/search/db", kind="ClusterSecretStore")),
     ("secrets", "ESO processes ClusterExternalSecrets", "tenant-secret-stores-scoped",
      edit("external-secrets/external-secrets/helmrelease-external-secrets", set_path("spec.values.processClusterExternalSecret", True))),
     ("admission", "escape-env policy switched to Audit", "admission-policies-enforced",
@@ -283,6 +302,10 @@ OTHERS: list[Mutation] = [
     ("reliability", "Keycloak database Secret unprotected", "stateful-resources-protected", unprotect("kubernetes:core/v1:Secret", "keycloak-database")),
     ("reliability", "Keycloak namespace unprotected", "stateful-resources-protected", unprotect("kubernetes:core/v1:Namespace", "keycloak-namespace")),
     ("reliability", "OpenBao release unprotected", "stateful-resources-protected", unprotect("kubernetes:helm.sh/v3:Release", "openbao")),
+    ("reliability", "OpenBao's KV engine unprotected", "stateful-resources-protected", unprotect("vault:index/mount:Mount", "openbao-kv")),
+    ("reliability", "OpenBao's StorageClass unprotected", "stateful-resources-protected", unprotect("kubernetes:storage.k8s.io/v1:StorageClass", "openbao-raft")),
+    ("reliability", "OpenBao's StorageClass deletes volumes", "stateful-resources-protected", edit("openbao/_cluster/storageclass-openbao-raft", set_path("reclaimPolicy", "Delete"))),
+    ("reliability", "a tenant namespace unprotected", "tenant-protection", unprotect("kubernetes:core/v1:Namespace", "tenant-search-namespace")),
     ("reliability", "OpenBao with 1 replica", "stateful-high-availability", edit(OPENBAO, set_path("spec.values.server.ha.replicas", 1))),
     ("reliability", "OpenBao disruption budget off", "stateful-high-availability", edit(OPENBAO, set_path("spec.values.server.ha.disruptionBudget.enabled", False))),
     ("reliability", "OpenBao volumes deleted with it", "stateful-high-availability",
@@ -303,6 +326,7 @@ CONTROLS: list[tuple[str, Callable[[Bundle], None]]] = [
     ),
     ("egress to a public address block and a named domain", egress({"toCIDR": ["203.0.113.0/24"], "toFQDNs": [{"matchPattern": "*.example.com"}]})),
     ("a ClusterIP Service", service()),
+    ("an ExternalSecret under the tenant's prefix", external_secret("tenants/search/db")),
 ]
 
 MUTATIONS: list[Mutation] = [*WORKLOADS, *OTHERS]

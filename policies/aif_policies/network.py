@@ -90,9 +90,21 @@ def fqdn_problem(pattern: str) -> str | None:
     return None if len(fixed) >= 2 and "*" not in pattern.split(".", 1)[-1] else f"the DNS pattern {pattern!r}, which names no domain"
 
 
+CILIUM_PEERS = ("toEndpoints", "toCIDR", "toCIDRSet", "toEntities", "toFQDNs", "toServices", "toGroups", "toNodes", "toRequires")
+
+
+def open_rule(rule: Mapping[str, Any], dialect: str) -> bool:
+    """An egress rule naming no destination: it allows every one (only ports, or nothing, left)."""
+    if dialect == "kubernetes":
+        return not as_list(rule.get("to"))
+    return not any(as_list(rule.get(peer)) for peer in CILIUM_PEERS)
+
+
 def check_tenant_egress_bounded(resources: Sequence[PolicyResource], config: Mapping[str, Any]) -> Iterator[Violation]:
     for policy, tenant, rule, dialect in tenant_egress(Cluster(resources)):
         problems = [p for p in map(cidr_problem, _blocks(rule, dialect)) if p]
+        if open_rule(rule, dialect):
+            problems.append("every destination (an egress rule naming none)")
         for fqdn in as_list(rule.get("toFQDNs")):
             fqdn = as_map(fqdn)
             problem = fqdn_problem(str(fqdn.get("matchPattern"))) if "matchPattern" in fqdn else None

@@ -26,6 +26,10 @@ STATEFUL_KINDS = {
     "CustomResourceDefinition": "apiextensions.k8s.io",
     "Cluster": "postgresql.cnpg.io",
 }
+STATEFUL_TYPES = {
+    # Pulumi resource type: the state it holds. Review any addition.
+    "vault:index/mount:Mount": "an OpenBao secrets engine (deleting it deletes every secret in it)",
+}
 STATEFUL_CHARTS = {
     # chart name: the state it holds. Review any addition.
     "openbao": "OpenBao's integrated Raft storage (every tenant's secrets)",
@@ -63,6 +67,8 @@ def _stateful(resource: PolicyResource, credentials: Mapping[tuple[str, str], st
     if resource.resource_type == "kubernetes:core/v1:Secret":
         metadata = as_map(as_map(resource.props).get("metadata"))
         return credentials.get((str(metadata.get("namespace") or ""), str(metadata.get("name") or "")))
+    if resource.resource_type in STATEFUL_TYPES:
+        return STATEFUL_TYPES[resource.resource_type]
     if resource.resource_type in HELM_TYPES:
         chart = helm_chart(resource.resource_type, resource.props)
         return STATEFUL_CHARTS.get(chart.chart_name)
@@ -133,6 +139,9 @@ def check_stateful_resources_protected(resources: Sequence[PolicyResource], conf
             yield ns.resource, f"Namespace {namespace} holds {holder} but {problem}: deleting a namespace deletes everything in it."
     for storage_class, user in sorted(used_classes.items()):
         sc = classes.get(storage_class)
+        problem = protection_problem(sc.resource) if sc is not None else None
+        if problem:
+            yield sc.resource, f"StorageClass {storage_class} (used by {user}) {problem}: replacing it changes how the volumes of {user} are kept."
         if sc is not None and sc.props.get("reclaimPolicy") != "Retain":
             yield sc.resource, (
                 f"StorageClass {storage_class} (used by {user}) has reclaimPolicy {sc.props.get('reclaimPolicy') or 'Delete'}: "

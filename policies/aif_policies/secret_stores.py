@@ -38,6 +38,20 @@ def check_tenant_secret_stores_scoped(resources: Sequence[PolicyResource], confi
                 f"{copier.describe()} writes its secret into the namespaces of tenants {', '.join(tenants)}: one tenant's "
                 "secret reaches another; deliver secrets with each tenant's own SecretStore and ExternalSecret."
             )
+    for store in cluster.of("ClusterSecretStore"):
+        yield store.resource, f"{store.describe()} is a cluster-wide store: any namespace's ExternalSecret can read through it; tenants have SecretStores of their own."
+    for external in cluster.of("ExternalSecret"):
+        tenant = cluster.tenant_of_namespace(external.namespace)
+        if tenant is None:
+            continue
+        ref = as_map(external.spec.get("secretStoreRef"))
+        if ref.get("kind", "SecretStore") != "SecretStore":
+            yield external.resource, f"{external.describe()} of tenant {tenant.name} reads through a {ref.get('kind')}, not its namespace's SecretStore."
+        prefix = f"tenants/{tenant.name}/"
+        keys = [as_map(as_map(d).get("remoteRef")).get("key") for d in as_list(external.spec.get("data"))]
+        keys += [as_map(as_map(d).get("extract")).get("key") for d in as_list(external.spec.get("dataFrom"))]
+        for key in sorted({str(k) for k in keys if k is not None and not str(k).startswith(prefix)}):
+            yield external.resource, f"{external.describe()} of tenant {tenant.name} reads {key}, outside its prefix {prefix} in OpenBao."
     for store in cluster.of("SecretStore"):
         tenant = cluster.tenant_of_namespace(store.namespace)
         if tenant is None:

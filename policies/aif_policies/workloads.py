@@ -44,6 +44,8 @@ BASELINE_CAPABILITIES = frozenset(
 )
 RESTRICTED_CAPABILITIES = frozenset({"NET_BIND_SERVICE"})
 SAFE_SELINUX_TYPES = ("", "container_t", "container_init_t", "container_kvm_t", "container_engine_t")
+RESTRICTED_VOLUMES = frozenset({"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim", "projected", "secret"})
+"""Pod Security restricted, "Volume Types": the only volume sources a restricted pod may use."""
 REQUIRED_RESOURCES = (("requests", "cpu"), ("requests", "memory"), ("limits", "memory"))
 """What every tenant container states, so that quota and scheduling see its real size."""
 
@@ -79,6 +81,11 @@ def security_context_problems(spec: Mapping[str, Any], level: str, read_only_roo
         name = as_map(sysctl).get("name")
         if name not in SAFE_SYSCTLS:
             yield f"sets the unsafe sysctl {name}"
+    if level == "restricted":
+        for volume in as_list(spec.get("volumes")):
+            sources = sorted(set(as_map(volume)) - {"name"} - RESTRICTED_VOLUMES)
+            if sources:
+                yield f"volume {as_map(volume).get('name')} is of type {', '.join(sources)}, which Pod Security restricted does not allow"
     allowed_capabilities = RESTRICTED_CAPABILITIES if level == "restricted" else BASELINE_CAPABILITIES
     for container in containers(spec):
         name, own = container.get("name"), _context(container)
