@@ -313,6 +313,8 @@ OTHERS: list[Mutation] = [
     ("reliability", "Keycloak with one replica", "stateful-high-availability", edit(KEYCLOAK, set_path("spec.values.replicas", 1))),
     ("robustness", "a file whose document is a list", "rendered-files", raw("kyverno/_cluster/list", "- a\n- b\n")),
     ("robustness", "a file whose document is a scalar", "rendered-files", raw("kyverno/_cluster/scalar", "42\n")),
+    ("robustness", "a Cohort whose flavors are a string", "flavor-supply",
+     edit("kueue/_cluster/cohort-trust-domain-assistant", set_path("spec.resourceGroups.0.flavors", "x"))),
     ("robustness", "a file that is not YAML", "rendered-files", raw("kyverno/_cluster/broken", "a: [\n")),
     ("robustness", "an object whose metadata is a list", "rendered-files", raw("kyverno/_cluster/pod-x", "kind: Pod\nmetadata: [x]\n")),
 ]

@@ -6,10 +6,13 @@ the time and none of these rows is theirs."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from ai_factory.factory.checking import check
 from ai_factory.factory.checking.findings import Finding
+from ai_factory.factory.checking.isolation import guarded
 from ai_factory.factory.rendering.bundle import load_rendered
 from ai_factory.policies.aif_policies.network import cidr_problem, fqdn_problem
 from ai_factory.policies.aif_policies.workloads import covers
@@ -24,13 +27,11 @@ def base() -> Bundle:
 
 
 def fast_findings(base: Bundle, mutate, tmp_path) -> list[Finding]:
-    import copy
-
     bundle = copy.deepcopy(base)
     mutate(bundle)
     bundle.write(tmp_path)
     rendered = load_rendered(tmp_path)
-    return sorted({f for c in check.CHECKS if getattr(c, "__name__", "") not in SLOW for f in c(rendered, None)})
+    return sorted({f for c in check.CHECKS if getattr(c, "__name__", "") not in SLOW for f in guarded(c)(rendered, None)})
 
 
 def test_the_dev_render_passes_the_fast_checks(base, tmp_path):

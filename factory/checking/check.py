@@ -76,4 +76,6 @@ def checks(rendered: Rendered) -> list[Check]:
 
 
 def run_checks(rendered: Rendered, oracles: Oracles) -> list[Finding]:
-    return sorted({f for check in checks(rendered) for f in check(rendered, oracles)})
+    # Every check guarded as the isolation checks are: an object malformed in a way no check
+    # expected ends that check with a finding, never `factory check` with a traceback.
+    return sorted({f for check in checks(rendered) for f in isolation.guarded(check)(rendered, oracles)})

@@ -923,7 +923,7 @@ def tenant_protection(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]
 Check = Callable[[Rendered, Oracles], Iterable[Finding]]
 
 
-def _guarded(check: Check) -> Check:
+def guarded(check: Check) -> Check:
     """A malformed object (which the schema check reports) ends one analysis with a finding, not
     `factory check` with a traceback."""
     name = check.__name__.replace("_", "-")
@@ -939,7 +939,7 @@ def _guarded(check: Check) -> Check:
 
 
 CHECKS: list[Check] = [
-    _guarded(check)
+    guarded(check)
     for check in (
         tenant_labels,
         rbac_subjects,
