@@ -58,7 +58,10 @@ class Bundle:
         del self.objects[f"manifests/{path}.yaml"]
 
     def entry(self, resource_type: str, name: str) -> dict[str, Any]:
-        return next(e for e in self.inventory["resources"] if e["type"] == resource_type and e["name"] == name)
+        """The one inventory entry of a type whose Pulumi name contains `name` (the names carry
+        their component's prefix)."""
+        (found,) = [e for e in self.inventory["resources"] if e["type"] == resource_type and name in e["name"]]
+        return found
 
     def write(self, out: Path) -> None:
         for relative, obj in self.objects.items():
@@ -301,9 +304,9 @@ OTHERS: list[Mutation] = [
      edit("kyverno/kyverno/helmrelease-kyverno", set_path("spec.values.features.forceFailurePolicyIgnore.enabled", True))),
     ("reliability", "Keycloak database Secret unprotected", "stateful-resources-protected", unprotect("kubernetes:core/v1:Secret", "keycloak-database")),
     ("reliability", "Keycloak namespace unprotected", "stateful-resources-protected", unprotect("kubernetes:core/v1:Namespace", "keycloak-namespace")),
-    ("reliability", "OpenBao release unprotected", "stateful-resources-protected", unprotect("kubernetes:helm.sh/v3:Release", "openbao")),
+    ("reliability", "OpenBao release unprotected", "stateful-resources-protected", unprotect("kubernetes:helm.sh/v3:Release", "release-openbao")),
     ("reliability", "OpenBao's KV engine unprotected", "stateful-resources-protected", unprotect("vault:index/mount:Mount", "openbao-kv")),
-    ("reliability", "OpenBao's StorageClass unprotected", "stateful-resources-protected", unprotect("kubernetes:storage.k8s.io/v1:StorageClass", "openbao-raft")),
+    ("reliability", "OpenBao's StorageClass unprotected", "stateful-resources-protected", unprotect("kubernetes:storage.k8s.io/v1:StorageClass", "openbao")),
     ("reliability", "OpenBao's StorageClass deletes volumes", "stateful-resources-protected", edit("openbao/_cluster/storageclass-openbao-raft", set_path("reclaimPolicy", "Delete"))),
     ("reliability", "a tenant namespace unprotected", "tenant-protection", unprotect("kubernetes:core/v1:Namespace", "tenant-search-namespace")),
     ("reliability", "OpenBao with 1 replica", "stateful-high-availability", edit(OPENBAO, set_path("spec.values.server.ha.replicas", 1))),
