@@ -3,8 +3,9 @@
 Written as `ClusterPolicy` (kyverno.io/v1): Kyverno 1.19 serves it alongside the CEL-based
 `policies.kyverno.io` kinds, and only it has the `podSecurity` sub-rule (the upstream Pod Security
 checks, kept current by Kyverno). Every rule sets `validate.failureAction: Enforce`; every policy
-fails closed (`failurePolicy: Fail`, webhook timeout 10 s) and scans existing objects in the
-background. They select tenant namespaces by the tenant label, which tenants cannot edit.
+fails closed (`failurePolicy: Fail`, webhook timeout 10 s) and, but `tenant-node-name`, scans
+existing objects in the background. `admission-policies-enforced` (policies/aif_policies/
+admission.py) expects each of them, by name and rule, offline. They select tenant namespaces by the tenant label, which tenants cannot edit.
 
 Platform-wide policies (one each, whatever the tenants; `PLATFORM_POLICY_NAMES`):
 - `tenant-gpu-queue`: a pod, Job or CronJob requesting a GPU resource carries a Kueue queue
