@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 
+import pulumi_kubernetes as k8s
 import pytest
 
 from ai_factory.factory.checking import check
@@ -17,6 +18,8 @@ from ai_factory.factory.rendering.bundle import load_rendered
 from ai_factory.policies.aif_policies.network import cidr_problem, fqdn_problem
 from ai_factory.policies.aif_policies.workloads import covers
 from benchmarks.violations import CONTROLS, MUTATIONS, Bundle, dev_bundle
+from tests.conftest import one
+from tests.policy_stacks import stack, violations
 
 SLOW = {"schema", "helm_values"}
 
@@ -81,3 +84,18 @@ def test_egress_dns_patterns(pattern, flagged):
 )
 def test_a_whitelist_entry_covers_only_its_subsets(allowed, toleration, covered):
     assert covers(allowed, toleration) is covered
+
+
+def test_a_tenant_stack_holding_only_its_namespace_and_policy_passes_the_admission_check(dev):
+    namespace, policy = one(dev, "Namespace", "tenant-search"), one(dev, "ClusterPolicy", "tenant-search-admission")
+
+    def tenant_stack() -> None:
+        k8s.core.v1.Namespace("namespace", metadata=namespace["metadata"])
+        k8s.apiextensions.CustomResource("admission", api_version="kyverno.io/v1", kind="ClusterPolicy", metadata=policy["metadata"], spec=policy["spec"])
+
+    assert violations(stack(tenant_stack), "admission-policies-enforced") == {}
+
+    def without_its_policy() -> None:
+        k8s.core.v1.Namespace("namespace", metadata=namespace["metadata"])
+
+    assert list(violations(stack(without_its_policy), "admission-policies-enforced")) == ["stack"]
