@@ -306,7 +306,6 @@ OTHERS: list[Mutation] = [
     ("reliability", "Keycloak namespace unprotected", "stateful-resources-protected", unprotect("kubernetes:core/v1:Namespace", "keycloak-namespace")),
     ("reliability", "OpenBao release unprotected", "stateful-resources-protected", unprotect("kubernetes:helm.sh/v3:Release", "release-openbao")),
     ("reliability", "OpenBao's KV engine unprotected", "stateful-resources-protected", unprotect("vault:index/mount:Mount", "openbao-kv")),
-    ("reliability", "OpenBao's StorageClass unprotected", "stateful-resources-protected", unprotect("kubernetes:storage.k8s.io/v1:StorageClass", "openbao")),
     ("reliability", "OpenBao's StorageClass deletes volumes", "stateful-resources-protected", edit("openbao/_cluster/storageclass-openbao-raft", set_path("reclaimPolicy", "Delete"))),
     ("reliability", "a tenant namespace unprotected", "tenant-protection", unprotect("kubernetes:core/v1:Namespace", "tenant-search-namespace")),
     ("reliability", "OpenBao with 1 replica", "stateful-high-availability", edit(OPENBAO, set_path("spec.values.server.ha.replicas", 1))),

@@ -98,4 +98,4 @@ def test_a_tenant_stack_holding_only_its_namespace_and_policy_passes_the_admissi
     def without_its_policy() -> None:
         k8s.core.v1.Namespace("namespace", metadata=namespace["metadata"])
 
-    assert list(violations(stack(without_its_policy), "admission-policies-enforced")) == ["stack"]
+    assert list(violations(stack(without_its_policy), "admission-policies-enforced")) == ["kubernetes:core/v1:Namespace::namespace"]

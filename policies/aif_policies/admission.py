@@ -140,10 +140,13 @@ def check_admission_policies_enforced(resources: Sequence[PolicyResource], confi
     for ns, labels in tenant_namespaces.items():
         rules = (*TENANT_RULES, DEDICATED_NODES_RULE) if labels.get(TRUST_LABEL) == "low" else TENANT_RULES
         expected[tenant_policy_name(ns)] = ({ns: labels}, rules, str(labels.get("pod-security.kubernetes.io/enforce") or ""))
+    namespaces = {n.name: n.resource for n in cluster.of("Namespace")}
     for name, (protected, rules, level) in sorted(expected.items()):
         policy = policies.get(name)
         if policy is None:
-            yield None, f"Kyverno ClusterPolicy {name} is missing: what it refuses, tenants of {', '.join(sorted(protected))} may do."
+            # Reported against what it would protect: the tenant's namespace, or the Kyverno release.
+            anchor = namespaces.get(next(iter(protected))) if len(protected) == 1 and name not in PLATFORM_RULES else (releases[0][0] if releases else None)
+            yield anchor, f"Kyverno ClusterPolicy {name} is missing: what it refuses, tenants of {', '.join(sorted(protected))} may do."
             continue
         by_name = {str(as_map(r).get("name")): as_map(r) for r in as_list(policy.spec.get("rules"))}
         problems = [*policy_problems(policy, protected, rules), *content_problems(name, by_name, level)]

@@ -139,9 +139,6 @@ def check_stateful_resources_protected(resources: Sequence[PolicyResource], conf
             yield ns.resource, f"Namespace {namespace} holds {holder} but {problem}: deleting a namespace deletes everything in it."
     for storage_class, user in sorted(used_classes.items()):
         sc = classes.get(storage_class)
-        problem = protection_problem(sc.resource) if sc is not None else None
-        if problem:
-            yield sc.resource, f"StorageClass {storage_class} (used by {user}) {problem}: replacing it changes how the volumes of {user} are kept."
         if sc is not None and sc.props.get("reclaimPolicy") != "Retain":
             yield sc.resource, (
                 f"StorageClass {storage_class} (used by {user}) has reclaimPolicy {sc.props.get('reclaimPolicy') or 'Delete'}: "
