@@ -3,29 +3,40 @@
 Written as `ClusterPolicy` (kyverno.io/v1): Kyverno 1.19 serves it alongside the CEL-based
 `policies.kyverno.io` kinds, and only it has the `podSecurity` sub-rule (the upstream Pod Security
 checks, kept current by Kyverno). Every rule sets `validate.failureAction: Enforce`; every policy
-fails closed (`failurePolicy: Fail`, webhook timeout 10 s) and scans existing objects in the
-background. They select tenant namespaces by the tenant label, which tenants cannot edit.
+fails closed (`failurePolicy: Fail`, webhook timeout 10 s) and, but `tenant-node-name`, scans
+existing objects in the background. `admission-policies-enforced` (policies/aif_policies/
+admission.py) expects each of them, by name and rule, offline. They select tenant namespaces by the tenant label, which tenants cannot edit.
 
-Platform-wide policies (one each, whatever the tenants):
-- `tenant-gpu-queue`: a pod requesting a GPU resource carries a Kueue queue (`kueue.x-k8s.io/
-  queue-name`), unless a batch Job owns it, and then the Job carries it;
+Platform-wide policies (one each, whatever the tenants; `PLATFORM_POLICY_NAMES`):
+- `tenant-gpu-queue`: a pod, Job or CronJob requesting a GPU resource carries a Kueue queue
+  (`kueue.x-k8s.io/queue-name`) itself, on its pod template too: the rule keys on what is
+  requested, never on `ownerReferences` (a tenant can forge them) nor on the creator;
+- `tenant-node-name`: no pod is created with `spec.nodeName` (it bypasses the scheduler and every
+  NoSchedule taint; not in background scans, where every scheduled pod has one);
 - `tenant-gpu-escape-env`: no container sets the NVIDIA/HAMi variables that widen GPU access or
-  switch HAMi's limits off, nor `LD_PRELOAD`;
+  switch HAMi's limits off, nor `LD_PRELOAD`, nor imports variables with `envFrom` (a ConfigMap or
+  Secret could carry them unseen);
 - `tenant-gpu-device-mounts`: no mount of the device-list path, GPU device nodes, driver or HAMi
   files, and no hostPath volume;
 - `tenant-image-registries`: images only from the configured registries (plus vCluster's own);
-- `tenant-service-exposure`: no NodePort Service, no `externalIPs` (CVE-2020-8554).
+- `tenant-service-exposure`: no NodePort or LoadBalancer Service, no `externalIPs` (CVE-2020-8554).
 
 Per tenant (`TenantAdmissionHook`, one `ClusterPolicy` per tenant, created by its stack):
-Pod Security at the tenant's level (restricted, or a reviewed baseline exception), only the GPU
-resource names it can be admitted (`quotas.gpu_ceiling` above 0: granted, or borrowable in its
-trust domain's cohort), only the RuntimeClasses of its trust level, only the placement taints
-(`placement.PLACEMENT_TAINT_KEYS`) it may tolerate (`placement.tolerable_taints`, the list its
-namespace's `PodTolerationRestriction` annotation carries: no `Exists` on those keys, no empty-key
-toleration of every taint), and, for a low-trust tenant, only pods that select its dedicated nodes
-(`nodeSelector` `ai-factory.io/dedicated: <tenant>`). The last two hold where the host API server
-does not enable the `PodNodeSelector`/`PodTolerationRestriction` plugins the namespace annotations
+Pod Security at the tenant's level (restricted, or a reviewed baseline exception); an allow-list of
+resource names: besides CPU, memory, ephemeral storage and huge pages, only the GPU resources it
+can be admitted (`quotas.gpu_ceiling` above 0: granted, or borrowable in its trust domain's
+cohort), so a name never advertised is refused too; only the RuntimeClasses of its trust level;
+tolerations as an allow-list: of the placement taints (`placement.PLACEMENT_TAINT_KEYS`) only
+those it may tolerate (`placement.tolerable_taints`, the list its namespace's
+`PodTolerationRestriction` annotation carries: no `Exists` on those keys, no empty-key toleration
+of every taint), and of every other taint only the node-lifecycle ones (`NoExecute`, at most 300
+s); and, for a low-trust tenant, only pods that select its dedicated nodes (`nodeSelector`
+`ai-factory.io/dedicated: <tenant>`). The placement rules hold where the host API server does not
+enable the `PodNodeSelector`/`PodTolerationRestriction` plugins the namespace annotations
 configure (most managed Kubernetes services do not offer `PodNodeSelector`).
+
+Every pod rule matches `Pod/ephemeralcontainers` as well: ephemeral containers are added through
+that subresource, which a rule matching `Pod` alone never sees.
 
 The webhooks exclude kube-system and Kyverno's namespace, and the admission controller runs at
 least 3 replicas (with a disruption budget), so a failing webhook cannot lock the cluster out.
@@ -76,6 +87,25 @@ FORBIDDEN_MOUNTS = (
     "/usr/local/vgpu*",  # HAMi's shim
 )
 """Mount paths no tenant container may use."""
+IMAGE_REGISTRIES_POLICY = "tenant-image-registries"
+PLATFORM_RULES = {
+    "tenant-gpu-queue": ("gpu-pods-carry-a-queue", "gpu-jobs-carry-a-queue", "gpu-cronjobs-carry-a-queue"),
+    "tenant-node-name": ("no-node-name",),
+    "tenant-gpu-escape-env": ("no-gpu-escape-variables",),
+    "tenant-gpu-device-mounts": ("no-gpu-device-mounts", "no-host-path"),
+    IMAGE_REGISTRIES_POLICY: ("allowed-registries",),
+    "tenant-service-exposure": ("no-node-port", "no-load-balancer", "no-external-ips"),
+}
+"""The platform-wide policies (`platform_policies`) and their rules, each expected by name by the
+offline checks."""
+PLATFORM_POLICY_NAMES = tuple(PLATFORM_RULES)
+STANDARD_TOLERATION_KEYS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+"""Taints every pod may tolerate (`NoExecute`, `Exists`), as the `DefaultTolerationSeconds`
+admission plugin adds them, for at most `MAX_TOLERATION_SECONDS`."""
+MAX_TOLERATION_SECONDS = 300
+"""The plugin's default: how long a tenant pod may stay on a not-ready or unreachable node."""
+PLATFORM_PRIORITY_CLASSES = ("system-node-critical", "system-cluster-critical")
+"""Kubernetes' own priority classes (every `system-` name is reserved): never a tenant's."""
 VCLUSTER_IMAGES = ("ghcr.io/loft-sh/*", "coredns/coredns:*")
 """What a tenant's vCluster runs in its namespace: the control plane and its CoreDNS."""
 ALL_CONTAINERS = "request.object.spec.[ephemeralContainers, initContainers, containers][]"
@@ -83,9 +113,22 @@ TOLERATIONS = "request.object.spec.tolerations || `[]`"
 TOLERATION_KEY = "{{ element.key || '' }}"
 TOLERATION_OPERATOR = "{{ element.operator || 'Equal' }}"
 TOLERATION_PAIR = "{{ element.key || '' }}={{ element.value || '' }}"
+TOLERATION_SECONDS = f"{{{{ element.tolerationSeconds || `{MAX_TOLERATION_SECONDS + 1}` }}}}"
+"""A toleration's seconds; without any it tolerates for ever, read as one second over the bound."""
 """A toleration as `key=value` (`key=` for `operator: Exists`), the form of `toleration_pairs`."""
 DEDICATED_SELECTOR = f"{{{{ request.object.spec.nodeSelector.\"{DEDICATED_LABEL}\" || '' }}}}"
 TENANT_NAMESPACES = {"matchExpressions": [{"key": TENANT_LABEL, "operator": "Exists"}]}
+POD_KINDS = ("Pod", "Pod/ephemeralcontainers")
+"""What pod rules match: a Pod, and the subresource `kubectl debug` adds ephemeral containers through
+(a rule matching `Pod` alone never sees that request)."""
+BASE_RESOURCES = ("cpu", "memory", "ephemeral-storage")
+"""Resources every tenant may request (with `hugepages-*`): anything else must be granted to it."""
+EXTENDED_RESOURCES = (
+    "[?!starts_with(@, 'hugepages-') && "
+    + " && ".join(f"@ != '{r}'" for r in BASE_RESOURCES)
+    + "]"
+)
+"""JMESPath filter keeping the resource names beyond the base ones (GPU and other device resources)."""
 NO_AUTOGEN = {"pod-policies.kyverno.io/autogen-controllers": "none"}
 
 
@@ -128,8 +171,11 @@ def chart_values(args: KyvernoArgs) -> dict[str, Any]:
     }
 
 
-def _in_tenants(*kinds: str) -> dict[str, Any]:
-    return {"any": [{"resources": {"kinds": list(kinds), "namespaceSelector": TENANT_NAMESPACES}}]}
+def _in_tenants(*kinds: str, operations: tuple[str, ...] = ()) -> dict[str, Any]:
+    resources: dict[str, Any] = {"kinds": list(kinds), "namespaceSelector": TENANT_NAMESPACES}
+    if operations:
+        resources["operations"] = list(operations)
+    return {"any": [{"resources": resources}]}
 
 
 def _rule(name: str, match: dict[str, Any], message: str, check: dict[str, Any], preconditions: dict | None = None) -> dict[str, Any]:
@@ -139,8 +185,8 @@ def _rule(name: str, match: dict[str, Any], message: str, check: dict[str, Any],
     return rule
 
 
-def _policy_spec(rules: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"background": True, "failurePolicy": "Fail", "webhookTimeoutSeconds": WEBHOOK_TIMEOUT_SECONDS, "rules": rules}
+def _policy_spec(rules: list[dict[str, Any]], background: bool = True) -> dict[str, Any]:
+    return {"background": background, "failurePolicy": "Fail", "webhookTimeoutSeconds": WEBHOOK_TIMEOUT_SECONDS, "rules": rules}
 
 
 def requested_resources(containers: str) -> str:
@@ -156,43 +202,49 @@ def platform_policies(args: KyvernoArgs) -> dict[str, tuple[dict[str, str], dict
     """Name -> (annotations, spec) of the policies that hold for every tenant."""
     gpu = list(args.gpu_resources)
     registries = _any_of([*args.allowed_registries, *VCLUSTER_IMAGES])
-    job_owned = "{{ length(request.object.metadata.ownerReferences[?kind=='Job'] || `[]`) }}"
-    not_owned = "{{ length(request.object.metadata.ownerReferences || `[]`) }}"
-    queued = {"pattern": {"metadata": {"labels": {QUEUE_LABEL: "?*"}}}}
+    queued = {QUEUE_LABEL: "?*"}
+
+    def carries_a_queue(name: str, kinds: tuple[str, ...], what: str, pod_spec: str, pattern: dict[str, Any]) -> dict[str, Any]:
+        # Keyed on what is requested, never on ownerReferences (a tenant can forge them) nor on who
+        # creates the object (a CronJob's Jobs, a Job's pods carry their template's labels).
+        return _rule(
+            name,
+            _in_tenants(*kinds),
+            f"{what} requesting a GPU must name its Kueue queue with the label {QUEUE_LABEL} (on a workload's pod template too).",
+            {"pattern": pattern},
+            {"all": [{"key": requested_resources(f"{pod_spec}.[ephemeralContainers, initContainers, containers][]"), "operator": "AnyIn", "value": gpu}]},
+        )
+
     return {
         "tenant-gpu-queue": (
             NO_AUTOGEN,
             _policy_spec(
                 [
-                    _rule(
-                        "gpu-pods-carry-a-queue",
-                        _in_tenants("Pod"),
-                        f"A pod requesting a GPU must name its Kueue queue with the label {QUEUE_LABEL}.",
-                        queued,
-                        {
-                            "all": [
-                                {"key": requested_resources("request.object.spec.[initContainers, containers][]"), "operator": "AnyIn", "value": gpu},
-                                {"key": job_owned, "operator": "Equals", "value": 0},
-                            ]
-                        },
-                    ),
-                    _rule(
-                        "gpu-jobs-carry-a-queue",
-                        _in_tenants("Job"),
-                        f"A Job requesting a GPU must name its Kueue queue with the label {QUEUE_LABEL}.",
-                        queued,
-                        {
-                            "all": [
-                                {
-                                    "key": requested_resources("request.object.spec.template.spec.[initContainers, containers][]"),
-                                    "operator": "AnyIn",
-                                    "value": gpu,
-                                },
-                                {"key": not_owned, "operator": "Equals", "value": 0},
-                            ]
-                        },
+                    carries_a_queue("gpu-pods-carry-a-queue", POD_KINDS, "A pod", "request.object.spec", {"metadata": {"labels": queued}}),
+                    carries_a_queue("gpu-jobs-carry-a-queue", ("Job",), "A Job", "request.object.spec.template.spec", {"metadata": {"labels": queued}}),
+                    carries_a_queue(
+                        "gpu-cronjobs-carry-a-queue",
+                        ("CronJob",),
+                        "A CronJob",
+                        "request.object.spec.jobTemplate.spec.template.spec",
+                        {"spec": {"jobTemplate": {"metadata": {"labels": queued}}}},
                     ),
                 ]
+            ),
+        ),
+        "tenant-node-name": (
+            {},
+            # Not in background scans: every scheduled pod has a nodeName, set by the scheduler's binding.
+            _policy_spec(
+                [
+                    _rule(
+                        "no-node-name",
+                        _in_tenants("Pod", operations=("CREATE",)),
+                        "Tenant pods may not set spec.nodeName: it bypasses the scheduler and every NoSchedule taint.",
+                        {"deny": {"conditions": {"any": [{"key": "{{ request.object.spec.nodeName || '' }}", "operator": "NotEquals", "value": ""}]}}},
+                    )
+                ],
+                background=False,
             ),
         ),
         "tenant-gpu-escape-env": (
@@ -201,13 +253,21 @@ def platform_policies(args: KyvernoArgs) -> dict[str, tuple[dict[str, str], dict
                 [
                     _rule(
                         "no-gpu-escape-variables",
-                        _in_tenants("Pod"),
-                        "Containers may not set NVIDIA device-selection, HAMi control or preload variables: GPUs come from the device plugin only.",
+                        _in_tenants(*POD_KINDS),
+                        "Containers may not set NVIDIA device-selection, HAMi control or preload variables, nor import variables "
+                        "with envFrom (a ConfigMap or Secret could carry them): GPUs come from the device plugin only.",
                         {
                             "foreach": [
                                 {
                                     "list": ALL_CONTAINERS,
-                                    "deny": {"conditions": {"any": [{"key": "{{ element.env[].name || `[]` }}", "operator": "AnyIn", "value": list(ESCAPE_VARIABLES)}]}},
+                                    "deny": {
+                                        "conditions": {
+                                            "any": [
+                                                {"key": "{{ element.env[].name || `[]` }}", "operator": "AnyIn", "value": list(ESCAPE_VARIABLES)},
+                                                {"key": "{{ length(element.envFrom || `[]`) }}", "operator": "GreaterThan", "value": 0},
+                                            ]
+                                        }
+                                    },
                                 }
                             ]
                         },
@@ -221,7 +281,7 @@ def platform_policies(args: KyvernoArgs) -> dict[str, tuple[dict[str, str], dict
                 [
                     _rule(
                         "no-gpu-device-mounts",
-                        _in_tenants("Pod"),
+                        _in_tenants(*POD_KINDS),
                         "Containers may not mount the GPU device list, device nodes, driver or HAMi files.",
                         {
                             "foreach": [
@@ -238,20 +298,20 @@ def platform_policies(args: KyvernoArgs) -> dict[str, tuple[dict[str, str], dict
                     ),
                     _rule(
                         "no-host-path",
-                        _in_tenants("Pod"),
+                        _in_tenants(*POD_KINDS),
                         "hostPath volumes are not allowed in tenant namespaces.",
                         {"pattern": {"spec": {"=(volumes)": [{"X(hostPath)": "null"}]}}},
                     ),
                 ]
             ),
         ),
-        "tenant-image-registries": (
+        IMAGE_REGISTRIES_POLICY: (
             {},
             _policy_spec(
                 [
                     _rule(
                         "allowed-registries",
-                        _in_tenants("Pod"),
+                        _in_tenants(*POD_KINDS),
                         "Images must come from the platform's allowed registries.",
                         {
                             "pattern": {
@@ -271,6 +331,12 @@ def platform_policies(args: KyvernoArgs) -> dict[str, tuple[dict[str, str], dict
             _policy_spec(
                 [
                     _rule("no-node-port", _in_tenants("Service"), "NodePort Services are not allowed for tenants.", {"pattern": {"spec": {"=(type)": "!NodePort"}}}),
+                    _rule(
+                        "no-load-balancer",
+                        _in_tenants("Service"),
+                        "LoadBalancer Services are not allowed for tenants: they expose services through the platform's gateway.",
+                        {"pattern": {"spec": {"=(type)": "!LoadBalancer"}}},
+                    ),
                     _rule(
                         "no-external-ips",
                         _in_tenants("Service"),
@@ -303,6 +369,11 @@ class Kyverno(FactoryComponent):
         self.register_outputs({"namespace": self.namespace})
 
 
+def tenant_policy_name(namespace: str) -> str:
+    """The name of a tenant's own ClusterPolicy, from its namespace."""
+    return f"{namespace}-admission"
+
+
 def toleration_pairs(taints: Sequence[Taint]) -> list[str]:
     """The `key=value` pairs (`TOLERATION_PAIR`) of the placement taints a tenant may tolerate."""
     return [f"{t.key}={t.value}" for t in taints]
@@ -314,15 +385,22 @@ GPU_RESOURCES_RULE = "granted-gpu-resources"
 """The rule of a tenant's policy that denies the GPU resource names it cannot be admitted."""
 TOLERATIONS_RULE = "placement-tolerations"
 """The rule of a tenant's policy that allows only its placement taints' `key=value` pairs."""
+RUNTIME_CLASSES_RULE = "runtime-classes"
+DEDICATED_NODES_RULE = "dedicated-nodes"
+TENANT_RULES = (POD_SECURITY_RULE, GPU_RESOURCES_RULE, RUNTIME_CLASSES_RULE, TOLERATIONS_RULE)
+"""The rules of every tenant's policy (a low-trust tenant's has `DEDICATED_NODES_RULE` too)."""
 
 
-def granted_gpu_resources_rule(tenant: str, match: dict[str, Any], forbidden_gpu: list[str]) -> dict[str, Any]:
-    """A tenant's rule denying the GPU resource names `forbidden_gpu` (the advertised ones it cannot
-    be admitted) to the pods `match` selects: its only variable part is that list."""
+def granted_gpu_resources_rule(tenant: str, match: dict[str, Any], granted: list[str]) -> dict[str, Any]:
+    """A tenant's rule allowing the pods `match` selects, besides the base resources
+    (`BASE_RESOURCES`, `hugepages-*`), only the resource names `granted` (those of its ceiling):
+    an allow-list, so a name the platform never advertised (`nvidia.com/gpumem-percentage`) is
+    refused too. Its only variable part is that list."""
     return _rule(
         GPU_RESOURCES_RULE,
         match,
-        f"Tenant {tenant} may only request the GPU resources its trust domain offers it (granted or borrowable).",
+        f"Tenant {tenant} may only request the GPU resources its trust domain offers it (granted or borrowable): "
+        f"{', '.join(granted) or 'none'}, besides CPU, memory, ephemeral storage and huge pages.",
         {
             "foreach": [
                 {
@@ -330,8 +408,8 @@ def granted_gpu_resources_rule(tenant: str, match: dict[str, Any], forbidden_gpu
                     "deny": {
                         "conditions": {
                             "any": [
-                                {"key": "{{ keys(element.resources.limits || `{}`) }}", "operator": "AnyIn", "value": forbidden_gpu},
-                                {"key": "{{ keys(element.resources.requests || `{}`) }}", "operator": "AnyIn", "value": forbidden_gpu},
+                                {"key": f"{{{{ keys(element.resources.{kind} || `{{}}`){EXTENDED_RESOURCES} }}}}", "operator": "AnyNotIn", "value": granted}
+                                for kind in ("limits", "requests")
                             ]
                         }
                     },
@@ -343,12 +421,15 @@ def granted_gpu_resources_rule(tenant: str, match: dict[str, Any], forbidden_gpu
 
 def placement_tolerations_rule(tenant: str, match: dict[str, Any], pairs: list[str]) -> dict[str, Any]:
     """A tenant's rule allowing the pods `match` selects only the placement-taint tolerations
-    `pairs` (`toleration_pairs`): its only variable part is that list."""
+    `pairs` (`toleration_pairs`) and, of every other taint, only the node-lifecycle ones
+    (`STANDARD_TOLERATION_KEYS`, `NoExecute`, at most `MAX_TOLERATION_SECONDS`): an allow-list.
+    Its only variable part is `pairs`."""
     return _rule(
         TOLERATIONS_RULE,
         match,
         f"Tenant {tenant} may tolerate the placement taints ({', '.join(PLACEMENT_TAINT_KEYS)}) only as "
-        f"{', '.join(pairs) or 'nothing'} (operator Equal), and no taint at all with an empty key.",
+        f"{', '.join(pairs) or 'nothing'} (operator Equal), no taint at all with an empty key, and otherwise only "
+        f"{' and '.join(STANDARD_TOLERATION_KEYS)} (Exists, NoExecute, at most {MAX_TOLERATION_SECONDS} seconds).",
         {
             "foreach": [
                 {
@@ -363,18 +444,32 @@ def placement_tolerations_rule(tenant: str, match: dict[str, Any], pairs: list[s
                             ]
                         }
                     },
-                }
+                },
+                {
+                    "list": TOLERATIONS,
+                    "preconditions": {"all": [{"key": TOLERATION_KEY, "operator": "AnyNotIn", "value": ["", *PLACEMENT_TAINT_KEYS]}]},
+                    "deny": {
+                        "conditions": {
+                            "any": [
+                                {"key": TOLERATION_KEY, "operator": "AnyNotIn", "value": list(STANDARD_TOLERATION_KEYS)},
+                                {"key": TOLERATION_OPERATOR, "operator": "NotEquals", "value": "Exists"},
+                                {"key": "{{ element.effect || '' }}", "operator": "NotEquals", "value": "NoExecute"},
+                                {"key": TOLERATION_SECONDS, "operator": "GreaterThan", "value": MAX_TOLERATION_SECONDS},
+                            ]
+                        }
+                    },
+                },
             ]
         },
     )
 
 
 def tenant_policy_spec(
-    names: TenantNames, pod_security: str, forbidden_gpu: list[str], runtime_classes: list[str], tolerable: Sequence[Taint]
+    names: TenantNames, pod_security: str, granted_gpu: list[str], runtime_classes: list[str], tolerable: Sequence[Taint]
 ) -> dict[str, Any]:
     """The tenant's own admission rules. `tolerable`: the placement taints it may tolerate
     (`placement.tolerable_taints`)."""
-    own = {"any": [{"resources": {"kinds": ["Pod"], "namespaces": [names.namespace]}}]}
+    own = {"any": [{"resources": {"kinds": list(POD_KINDS), "namespaces": [names.namespace]}}]}
     rules = [
         _rule(
             POD_SECURITY_RULE,
@@ -383,12 +478,11 @@ def tenant_policy_spec(
             {"podSecurity": {"level": pod_security, "version": "latest"}},
         )
     ]
-    if forbidden_gpu:
-        rules.append(granted_gpu_resources_rule(names.tenant, own, forbidden_gpu))
+    rules.append(granted_gpu_resources_rule(names.tenant, own, granted_gpu))
     runtime = {"=(runtimeClassName)": _any_of(runtime_classes)} if runtime_classes else {"X(runtimeClassName)": "null"}
     rules.append(
         _rule(
-            "runtime-classes",
+            RUNTIME_CLASSES_RULE,
             own,
             f"Tenant {names.tenant} ({names.trust} trust) may only use the RuntimeClasses: {', '.join(runtime_classes) or 'none'}.",
             {"pattern": {"spec": runtime}},
@@ -398,7 +492,7 @@ def tenant_policy_spec(
     if names.trust == "low":
         rules.append(
             _rule(
-                "dedicated-nodes",
+                DEDICATED_NODES_RULE,
                 own,
                 f"Pods of untrusted tenant {names.tenant} must select its dedicated nodes: nodeSelector {DEDICATED_LABEL}: {names.tenant} "
                 f"(and tolerate the taint {DEDICATED_LABEL}={names.tenant}:NoSchedule).",
@@ -439,7 +533,7 @@ class TenantAdmissionHook:
         spec = tenant_policy_spec(
             names,
             "baseline" if names.tenant in self.baseline_tenants else "restricted",
-            [r for r in self.gpu_resources if r not in allowed],
+            [r for r in self.gpu_resources if r in allowed],
             list(getattr(self.runtime_classes, names.trust)),
             self.tolerable.get(names.tenant, ()),
         )
@@ -447,7 +541,7 @@ class TenantAdmissionHook:
             stack.child_name("admission"),
             api_version="kyverno.io/v1",
             kind="ClusterPolicy",
-            metadata=k8s.meta.v1.ObjectMetaArgs(name=f"{names.namespace}-admission", labels=labels(stack.layer, tenant=names.tenant, extra=names.labels)),
+            metadata=k8s.meta.v1.ObjectMetaArgs(name=tenant_policy_name(names.namespace), labels=labels(stack.layer, tenant=names.tenant, extra=names.labels)),
             spec=spec,
             opts=stack.child(),
         )

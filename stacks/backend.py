@@ -100,9 +100,17 @@ class Backend:
         )
 
 
+MAX_NAME = 40
+"""Longest environment or tenant name: a stack name (`tenant-<name>`) stays within a DNS label."""
+
+
+class InvalidName(ValueError):
+    """An environment or tenant name that is not a DNS label of at most `MAX_NAME` characters."""
+
+
 def check_name(kind: str, name: str) -> None:
-    if not STACK_NAME.match(name) or len(name) > 40:
-        raise ValueError(f"{kind} {name!r} is not a DNS label (lowercase letters, digits and '-', at most 40)")
+    if not STACK_NAME.match(name) or len(name) > MAX_NAME:
+        raise InvalidName(f"{kind} {name!r} is not a DNS label (lowercase letters, digits and '-', at most 40)")
 
 
 # --------------------------------------------------------------------------- results

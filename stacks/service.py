@@ -48,7 +48,7 @@ from pydantic import BaseModel, ConfigDict
 from ai_factory.factory.model.config import Tenant
 from ai_factory.factory.model.loading import ConfigError, load_stack_file, stack_file, validate_tenant
 from ai_factory.stacks.auth import AuthError, Caller, IssuerUnavailable, Jwks, TokenVerifier, issuer_ssl_context
-from ai_factory.stacks.backend import Backend, BackendError, StackResult, check_name
+from ai_factory.stacks.backend import MAX_NAME, Backend, BackendError, InvalidName, StackResult, check_name
 from ai_factory.stacks.contract import ContractError
 from ai_factory.stacks.jobstore import JobStore
 from ai_factory.stacks.tenants import TenantExists, TenantNotFound, TenantRecord, TenantStacks, TenantStatus, TenantSummary
@@ -56,7 +56,14 @@ from ai_factory.stacks.tenants import TenantExists, TenantNotFound, TenantRecord
 log = logging.getLogger("ai_factory.stacks.service")
 
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+JOB_ID_PATTERN = r"^[0-9a-f]{32}$"
 RECENT_STEPS = 50
+MAX_BODY_BYTES = 64 * 1024
+"""Largest request body: a tenant is a few hundred bytes; anything near this is an attack."""
+MAX_TOKEN_BYTES = 8 * 1024
+"""Longest bearer token read (an OIDC access token is far shorter); a longer one is refused unread."""
+MAX_LIST_ITEMS = 100
+"""Most items of any list in a tenant body (owner groups, GPU requests, ...)."""
 
 Operation = Literal["create", "update", "preview", "delete", "onboard", "offboard"]
 DESCRIPTION = """Tenant environments of the ai-factory platform, one Pulumi stack per tenant.
@@ -69,6 +76,57 @@ answer `202` with a job: poll `GET /v1/jobs/{id}` (its `Location`) until it has 
 
 class Forbidden(Exception):
     """The caller is authenticated but may not do this (HTTP 403)."""
+
+
+class BodyTooLarge(HTTPException):
+    """A request body over `MAX_BODY_BYTES` (HTTP 413). An `HTTPException`, so that FastAPI's body
+    reading passes it on instead of turning it into a 400."""
+
+    def __init__(self) -> None:
+        super().__init__(413, f"the request body exceeds {MAX_BODY_BYTES} bytes")
+
+
+class BodyLimit:
+    """ASGI middleware refusing a body over `MAX_BODY_BYTES`, by its Content-Length before reading
+    or, when streamed, as soon as what arrived exceeds it: the service never holds more."""
+
+    def __init__(self, app: Callable, limit: int = MAX_BODY_BYTES) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.limit):
+            return await _reply(send, 413, f"the request body exceeds {self.limit} bytes")
+        received = 0
+
+        async def limited() -> dict:
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b"")) if message["type"] == "http.request" else 0
+            if received > self.limit:
+                raise BodyTooLarge()
+            return message
+
+        await self.app(scope, limited, send)
+
+
+async def _reply(send: Callable, status: int, detail: str) -> None:
+    body = Problems(detail=detail).model_dump_json().encode()
+    await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def overlong_lists(value: object, path: str = "tenant") -> list[str]:
+    """A problem line for every list of a body longer than `MAX_LIST_ITEMS`, with its path."""
+    if isinstance(value, dict):
+        return [line for key, item in value.items() for line in overlong_lists(item, f"{path}.{key}")]
+    if isinstance(value, list):
+        if len(value) > MAX_LIST_ITEMS:
+            return [f"{path}: at most {MAX_LIST_ITEMS} items (got {len(value)})"]
+        return [line for i, item in enumerate(value) for line in overlong_lists(item, f"{path}[{i}]")]
+    return []
 
 
 class ServiceSettings(BaseModel):
@@ -242,6 +300,7 @@ def create_app(tenants: TenantStacks, verifier: TokenVerifier, settings: Service
             401: {"model": Problems, "description": "No acceptable bearer token"},
             403: {"model": Problems, "description": "None of the caller's groups owns the tenant"},
             404: {"model": Problems, "description": "No such environment, tenant or job (for this caller)"},
+            413: {"model": Problems, "description": f"The request body exceeds {MAX_BODY_BYTES} bytes"},
             422: {"model": Problems, "description": "The request or the tenant is invalid: every problem with its path"},
             503: {"model": Problems, "description": "The issuer's keys or the state backend cannot be reached"},
         },
@@ -256,9 +315,11 @@ def create_app(tenants: TenantStacks, verifier: TokenVerifier, settings: Service
     def caller(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> Caller:
         if credentials is None:
             raise AuthError("a bearer token is required")
+        if len(credentials.credentials) > MAX_TOKEN_BYTES:
+            raise AuthError(f"the bearer token exceeds {MAX_TOKEN_BYTES} bytes")
         return verifier.verify(credentials.credentials)
 
-    def environment(env: Annotated[str, Path(pattern=NAME_PATTERN, max_length=63)], who: Annotated[Caller, Depends(caller)]) -> str:
+    def environment(env: Annotated[str, Path(pattern=NAME_PATTERN, max_length=MAX_NAME)], who: Annotated[Caller, Depends(caller)]) -> str:
         """Known only to authenticated callers: an unknown environment answers 404 after 401."""
         if env not in settings.environments:
             raise HTTPException(404, f"this service manages no environment {env!r}")
@@ -266,7 +327,7 @@ def create_app(tenants: TenantStacks, verifier: TokenVerifier, settings: Service
 
     Who = Annotated[Caller, Depends(caller)]
     Env = Annotated[str, Depends(environment)]
-    Name = Annotated[str, Path(pattern=NAME_PATTERN, max_length=63)]
+    Name = Annotated[str, Path(pattern=NAME_PATTERN, max_length=MAX_NAME)]
     TenantBody = Annotated[Tenant, Body(description="The tenant, as in the platform config's `tenants`.")]
 
     def submit(op: Operation, env: str, name: str, who: Caller, owners: frozenset[str], work: Callable[[Job], StackResult]) -> JSONResponse:
@@ -329,13 +390,14 @@ def create_app(tenants: TenantStacks, verifier: TokenVerifier, settings: Service
         return submit("delete", env, name, who, owners, lambda job: tenants.delete(env, name, on_event=job.on_event))
 
     @app.get("/v1/jobs/{job_id}", response_model=JobView, summary="A job's state, progress and result")
-    def job(job_id: Annotated[str, Path(pattern=r"^[0-9a-f]{32}$")], who: Who) -> JobView:
+    def job(job_id: Annotated[str, Path(pattern=JOB_ID_PATTERN)], who: Who) -> JobView:
         found = jobs.get(job_id)
         if found is None or not (who.may_act_for(found[1]) or who.subject == found[2]):
             raise HTTPException(404, f"no job {job_id}")
         return found[0]
 
     _install_error_handlers(app)
+    app.add_middleware(BodyLimit)
     return app
 
 
@@ -343,7 +405,13 @@ def _revalidated(tenant: Tenant, name: str | None = None) -> Tenant:
     """The body once more through the config's own validation (its tenant rules, its messages)."""
     if name is not None and tenant.name != name:
         raise ConfigError([f"tenant.name: {tenant.name!r} is not the tenant of the path ({name!r})"], source="tenant")
-    return validate_tenant(tenant.model_dump(mode="json"))
+    body = tenant.model_dump(mode="json")
+    problems = overlong_lists(body)
+    if len(tenant.name) > MAX_NAME:
+        problems.insert(0, f"tenant.name: at most {MAX_NAME} characters (its stack name is a DNS label)")
+    if problems:
+        raise ConfigError(problems, source="tenant")
+    return validate_tenant(body)
 
 
 def _existing(record: TenantRecord, env: str, name: str) -> TenantRecord:
@@ -396,9 +464,15 @@ def _install_error_handlers(app: FastAPI) -> None:
     def invalid(request: Request, err: ConfigError) -> JSONResponse:
         return problems(422, err.render().splitlines()[0], err.problems)
 
+    @app.exception_handler(InvalidName)
+    def invalid_name(request: Request, err: InvalidName) -> JSONResponse:
+        return problems(422, str(err))
+
     @app.exception_handler(RequestValidationError)
     def invalid_request(request: Request, err: RequestValidationError) -> JSONResponse:
         if any(e["loc"][:1] == ("body",) for e in err.errors()) and isinstance(err.body, dict):
+            if overlong_lists(err.body):
+                return invalid(request, ConfigError(overlong_lists(err.body), source="tenant"))
             try:  # the config's own messages, every problem at once
                 validate_tenant(err.body)
             except ConfigError as config_error:

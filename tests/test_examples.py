@@ -3,7 +3,6 @@ what makes components reusable: two instances side by side, providers passed on,
 
 from __future__ import annotations
 
-import os
 import runpy
 from pathlib import Path
 

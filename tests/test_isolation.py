@@ -253,6 +253,8 @@ def test_tenant_pod_reaching_past_the_gpu_allocation_is_caught(dev, oracles):
         add(r, config_map, "search")
 
     assert found(variant(dev, change), oracles, "tenant-pods") == [
+        "tenant-pods: Deployment/tenant-search/trainer: container main imports variables with envFrom, which admission refuses (a ConfigMap "
+        "or Secret could set GPU escape variables) [tenants: search]",
         "tenant-pods: Deployment/tenant-search/trainer: container main mounts /var/run/nvidia-container-devices/all [tenants: search]",
         "tenant-pods: Deployment/tenant-search/trainer: container main sets CUDA_DISABLE_CONTROL, which bypasses GPU allocation or HAMi "
         "limits [tenants: search]",

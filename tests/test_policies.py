@@ -522,7 +522,11 @@ def test_plaintext_credentials_are_reported():
 def test_stateful_platform_parts_without_protection_are_reported(raw, monkeypatch):
     monkeypatch.setattr(ai_factory.components.openbao, "STATEFUL", {})
     found = violations(render(raw), "stateful-resources-protected")
-    assert set(found) == {"kubernetes:helm.sh/v3:Release::ai-factory-openbao-release-openbao", "kubernetes:core/v1:Namespace::ai-factory-openbao-namespace"}
+    assert set(found) == {
+        "kubernetes:helm.sh/v3:Release::ai-factory-openbao-release-openbao",
+        "kubernetes:core/v1:Namespace::ai-factory-openbao-namespace",
+        "vault:index/mount:Mount::ai-factory-openbao-kv",  # the KV engine: every tenant's secrets
+    }
     assert "holds OpenBao's integrated Raft storage (every tenant's secrets) but is not protected" in found["kubernetes:helm.sh/v3:Release::ai-factory-openbao-release-openbao"][0]
 
 

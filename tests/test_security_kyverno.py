@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from ai_factory.components.kyverno import ALL_CONTAINERS, DEDICATED_SELECTOR, ESCAPE_VARIABLES, QUEUE_LABEL, TOLERATIONS, VCLUSTER_IMAGES
+from ai_factory.components.kyverno import (
+    ALL_CONTAINERS,
+    DEDICATED_SELECTOR,
+    ESCAPE_VARIABLES,
+    MAX_TOLERATION_SECONDS,
+    PLATFORM_POLICY_NAMES,
+    QUEUE_LABEL,
+    STANDARD_TOLERATION_KEYS,
+    TOLERATIONS,
+    VCLUSTER_IMAGES,
+)
 from ai_factory.components.tenant_stack import NODE_LIFECYCLE_TOLERATIONS, allowed_tolerations, tenant_stack_args
 from ai_factory.factory.model.loading import ConfigError, validate
 from ai_factory.factory.planning.placement import DEDICATED_LABEL, PLACEMENT_TAINT_KEYS, advertised_resources
@@ -12,8 +22,10 @@ from ai_factory.factory.planning.from_config import plan_for
 from ai_factory.factory.planning.quotas import gpu_ceiling
 from ai_factory.factory.model.tenancy import TENANT_LABEL
 from tests.conftest import objects, one, render
+from tests.kyverno_engine import Request, validate_denies
 
-PLATFORM_POLICIES = ("tenant-gpu-queue", "tenant-gpu-escape-env", "tenant-gpu-device-mounts", "tenant-image-registries", "tenant-service-exposure")
+PLATFORM_POLICIES = PLATFORM_POLICY_NAMES
+OWN_PODS = ["Pod", "Pod/ephemeralcontainers"]
 
 
 def rules(rendered, policy: str) -> dict[str, dict]:
@@ -29,7 +41,8 @@ def test_every_policy_enforces_fails_closed_and_scans_existing_objects(dev):
     assert {p["metadata"]["name"] for p in policies} >= {*PLATFORM_POLICIES, "tenant-search-admission"}
     for policy in policies:
         spec = policy["spec"]
-        assert (spec["failurePolicy"], spec["background"]) == ("Fail", True)
+        # Only the nodeName rule skips background scans: every scheduled pod has a nodeName.
+        assert (spec["failurePolicy"], spec["background"]) == ("Fail", policy["metadata"]["name"] != "tenant-node-name")
         assert spec["webhookTimeoutSeconds"] <= 10
         assert {r["validate"]["failureAction"] for r in spec["rules"]} == {"Enforce"}
 
@@ -44,7 +57,7 @@ def test_platform_policies_select_tenant_namespaces_by_their_label(dev):
 def test_each_tenant_runs_pod_security_restricted_in_its_own_namespace(dev):
     for tenant in ("search", "assistant", "partner-acme"):
         rule = rules(dev, f"tenant-{tenant}-admission")["pod-security"]
-        assert rule["match"]["any"][0]["resources"] == {"kinds": ["Pod"], "namespaces": [f"tenant-{tenant}"]}
+        assert rule["match"]["any"][0]["resources"] == {"kinds": OWN_PODS, "namespaces": [f"tenant-{tenant}"]}
         assert rule["validate"]["podSecurity"] == {"level": "restricted", "version": "latest"}
 
 
@@ -57,27 +70,38 @@ def test_a_pod_security_exception_lowers_only_its_tenant_to_baseline(raw):
     assert rules(rendered, "tenant-search-admission")["pod-security"]["validate"]["podSecurity"]["level"] == "restricted"
 
 
-def test_gpu_pods_and_jobs_must_name_a_queue(dev, dev_raw):
+def test_gpu_pods_jobs_and_cronjobs_must_name_a_queue_whoever_owns_them(dev, dev_raw):
     gpu = list(advertised_resources(plan_for(validate(dev_raw[0]))))
     policy = one(dev, "ClusterPolicy", "tenant-gpu-queue")
     assert policy["metadata"]["annotations"] == {"pod-policies.kyverno.io/autogen-controllers": "none"}
-    pod, job = rules(dev, "tenant-gpu-queue")["gpu-pods-carry-a-queue"], rules(dev, "tenant-gpu-queue")["gpu-jobs-carry-a-queue"]
-    for rule, kind in ((pod, "Pod"), (job, "Job")):
-        assert rule["match"]["any"][0]["resources"]["kinds"] == [kind]
-        assert rule["validate"]["pattern"] == {"metadata": {"labels": {QUEUE_LABEL: "?*"}}}
-        requests_gpu, unowned = rule["preconditions"]["all"]
+    queue = rules(dev, "tenant-gpu-queue")
+    expected = {
+        "gpu-pods-carry-a-queue": (OWN_PODS, {"metadata": {"labels": {QUEUE_LABEL: "?*"}}}, "request.object.spec.["),
+        "gpu-jobs-carry-a-queue": (["Job"], {"metadata": {"labels": {QUEUE_LABEL: "?*"}}}, "request.object.spec.template.spec.["),
+        "gpu-cronjobs-carry-a-queue": (["CronJob"], {"spec": {"jobTemplate": {"metadata": {"labels": {QUEUE_LABEL: "?*"}}}}}, "request.object.spec.jobTemplate.spec.template.spec.["),
+    }
+    assert set(queue) == set(expected)
+    for name, (kinds, pattern, pod_spec) in expected.items():
+        rule = queue[name]
+        assert rule["match"]["any"][0]["resources"]["kinds"] == kinds
+        assert rule["validate"]["pattern"] == pattern
+        (requests_gpu,) = rule["preconditions"]["all"]  # what is requested, never ownerReferences
         assert (requests_gpu["operator"], requests_gpu["value"]) == ("AnyIn", gpu)
-        assert ".resources.[limits, requests]" in requests_gpu["key"] and "initContainers, containers" in requests_gpu["key"]
-        assert (unowned["operator"], unowned["value"]) == ("Equals", 0)
-    assert "kind=='Job'" in pod["preconditions"]["all"][1]["key"]  # a Job's pods: the Job carries the queue
-    assert "spec.template.spec" in job["preconditions"]["all"][0]["key"]
+        assert f"{pod_spec}ephemeralContainers, initContainers, containers][].resources.[limits, requests]" in requests_gpu["key"]
+
+
+def test_tenant_pods_may_not_set_their_node(dev):
+    (rule,) = one(dev, "ClusterPolicy", "tenant-node-name")["spec"]["rules"]
+    assert rule["match"]["any"][0]["resources"]["operations"] == ["CREATE"]
+    assert rule["validate"]["deny"]["conditions"]["any"] == [{"key": "{{ request.object.spec.nodeName || '' }}", "operator": "NotEquals", "value": ""}]
 
 
 def test_gpu_escape_variables_are_denied_in_every_container(dev):
     rule = rules(dev, "tenant-gpu-escape-env")["no-gpu-escape-variables"]
     assert rule["validate"]["foreach"][0]["list"] == ALL_CONTAINERS
-    (condition,) = conditions(rule)
+    condition, imported = conditions(rule)
     assert condition["key"] == "{{ element.env[].name || `[]` }}" and condition["operator"] == "AnyIn"
+    assert imported == {"key": "{{ length(element.envFrom || `[]`) }}", "operator": "GreaterThan", "value": 0}
     assert {"NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "LD_PRELOAD", "CUDA_DISABLE_CONTROL", "CUDA_DEVICE_MEMORY_LIMIT*", "CUDA_DEVICE_SM_LIMIT"} <= set(condition["value"])
     assert "CUDA_VISIBLE_DEVICES" not in condition["value"]  # ordinary device ordering inside the allocation
     assert condition["value"] == list(ESCAPE_VARIABLES)
@@ -94,15 +118,15 @@ def test_device_list_driver_and_host_path_mounts_are_denied(dev):
 def test_tenants_may_request_only_the_gpu_resources_of_their_ceiling(dev, dev_raw):
     cfg = validate(dev_raw[0])
     plan = plan_for(cfg)
-    advertised = set(advertised_resources(plan))
     for tenant in cfg.tenants:
         rule = rules(dev, f"tenant-{tenant.name}-admission")["granted-gpu-resources"]
         limits, requests = conditions(rule)
         assert limits["key"].startswith("{{ keys(element.resources.limits") and requests["key"].startswith("{{ keys(element.resources.requests")
+        assert (limits["operator"], requests["operator"]) == ("AnyNotIn", "AnyNotIn")  # an allow-list
         allowed = {r for r, n in gpu_ceiling(cfg, plan, tenant).resources.items() if n > 0}
-        assert set(limits["value"]) == set(requests["value"]) == advertised - allowed
-    forbidden = set(conditions(rules(dev, "tenant-partner-acme-admission")["granted-gpu-resources"])[0]["value"])
-    assert "nvidia.com/gpu" not in forbidden and {"nvidia.com/gpumem", "nvidia.com/mig-1g.10gb"} <= forbidden
+        assert set(limits["value"]) == set(requests["value"]) == allowed
+    granted = set(conditions(rules(dev, "tenant-partner-acme-admission")["granted-gpu-resources"])[0]["value"])
+    assert granted == {"nvidia.com/gpu"}
 
 
 def test_tenants_may_request_gpu_resources_they_can_only_borrow(raw):
@@ -112,12 +136,12 @@ def test_tenants_may_request_gpu_resources_they_can_only_borrow(raw):
         {"name": "ranker", "trust": "high", "trust_domain": "internal", "owners": {"groups": ["ranker-admins"]}, "gpus": [{"pool": "h100-train", "count": 4}]}
     )
     rendered = render(raw)
-    forbidden = set(conditions(rules(rendered, "tenant-ranker-admission")["granted-gpu-resources"])[0]["value"])
-    assert not {"nvidia.com/gpu", "nvidia.com/mig-1g.10gb", "nvidia.com/mig-3g.40gb"} & forbidden
-    assert {"nvidia.com/mig-2g.20gb", "nvidia.com/gpumem"} <= forbidden
+    granted = set(conditions(rules(rendered, "tenant-ranker-admission")["granted-gpu-resources"])[0]["value"])
+    assert {"nvidia.com/gpu", "nvidia.com/mig-1g.10gb", "nvidia.com/mig-3g.40gb"} <= granted
+    assert not {"nvidia.com/mig-2g.20gb", "nvidia.com/gpumem"} & granted
     raw["tenants"][-1]["borrowing"] = {"limit_percent": 0}
-    forbidden = set(conditions(rules(render(raw), "tenant-ranker-admission")["granted-gpu-resources"])[0]["value"])
-    assert "nvidia.com/mig-1g.10gb" in forbidden and "nvidia.com/gpu" not in forbidden
+    granted = set(conditions(rules(render(raw), "tenant-ranker-admission")["granted-gpu-resources"])[0]["value"])
+    assert "nvidia.com/mig-1g.10gb" not in granted and "nvidia.com/gpu" in granted
 
 
 def test_runtime_classes_follow_the_trust_level(dev, raw):
@@ -161,24 +185,10 @@ def test_removing_a_tenant_removes_only_its_admission_policy(dev, raw):
 
 
 def admits_tolerations(rule: dict, tolerations: list[dict]) -> bool:
-    """The rendered `placement-tolerations` rule applied to a pod's tolerations, reading every
-    expression it uses (and failing on any other)."""
-    (each,) = rule["validate"]["foreach"]
-    assert each["list"] == TOLERATIONS
-    (guard,) = each["preconditions"]["any"]
-    assert (guard["key"], guard["operator"]) == ("{{ element.key || '' }}", "AnyIn")
-    expressions = {
-        "{{ element.key || '' }}": lambda t: t.get("key") or "",
-        "{{ element.operator || 'Equal' }}": lambda t: t.get("operator") or "Equal",
-        "{{ element.key || '' }}={{ element.value || '' }}": lambda t: f"{t.get('key') or ''}={t.get('value') or ''}",
-    }
-    operators = {"NotEquals": lambda key, value: key != value, "AnyNotIn": lambda key, value: key not in value}
-    for toleration in tolerations:
-        if expressions[guard["key"]](toleration) not in guard["value"]:
-            continue
-        if any(operators[c["operator"]](expressions[c["key"]](toleration), c["value"]) for c in each["deny"]["conditions"]["any"]):
-            return False
-    return True
+    """The rendered `placement-tolerations` rule applied to a pod's tolerations (`tests/kyverno_engine.py`)."""
+    assert all(each["list"] == TOLERATIONS for each in rule["validate"]["foreach"])
+    request = Request({"kind": "Pod", "metadata": {"namespace": "t"}, "spec": {"containers": [], "tolerations": tolerations}})
+    return not validate_denies(rule["validate"], request, request.context())
 
 
 def test_tenants_may_tolerate_only_their_placement_taints(dev, dev_raw):
@@ -186,8 +196,8 @@ def test_tenants_may_tolerate_only_their_placement_taints(dev, dev_raw):
     plan = plan_for(cfg)
     for tenant in cfg.tenants:
         rule = rules(dev, f"tenant-{tenant.name}-admission")["placement-tolerations"]
-        assert rule["match"]["any"][0]["resources"] == {"kinds": ["Pod"], "namespaces": [f"tenant-{tenant.name}"]}
-        (each,) = rule["validate"]["foreach"]
+        assert rule["match"]["any"][0]["resources"] == {"kinds": OWN_PODS, "namespaces": [f"tenant-{tenant.name}"]}
+        each, others = rule["validate"]["foreach"]
         assert set(each["preconditions"]["any"][0]["value"]) == {"", *PLACEMENT_TAINT_KEYS}
         operator, pair = each["deny"]["conditions"]["any"]
         assert (operator["operator"], operator["value"]) == ("NotEquals", "Equal")
@@ -195,22 +205,23 @@ def test_tenants_may_tolerate_only_their_placement_taints(dev, dev_raw):
         whitelist = [t for t in allowed_tolerations(tenant_stack_args(cfg, plan, tenant, ())) if t not in NODE_LIFECYCLE_TOLERATIONS]
         assert pair["operator"] == "AnyNotIn" and pair["value"] == [f"{t['key']}={t['value']}" for t in whitelist]
         assert whitelist and {t["key"] for t in whitelist} <= set(PLACEMENT_TAINT_KEYS)
+        # Every other taint: only the node-lifecycle ones, NoExecute, for bounded seconds.
+        assert others["preconditions"]["all"] == [{"key": "{{ element.key || '' }}", "operator": "AnyNotIn", "value": ["", *PLACEMENT_TAINT_KEYS]}]
+        key, operator, effect, seconds = others["deny"]["conditions"]["any"]
+        assert (key["operator"], key["value"]) == ("AnyNotIn", list(STANDARD_TOLERATION_KEYS))
+        assert (operator["value"], effect["value"], seconds["operator"], seconds["value"]) == ("Exists", "NoExecute", "GreaterThan", MAX_TOLERATION_SECONDS)
     acme = rules(dev, "tenant-partner-acme-admission")["placement-tolerations"]
     assert acme["validate"]["foreach"][0]["deny"]["conditions"]["any"][1]["value"] == [f"{DEDICATED_LABEL}=partner-acme"]
 
 
-def test_foreign_wildcard_and_empty_key_tolerations_are_denied(dev):
+def test_foreign_wildcard_empty_key_and_unlisted_tolerations_are_denied(dev):
     acme, search = (rules(dev, f"tenant-{t}-admission")["placement-tolerations"] for t in ("partner-acme", "search"))
     own = {"key": DEDICATED_LABEL, "operator": "Equal", "value": "partner-acme", "effect": "NoSchedule"}
-    ordinary = [
-        *NODE_LIFECYCLE_TOLERATIONS,
-        {"key": "node.kubernetes.io/memory-pressure", "operator": "Exists", "effect": "NoSchedule"},
-        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
-    ]
+    lifecycle = [{**t, "tolerationSeconds": MAX_TOLERATION_SECONDS} for t in NODE_LIFECYCLE_TOLERATIONS]
     assert admits_tolerations(acme, [])
-    assert admits_tolerations(acme, [own, *ordinary])
-    assert admits_tolerations(search, [{"key": "ai-factory.io/trust-domain", "value": "internal", "effect": "NoSchedule"}, *ordinary])
-    for foreign in (
+    assert admits_tolerations(acme, [own, *lifecycle])
+    assert admits_tolerations(search, [{"key": "ai-factory.io/trust-domain", "value": "internal", "effect": "NoSchedule"}, *lifecycle])
+    for refused in (
         {"key": "ai-factory.io/trust-domain", "operator": "Equal", "value": "internal", "effect": "NoSchedule"},
         {"key": "ai-factory.io/trust-domain", "operator": "Equal", "value": "unassigned", "effect": "NoSchedule"},
         {"key": DEDICATED_LABEL, "operator": "Equal", "value": "someone-else"},
@@ -218,14 +229,19 @@ def test_foreign_wildcard_and_empty_key_tolerations_are_denied(dev):
         {"key": "ai-factory.io/trust-domain", "operator": "Exists", "effect": "NoSchedule"},
         {"operator": "Exists"},
         {"key": "", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "node.kubernetes.io/memory-pressure", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"},
+        {**NODE_LIFECYCLE_TOLERATIONS[0]},  # for ever
+        {**NODE_LIFECYCLE_TOLERATIONS[1], "tolerationSeconds": MAX_TOLERATION_SECONDS + 1},
     ):
-        assert not admits_tolerations(acme, [own, foreign]), foreign
+        assert not admits_tolerations(acme, [own, refused]), refused
     assert not admits_tolerations(search, [own])  # another tenant's dedicated nodes
 
 
 def test_only_low_trust_tenants_must_select_their_dedicated_nodes(dev):
     rule = rules(dev, "tenant-partner-acme-admission")["dedicated-nodes"]
-    assert rule["match"]["any"][0]["resources"] == {"kinds": ["Pod"], "namespaces": ["tenant-partner-acme"]}
+    assert rule["match"]["any"][0]["resources"] == {"kinds": OWN_PODS, "namespaces": ["tenant-partner-acme"]}
     (condition,) = rule["validate"]["deny"]["conditions"]["any"]
     assert condition == {"key": DEDICATED_SELECTOR, "operator": "NotEquals", "value": "partner-acme"}
     assert condition["key"] == "{{ request.object.spec.nodeSelector.\"ai-factory.io/dedicated\" || '' }}"

@@ -270,3 +270,35 @@ def test_jobs_survive_a_restart_of_the_service_and_unfinished_ones_are_marked_fa
     interrupted = restarted.get(f"/v1/jobs/{'0' * 32}", headers=owner).json()
     assert (interrupted["state"], interrupted["error"]) == ("failed", "the tenant API service stopped while it was running")
     assert restarted.get(location, headers={"Authorization": f"Bearer {issuer.token(['speech-admins'], sub='user-2')}"}).status_code == 404
+
+
+@pytest.mark.parametrize(
+    "case, method, path, body, status",
+    [
+        ("tenant name over the stack-name bound", "get", f"{TENANTS}/{'a' * 41}", None, 422),
+        ("tenant name of 10,000 characters", "delete", f"{TENANTS}/{'a' * 10_000}", None, 422),
+        ("environment name over the bound", "get", f"/v1/environments/{'e' * 41}/tenants", None, 422),
+        ("job id that is no job id", "get", f"/v1/jobs/{'x' * 5000}", None, 422),
+        ("body tenant name over the bound", "post", TENANTS, {"name": "v" * 50}, 422),
+        ("200,000 owner groups", "post", TENANTS, {"owners": {"groups": ["g"] * 200_000}}, 413),
+        ("101 owner groups", "post", TENANTS, {"owners": {"groups": [f"g{i}" for i in range(101)]}}, 422),
+    ],
+)
+def test_oversized_requests_are_refused_with_a_4xx(service, case, method, path, body, status):
+    now = len(service.cli.calls)
+    kwargs = {"json": tenant(**body)} if body is not None else {}
+    response = getattr(service.client, method)(path, headers=service.auth("platform-admins"), **kwargs)
+    assert response.status_code == status, (case, response.text)
+    assert len(service.cli.calls) == now
+
+
+def test_a_streamed_body_over_the_bound_is_refused_before_it_is_read_whole(service):
+    chunks = (b"x" * 1024 for _ in range(200))
+    response = service.client.post(TENANTS, content=chunks, headers={**service.auth("platform-admins"), "Content-Type": "application/json"})
+    assert response.status_code == 413
+
+
+def test_an_overlong_token_is_refused_unread(service):
+    response = service.client.get(TENANTS, headers={"Authorization": f"Bearer {'a' * 9000}"})
+    assert response.status_code == 401
+    assert "exceeds" in response.json()["detail"]

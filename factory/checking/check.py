@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Callable, Iterable
 
 from ai_factory.components.registry import checks_for
-from ai_factory.factory.checking import isolation
+from ai_factory.factory.checking import hardening, isolation
 from ai_factory.factory.checking import policies as policy_check
 from ai_factory.factory.checking.findings import Finding
 from ai_factory.factory.checking.oracles import Oracles, is_core_api
@@ -62,11 +62,17 @@ def unchecked_values(rendered: Rendered, oracles: Oracles) -> list[str]:
     return sorted(r.manifest.ref for r in releases_of(rendered)[0] if not oracles.knows_values(r.pin.oracle_dir))
 
 
+def rendered_files(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
+    """Every rendered file `load_rendered` could not read as Kubernetes objects, by file name."""
+    for path, problem in rendered.unreadable:
+        yield Finding("rendered-files", path, problem)
+
+
 def _tenants(m: Manifest) -> tuple[str, ...]:
     return (m.tenant,) if m.tenant else ()
 
 
-CHECKS: list[Check] = [schema, helm_values, *isolation.CHECKS, policy_check.policies]
+CHECKS: list[Check] = [rendered_files, schema, helm_values, *isolation.CHECKS, *hardening.CHECKS, policy_check.policies]
 
 
 def checks(rendered: Rendered) -> list[Check]:
@@ -75,4 +81,6 @@ def checks(rendered: Rendered) -> list[Check]:
 
 
 def run_checks(rendered: Rendered, oracles: Oracles) -> list[Finding]:
-    return sorted({f for check in checks(rendered) for f in check(rendered, oracles)})
+    # Every check guarded as the isolation checks are: an object malformed in a way no check
+    # expected ends that check with a finding, never `factory check` with a traceback.
+    return sorted({f for check in checks(rendered) for f in isolation.guarded(check)(rendered, oracles)})

@@ -445,6 +445,8 @@ def _pod_problems(spec: Mapping[str, Any], namespace: str | None, config_maps: M
     for c in _containers(spec):
         name = c.get("name")
         variables = [e.get("name", "") for e in c.get("env") or []]
+        if c.get("envFrom"):
+            yield f"container {name} imports variables with envFrom, which admission refuses (a ConfigMap or Secret could set GPU escape variables)"
         for source in c.get("envFrom") or []:
             ref = (source.get("configMapRef") or {}).get("name")
             variables += [f"{source.get('prefix', '')}{key}" for key in config_maps.get((namespace, ref), {})]
@@ -981,7 +983,7 @@ def tenant_protection(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]
 Check = Callable[[Rendered, Oracles], Iterable[Finding]]
 
 
-def _guarded(check: Check) -> Check:
+def guarded(check: Check) -> Check:
     """A malformed object (which the schema check reports) ends one analysis with a finding, not
     `factory check` with a traceback."""
     name = check.__name__.replace("_", "-")
@@ -997,7 +999,7 @@ def _guarded(check: Check) -> Check:
 
 
 CHECKS: list[Check] = [
-    _guarded(check)
+    guarded(check)
     for check in (
         tenant_labels,
         rbac_subjects,

@@ -44,7 +44,7 @@ from ai_factory.factory.model.loading import project_dir
 from ai_factory.factory.checking.oracles import Oracles
 from ai_factory.factory.rendering.bundle import Manifest, Rendered
 from ai_factory.policies.aif_policies import PACK_NAME, POLICIES
-from ai_factory.policies.aif_policies.kube import HELM_RELEASE
+from ai_factory.policies.aif_policies.kube import HELM_RELEASE, as_map
 
 POLICY_DIR = "policies"
 """The pack's folder in the user's project, holding `config.<stack>.json`."""
@@ -112,15 +112,21 @@ def _resource_types(obj: Mapping[str, Any]) -> tuple[str, str]:
 
 
 def _release_props(release: Manifest, sources: dict[tuple[str | None, str], Mapping[str, Any]]) -> dict[str, Any]:
-    """The `helm.v3.Release` inputs a Flux HelmRelease was rendered from."""
-    spec = release.obj.get("spec") or {}
-    props: dict[str, Any] = {"name": spec.get("releaseName") or release.name, "namespace": release.namespace, "values": spec.get("values") or {}}
+    """The `helm.v3.Release` inputs a Flux HelmRelease was rendered from (malformed parts, which the
+    schema check reports, read as absent)."""
+    spec = as_map(release.obj.get("spec"))
+    props: dict[str, Any] = {"name": spec.get("releaseName") or release.name, "namespace": release.namespace, "values": as_map(spec.get("values"))}
+
+    def source_of(reference: Any) -> Mapping[str, Any]:
+        name = as_map(reference).get("name")
+        return as_map(as_map(sources.get((release.namespace, name)) if isinstance(name, str) else None).get("spec"))
+
     if "chartRef" in spec:
-        source = (sources.get((release.namespace, spec["chartRef"].get("name"))) or {}).get("spec") or {}
-        props.update(chart=source.get("url", ""), version=(source.get("ref") or {}).get("tag", ""))
+        source = source_of(spec["chartRef"])
+        props.update(chart=source.get("url", ""), version=as_map(source.get("ref")).get("tag", ""))
     else:
-        chart = (spec.get("chart") or {}).get("spec") or {}
-        source = (sources.get((release.namespace, (chart.get("sourceRef") or {}).get("name"))) or {}).get("spec") or {}
+        chart = as_map(as_map(spec.get("chart")).get("spec"))
+        source = source_of(chart.get("sourceRef"))
         props.update(chart=chart.get("chart", ""), version=chart.get("version", ""), repositoryOpts={"repo": source.get("url", "")})
     return props
 

@@ -75,6 +75,9 @@ class Rendered:
     manifests: list[Manifest]
     inventory: list[dict[str, Any]]
     graph: Graph | None = field(default=None, repr=False)
+    unreadable: list[tuple[str, str]] = field(default_factory=list)
+    """(file, problem) of every rendered file `load_rendered` could not read as objects: `factory
+    check` reports each as a finding instead of stopping."""
 
     def files(self) -> dict[str, str]:
         files = {m.path: dump_yaml(m.obj) for m in self.manifests}
@@ -283,15 +286,64 @@ def inventory_entry(resource: Resource) -> dict[str, Any]:
 # --------------------------------------------------------------------------- reading a rendered tree
 
 
+SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+"""libyaml's safe loader where PyYAML was built with it (ten times faster on a large bundle)."""
+
+
 def load_rendered(directory: Path) -> Rendered:
-    """A rendered directory back into objects, for `factory check <dir>`."""
+    """A rendered directory back into objects, for `factory check <dir>`. A file that is not YAML,
+    or a document that is not an object with mapping metadata, is recorded in `unreadable` (and
+    left out), so that one bad file is a finding, not a traceback."""
+    unreadable: list[tuple[str, str]] = []
     inventory_path = directory / "inventory.json"
-    inventory = json.loads(inventory_path.read_text()) if inventory_path.is_file() else {"resources": []}
+    inventory: Any = {"resources": []}
+    if inventory_path.is_file():
+        try:
+            inventory = json.loads(inventory_path.read_text())
+        except (ValueError, UnicodeDecodeError) as err:
+            unreadable.append(("inventory.json", f"is not JSON ({err})"))
+    resources = inventory.get("resources") if isinstance(inventory, dict) else None
+    if not isinstance(resources, list) or not all(isinstance(e, dict) for e in resources):
+        unreadable.append(("inventory.json", "is not an object whose 'resources' is a list of objects"))
+        inventory, resources = {}, []
     manifests = []
     for path in sorted((directory / "manifests").rglob("*.yaml")):
+        relative = str(path.relative_to(directory))
         layer = path.relative_to(directory / "manifests").parts[0]
-        for obj in yaml.safe_load_all(path.read_text()):
-            if obj:
-                tenant = ((obj.get("metadata") or {}).get("labels") or {}).get("ai-factory.io/tenant")
-                manifests.append(Manifest(obj, layer, tenant, str(path.relative_to(directory))))
-    return Rendered(None, inventory.get("kubernetesVersion", "1.34"), manifests, inventory["resources"])
+        try:
+            documents = list(yaml.load_all(path.read_text(), Loader=SAFE_LOADER))
+        except (yaml.YAMLError, UnicodeDecodeError) as err:
+            unreadable.append((relative, f"is not YAML ({str(err).splitlines()[0]})"))
+            continue
+        for index, obj in enumerate(documents):
+            if obj is None:
+                continue
+            problem = _not_an_object(obj)
+            if problem:
+                unreadable.append((relative, f"document {index + 1} {problem}"))
+                continue
+            tenant = ((obj.get("metadata") or {}).get("labels") or {}).get("ai-factory.io/tenant")
+            manifests.append(Manifest(obj, layer, tenant, relative))
+    version = inventory.get("kubernetesVersion", "1.34") if isinstance(inventory, dict) else "1.34"
+    return Rendered(None, str(version), manifests, resources, unreadable=unreadable)
+
+
+def _yaml_type(value: Any) -> str:
+    return {list: "a list", str: "a string", bool: "a boolean", int: "a number", float: "a number"}.get(type(value), type(value).__name__)
+
+
+def _not_an_object(obj: Any) -> str | None:
+    """Why a YAML document cannot be read as a Kubernetes object, None when it can."""
+    if not isinstance(obj, dict):
+        return f"is {_yaml_type(obj)}, not a Kubernetes object (a mapping)"
+    metadata = obj.get("metadata")
+    if metadata is not None and not isinstance(metadata, dict):
+        return f"has metadata that is {_yaml_type(metadata)}, not a mapping"
+    if not all(isinstance(obj.get(key, ""), str) for key in ("apiVersion", "kind")):
+        return "has an apiVersion or kind that is not a string"
+    for key in ("name", "namespace"):
+        if not isinstance((metadata or {}).get(key, ""), str):
+            return f"has a metadata.{key} that is not a string"
+    if not isinstance((metadata or {}).get("labels") or {}, dict):
+        return "has metadata.labels that are not a mapping"
+    return None

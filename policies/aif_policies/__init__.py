@@ -5,8 +5,17 @@ analyzer server (only `PolicyPack(...)` does that, in `policies/__main__.py`).
 "Policies" section lists them.
 """
 
-from ai_factory.policies.aif_policies import gpu, reliability, security, tenancy
+from ai_factory.policies.aif_policies import admission, gpu, network, reliability, secret_stores, security, tenancy, workloads
 
 PACK_NAME = "ai-factory-guardrails"
 
-POLICIES = [*tenancy.POLICIES, *gpu.POLICIES, *security.POLICIES, *reliability.POLICIES]
+POLICIES = [
+    *tenancy.POLICIES,
+    *gpu.POLICIES,
+    *security.POLICIES,
+    *reliability.POLICIES,
+    *workloads.POLICIES,
+    *network.POLICIES,
+    *secret_stores.POLICIES,
+    *admission.POLICIES,
+]

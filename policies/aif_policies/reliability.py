@@ -26,15 +26,49 @@ STATEFUL_KINDS = {
     "CustomResourceDefinition": "apiextensions.k8s.io",
     "Cluster": "postgresql.cnpg.io",
 }
+STATEFUL_TYPES = {
+    # Pulumi resource type: the state it holds. Review any addition.
+    "vault:index/mount:Mount": "an OpenBao secrets engine (deleting it deletes every secret in it)",
+}
 STATEFUL_CHARTS = {
     # chart name: the state it holds. Review any addition.
     "openbao": "OpenBao's integrated Raft storage (every tenant's secrets)",
     "postgresql": "a PostgreSQL database",
 }
+CREDENTIAL_SECRETS = {
+    # chart name: (values path of the Secret holding the credentials of its external state, what it opens).
+    # Losing it locks the chart out of its own data. Review any addition.
+    "keycloakx": ("database.existingSecret", "Keycloak's database credentials"),
+}
 
 
-def _stateful(resource: PolicyResource) -> str | None:
+def _value(values: Mapping[str, Any], path: str) -> Any:
+    node: Any = values
+    for part in path.split("."):
+        node = as_map(node).get(part)
+    return node
+
+
+def credential_secrets(resources: Sequence[PolicyResource]) -> dict[tuple[str, str], str]:
+    """(namespace, name) -> what it opens, of every Secret a chart keeps its state's credentials in."""
+    found = {}
+    for resource in resources:
+        if resource.resource_type in HELM_TYPES:
+            chart = helm_chart(resource.resource_type, resource.props)
+            path, what = CREDENTIAL_SECRETS.get(chart.chart_name, (None, None))
+            name = _value(chart.values, path) if path else None
+            if name:
+                found[(chart.namespace, str(name))] = what
+    return found
+
+
+def _stateful(resource: PolicyResource, credentials: Mapping[tuple[str, str], str]) -> str | None:
     """What state a resource holds, None if it holds none."""
+    if resource.resource_type == "kubernetes:core/v1:Secret":
+        metadata = as_map(as_map(resource.props).get("metadata"))
+        return credentials.get((str(metadata.get("namespace") or ""), str(metadata.get("name") or "")))
+    if resource.resource_type in STATEFUL_TYPES:
+        return STATEFUL_TYPES[resource.resource_type]
     if resource.resource_type in HELM_TYPES:
         chart = helm_chart(resource.resource_type, resource.props)
         return STATEFUL_CHARTS.get(chart.chart_name)
@@ -79,8 +113,9 @@ def check_stateful_resources_protected(resources: Sequence[PolicyResource], conf
     classes = {sc.name: sc for sc in cluster.of("StorageClass")}
     holders: dict[str, str] = {}
     used_classes: dict[str, str] = {}
+    credentials = credential_secrets(resources)
     for resource in resources:
-        state = _stateful(resource)
+        state = _stateful(resource, credentials)
         if state is None:
             continue
         name = describe(resource.resource_type, resource.props, resource.name)
@@ -109,6 +144,48 @@ def check_stateful_resources_protected(resources: Sequence[PolicyResource], conf
                 f"StorageClass {storage_class} (used by {user}) has reclaimPolicy {sc.props.get('reclaimPolicy') or 'Delete'}: "
                 "volumes of stateful parts must outlive their claims; set reclaimPolicy: Retain."
             )
+
+
+# --------------------------------------------------------------------------- stateful-high-availability
+
+MIN_REPLICAS = {
+    # chart name: (values path, fewest replicas, why). A quorum of 3 survives one loss; 2 survive one restart.
+    "openbao": ("server.ha.replicas", 3, "its Raft quorum survives the loss of one member only with 3"),
+    "keycloakx": ("replicas", 2, "one replica makes every login wait for its restart"),
+}
+REQUIRED_VALUES = {
+    # chart name: (values path, required value, what it keeps).
+    "openbao": (
+        ("server.ha.enabled", True, "high availability (Raft across replicas)"),
+        ("server.ha.disruptionBudget.enabled", True, "its disruption budget (a drain never takes the quorum)"),
+        ("server.dataStorage.enabled", True, "its data volume"),
+    ),
+}
+KEPT_ON_DELETE = {
+    # chart name: values path of the StatefulSet's persistentVolumeClaimRetentionPolicy.
+    "openbao": "server.persistentVolumeClaimRetentionPolicy",
+}
+
+
+def check_stateful_high_availability(resource_type: str, props: Mapping[str, Any], config: Mapping[str, Any]) -> Iterator[str]:
+    if resource_type not in HELM_TYPES:
+        return
+    chart = helm_chart(resource_type, props)
+    name = describe(resource_type, props)
+    if chart.chart_name in MIN_REPLICAS:
+        path, fewest, why = MIN_REPLICAS[chart.chart_name]
+        replicas = _value(chart.values, path)
+        if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < fewest:
+            yield f"{name}: {path} is {replicas!r}, fewer than {fewest}: {why}."
+    for path, required, what in REQUIRED_VALUES.get(chart.chart_name, ()):
+        if _value(chart.values, path) != required:
+            yield f"{name}: {path} is {_value(chart.values, path)!r}, not {required!r}: it keeps {what}."
+    retention_path = KEPT_ON_DELETE.get(chart.chart_name)
+    if retention_path:
+        retention = as_map(_value(chart.values, retention_path))
+        for when in ("whenDeleted", "whenScaled"):
+            if retention.get(when) != "Retain":
+                yield f"{name}: {retention_path}.{when} is {retention.get(when)!r}: its volumes must be retained (Retain), or deleting or scaling the StatefulSet deletes the data."
 
 
 # --------------------------------------------------------------------------- charts-pinned
@@ -152,6 +229,11 @@ POLICIES = [
         "stateful-resources-protected",
         "Stateful resources and their namespaces are protected and retained on delete; their StorageClasses retain volumes.",
         check_stateful_resources_protected,
+    ),
+    resource_policy(
+        "stateful-high-availability",
+        "OpenBao runs 3 Raft replicas with its disruption budget and keeps its volumes; Keycloak runs at least 2 replicas.",
+        check_stateful_high_availability,
     ),
     resource_policy(
         "charts-pinned",

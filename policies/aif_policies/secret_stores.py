@@ -1,0 +1,87 @@
+"""Secret delivery stays per tenant: a tenant's `SecretStore` logs in to OpenBao with that
+tenant's role (the role of its namespace, `components.external_secrets`), with a service account
+of its own namespace; no `ClusterExternalSecret` copies a secret into more than one tenant's
+namespaces; and the External Secrets Operator keeps its cluster-wide kinds off.
+
+References: shared/reference/security-and-reliability.md (section 6.3; check 41 of its last section).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Iterator
+
+from pulumi_policy import PolicyResource
+
+from ai_factory.components.external_secrets import CLUSTER_WIDE_KINDS
+from ai_factory.policies.aif_policies.core import Violation, stack_policy
+from ai_factory.policies.aif_policies.kube import Cluster, as_list, as_map, chart_named, selects
+
+
+def selected_tenants(cluster: Cluster, spec: Mapping[str, Any]) -> set[str]:
+    """The tenants whose namespaces a `ClusterExternalSecret` writes to (its namespace list and
+    label selectors, the deprecated single selector included)."""
+    selectors = [as_map(s) for s in as_list(spec.get("namespaceSelectors"))]
+    if "namespaceSelector" in spec:
+        selectors.append(as_map(spec.get("namespaceSelector")))
+    names = {str(n) for n in as_list(spec.get("namespaces"))}
+    chosen = {ns for ns, labels in cluster.namespace_labels.items() if ns in names or any(selects(s, {**labels, "kubernetes.io/metadata.name": ns}) for s in selectors)}
+    return {cluster.namespace_tenant[ns] for ns in chosen if ns in cluster.namespace_tenant}
+
+
+def check_tenant_secret_stores_scoped(resources: Sequence[PolicyResource], config: Mapping[str, Any]) -> Iterator[Violation]:
+    cluster = Cluster(resources)
+    for copier in cluster.of("ClusterExternalSecret"):
+        tenants = sorted(selected_tenants(cluster, copier.spec))
+        if len(tenants) > 1:
+            yield copier.resource, (
+                f"{copier.describe()} writes its secret into the namespaces of tenants {', '.join(tenants)}: one tenant's "
+                "secret reaches another; deliver secrets with each tenant's own SecretStore and ExternalSecret."
+            )
+    for store in cluster.of("ClusterSecretStore"):
+        yield store.resource, f"{store.describe()} is a cluster-wide store: any namespace's ExternalSecret can read through it; tenants have SecretStores of their own."
+    for external in cluster.of("ExternalSecret"):
+        tenant = cluster.tenant_of_namespace(external.namespace)
+        if tenant is None:
+            continue
+        ref = as_map(external.spec.get("secretStoreRef"))
+        if ref.get("kind", "SecretStore") != "SecretStore":
+            yield external.resource, f"{external.describe()} of tenant {tenant.name} reads through a {ref.get('kind')}, not its namespace's SecretStore."
+        prefix = f"tenants/{tenant.name}/"
+        keys = [as_map(as_map(d).get("remoteRef")).get("key") for d in as_list(external.spec.get("data"))]
+        keys += [as_map(as_map(d).get("extract")).get("key") for d in as_list(external.spec.get("dataFrom"))]
+        for key in sorted({str(k) for k in keys if k is not None and not str(k).startswith(prefix)}):
+            yield external.resource, f"{external.describe()} of tenant {tenant.name} reads {key}, outside its prefix {prefix} in OpenBao."
+    for store in cluster.of("SecretStore"):
+        tenant = cluster.tenant_of_namespace(store.namespace)
+        if tenant is None:
+            continue
+        kubernetes = as_map(as_map(as_map(as_map(store.spec.get("provider")).get("vault")).get("auth")).get("kubernetes"))
+        role = kubernetes.get("role")
+        if role != store.namespace:
+            yield store.resource, (
+                f"{store.describe()} of tenant {tenant.name} logs in to OpenBao as role {role!r}, not its own ({store.namespace}): "
+                "it would read what that role may read."
+            )
+        account_namespace = as_map(kubernetes.get("serviceAccountRef")).get("namespace")
+        if account_namespace not in (None, store.namespace):
+            yield store.resource, f"{store.describe()} of tenant {tenant.name} logs in with a service account of namespace {account_namespace}."
+    for release, chart in chart_named(resources, "external-secrets"):
+        values = chart.values
+        switched_on = [key for key in ("processClusterStore", "processClusterExternalSecret") if values.get(key) is not False]
+        switched_on += [f"crds.create{kind}" for kind in CLUSTER_WIDE_KINDS if as_map(values.get("crds")).get(f"create{kind}") is not False]
+        if switched_on:
+            yield release, (
+                f"Helm release {chart.namespace}/{chart.name} (External Secrets) turns on {', '.join(switched_on)}: cluster-wide "
+                "stores and copies reach every tenant's namespace; keep them off."
+            )
+
+
+POLICIES = [
+    stack_policy(
+        "tenant-secret-stores-scoped",
+        "Each tenant's SecretStore uses its own OpenBao role and service account; no ClusterExternalSecret spans "
+        "tenants; the External Secrets Operator serves no cluster-wide kind.",
+        check_tenant_secret_stores_scoped,
+    ),
+]

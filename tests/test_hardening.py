@@ -1,0 +1,101 @@
+"""The hardening checks (issue 21), table-driven over the mutation benchmark's rows: each row
+injects one violation into a copy of the dev render, written and read back as `ai-factory check
+<dir>` reads it, and the named check must flag it; each control edits the render harmlessly and
+nothing may be flagged. The oracle checks (schema, Helm values) are left out: they take most of
+the time and none of these rows is theirs."""
+
+from __future__ import annotations
+
+import copy
+
+import pulumi_kubernetes as k8s
+import pytest
+
+from ai_factory.factory.checking import check
+from ai_factory.factory.checking.findings import Finding
+from ai_factory.factory.checking.isolation import guarded
+from ai_factory.factory.rendering.bundle import load_rendered
+from ai_factory.policies.aif_policies.network import cidr_problem, fqdn_problem
+from ai_factory.policies.aif_policies.workloads import covers
+from benchmarks.violations import CONTROLS, MUTATIONS, Bundle, dev_bundle
+from tests.conftest import one
+from tests.policy_stacks import stack, violations
+
+SLOW = {"schema", "helm_values"}
+
+
+@pytest.fixture(scope="module")
+def base() -> Bundle:
+    return dev_bundle()
+
+
+def fast_findings(base: Bundle, mutate, tmp_path) -> list[Finding]:
+    bundle = copy.deepcopy(base)
+    mutate(bundle)
+    bundle.write(tmp_path)
+    rendered = load_rendered(tmp_path)
+    return sorted({f for c in check.checks(rendered) if getattr(c, "__name__", "") not in SLOW for f in guarded(c)(rendered, None)})
+
+
+def test_the_dev_render_passes_the_fast_checks(base, tmp_path):
+    assert fast_findings(base, lambda b: None, tmp_path) == []
+
+
+@pytest.mark.parametrize("family, what, expected, mutate", MUTATIONS, ids=[f"{m[0]}: {m[1]}" for m in MUTATIONS])
+def test_flags_the_injected_violation(base, tmp_path, family, what, expected, mutate):
+    found = fast_findings(base, mutate, tmp_path)
+    assert any(f.check == expected for f in found), [str(f) for f in found]
+
+
+@pytest.mark.parametrize("what, mutate", CONTROLS, ids=[c[0] for c in CONTROLS])
+def test_accepts_the_harmless_edit(base, tmp_path, what, mutate):
+    assert [str(f) for f in fast_findings(base, mutate, tmp_path)] == []
+
+
+@pytest.mark.parametrize(
+    "cidr, flagged",
+    [("0.0.0.0/0", True), ("::/0", True), ("10.1.0.0/16", True), ("172.20.0.0/16", True), ("100.64.0.1/32", True),
+     ("fd00::/8", True), ("0.0.0.0/1", True), ("nonsense", True), ("203.0.113.0/24", False), ("8.8.8.8/32", False), ("2001:db8::/32", False)],
+)
+def test_egress_address_blocks(cidr, flagged):
+    assert (cidr_problem(cidr) is not None) is flagged
+
+
+@pytest.mark.parametrize(
+    "pattern, flagged",
+    [("*", True), ("*.*", True), ("*.com", True), ("example.*", True), ("api.*.com", True),
+     ("*.example.com", False), ("api.example.com", False), ("*.models.example.org", False)],
+)
+def test_egress_dns_patterns(pattern, flagged):
+    assert (fqdn_problem(pattern) is not None) is flagged
+
+
+@pytest.mark.parametrize(
+    "allowed, toleration, covered",
+    [
+        ({"key": "k", "operator": "Equal", "value": "a", "effect": "NoSchedule"}, {"key": "k", "operator": "Equal", "value": "a", "effect": "NoSchedule"}, True),
+        ({"key": "k", "operator": "Equal", "value": "a", "effect": "NoSchedule"}, {"key": "k", "value": "a", "effect": "NoSchedule"}, True),
+        ({"key": "k", "operator": "Equal", "value": "a", "effect": "NoSchedule"}, {"key": "k", "operator": "Exists", "effect": "NoSchedule"}, False),
+        ({"key": "k", "operator": "Equal", "value": "a", "effect": "NoSchedule"}, {"key": "k", "operator": "Equal", "value": "b", "effect": "NoSchedule"}, False),
+        ({"key": "k", "operator": "Equal", "value": "a", "effect": "NoSchedule"}, {"key": "k", "operator": "Equal", "value": "a"}, False),
+        ({"key": "k", "operator": "Exists", "effect": "NoExecute"}, {"key": "k", "operator": "Exists", "effect": "NoExecute"}, True),
+        ({"key": "k", "operator": "Exists", "effect": "NoExecute"}, {"key": "other", "operator": "Exists", "effect": "NoExecute"}, False),
+    ],
+)
+def test_a_whitelist_entry_covers_only_its_subsets(allowed, toleration, covered):
+    assert covers(allowed, toleration) is covered
+
+
+def test_a_tenant_stack_holding_only_its_namespace_and_policy_passes_the_admission_check(dev):
+    namespace, policy = one(dev, "Namespace", "tenant-search"), one(dev, "ClusterPolicy", "tenant-search-admission")
+
+    def tenant_stack() -> None:
+        k8s.core.v1.Namespace("namespace", metadata=namespace["metadata"])
+        k8s.apiextensions.CustomResource("admission", api_version="kyverno.io/v1", kind="ClusterPolicy", metadata=policy["metadata"], spec=policy["spec"])
+
+    assert violations(stack(tenant_stack), "admission-policies-enforced") == {}
+
+    def without_its_policy() -> None:
+        k8s.core.v1.Namespace("namespace", metadata=namespace["metadata"])
+
+    assert list(violations(stack(without_its_policy), "admission-policies-enforced")) == ["kubernetes:core/v1:Namespace::namespace"]
