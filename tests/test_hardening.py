@@ -99,3 +99,14 @@ def test_a_tenant_stack_holding_only_its_namespace_and_policy_passes_the_admissi
         k8s.core.v1.Namespace("namespace", metadata=namespace["metadata"])
 
     assert list(violations(stack(without_its_policy), "admission-policies-enforced")) == ["kubernetes:core/v1:Namespace::namespace"]
+
+
+def test_a_secret_a_chart_makes_at_install_is_not_a_secret_written_in_the_bundle():
+    from ai_factory.factory.checking.hardening import bundle_secrets
+    from ai_factory.factory.rendering.bundle import Manifest, Rendered
+    from ai_factory.factory.rendering.charts import CHART_ORIGIN
+
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "hubble-server-certs", "namespace": "kube-system"}, "data": {"tls.key": "LS0t"}}
+    chart_made = Manifest(secret, "cilium", None, f"{CHART_ORIGIN}cilium-1.20.0:kube-system/cilium")
+    written = Manifest(secret, "cilium", None, "kubernetes:core/v1:Secret::ai-factory-cilium-certs")
+    assert [f.check for f in bundle_secrets(Rendered(None, "1.34", [chart_made, written], []), None)] == ["bundle-secrets"]

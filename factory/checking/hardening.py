@@ -17,12 +17,15 @@ from ai_factory.factory.checking.findings import Finding
 from ai_factory.factory.checking.oracles import Oracles
 from ai_factory.factory.model.secrets import REDACTED
 from ai_factory.factory.rendering.bundle import Rendered
+from ai_factory.factory.rendering.charts import CHART_ORIGIN
 
 
 def bundle_secrets(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
     for m in rendered.manifests:
         if m.kind != "Secret" or m.obj.get("apiVersion") != "v1":
             continue
+        if m.origin.startswith(CHART_ORIGIN):
+            continue  # made by the chart at install time (its own certificates), not written in the bundle
         for field in ("data", "stringData"):
             values = m.obj.get(field)
             literal = sorted(str(k) for k, v in values.items() if v != REDACTED) if isinstance(values, Mapping) else []
