@@ -112,8 +112,8 @@ def _render(env: str, out: Path, quiet: bool) -> int:
 
     started = time.perf_counter()
     with Steps(quiet) as steps:
-        rendered = render_env(env, on_resource=steps.step(f"rendering {env}: resources"))
-        rendered.write(out, on_file=steps.step(f"writing {out}/: files", total=len(rendered.manifests) + 1))
+        rendered = render_env(env, on_resource=steps.step("rendering: resources"))
+        rendered.write(out, on_file=steps.step("writing: files", total=len(rendered.manifests) + 1))
     print(f"rendered {env} in {time.perf_counter() - started:.2f}s to {out}/")
     print(rendered.summary())
     return 0
@@ -132,13 +132,13 @@ def _plan(args: argparse.Namespace, out: Path) -> int:
     path = stack_file(args.env)
     project_dir, stack = path.resolve().parent, stack_name(path)
     with Steps(args.quiet) as steps:
-        steps.step(f"planning {args.env}")
+        steps.step("planning")
         cfg = load_stack_file(args.env)
         plan = plan_for(cfg, previous_plan(stack, project_dir))
         if args.map is not None:
             from ai_factory.factory.planning.gpumap import draw_map
 
-            steps.step(f"drawing {args.map}")
+            steps.step("drawing the map")
             args.map.parent.mkdir(parents=True, exist_ok=True)
             draw_map(plan, args.map)
     text = plan.to_json() + "\n"

@@ -39,13 +39,20 @@ class Steps:
         return self
 
     def __exit__(self, *exc) -> None:
+        self._finish()
         self._progress.stop()
 
     def step(self, description: str, total: int | None = None) -> Advance:
         """Start a step (ending the previous one) and return its `advance`."""
+        self._finish()
+        task = self._progress.add_task(description, total=total)
+        self._current = task
+        self._progress.refresh()  # a step shorter than the refresh period still shows
+        return lambda: self._progress.advance(task)
+
+    def _finish(self) -> None:
+        """The current step is done: what it counted is its total."""
         for task in self._progress.tasks:
             if task.id == self._current:
                 self._progress.update(task.id, total=task.completed)
-        task = self._progress.add_task(description, total=total)
-        self._current = task
-        return lambda: self._progress.advance(task)
+                self._progress.refresh()

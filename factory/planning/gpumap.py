@@ -91,7 +91,7 @@ class _Map:
                 x = (i // rows) * self._block_width(pool)
                 y = top + 1.4 + (i % rows) * _ROW
                 owner = f" ({node.dedicated_tenant})" if node.dedicated_tenant else f" [{node.trust_domain}]" if node.trust_domain else ""
-                axes.text(x + _LABEL - 0.2, y + 0.5, node.name + owner, fontsize=4.5, ha="right", va="center")
+                axes.text(x + _LABEL - 0.2, y + 0.5, node.name + owner, fontsize=5, ha="right", va="center")
                 for gpu in node.gpus:
                     self._gpu(axes, pool, node.name, gpu, x + _LABEL + gpu.index * (1 + _GAP), y)
             top += rows * _ROW + 2.0
@@ -113,7 +113,7 @@ class _Map:
                 add(Rectangle((x, y), 1, 1, facecolor=_IDLE, hatch="////", edgecolor="#808080", linewidth=0, gid=_id("idle", *where, gpu.trust_domain)))
         elif gpu.mode == "whole":
             add(Rectangle((x, y), 1, 1, facecolor=self.tenant_colour[gpu.owner], linewidth=0, gid=_id("whole", *where, gpu.owner)))
-            axes.text(x + 0.5, y + 0.5, gpu.owner[:9], fontsize=3.2, ha="center", va="center", rotation=0, clip_on=True)
+            axes.text(x + 0.5, y + 0.5, gpu.owner[:9], fontsize=4, ha="center", va="center", rotation=0, clip_on=True)
         elif gpu.mode == "mig":
             self._stranded(axes, where, x, y)
             model = GPU_MODELS[pool.gpu_model]
@@ -122,7 +122,7 @@ class _Map:
                 left = x + i.start / MEMORY_SLICES
                 add(Rectangle((left, y), span, 1, facecolor=self.tenant_colour[i.tenant], edgecolor="white", linewidth=0.4, gid=_id("mig", *where, i.start, i.profile, i.tenant)))
                 if span >= 0.25:
-                    axes.text(left + span / 2, y + 0.5, i.profile.split(".")[0], fontsize=3.2, ha="center", va="center")
+                    axes.text(left + span / 2, y + 0.5, i.profile.split(".")[0], fontsize=4, ha="center", va="center")
         elif gpu.mode == "hami":
             self._stranded(axes, where, x, y)
             memory = GPU_MODELS[pool.gpu_model].memory_mib * gpu.hami_memory_scaling
@@ -131,7 +131,7 @@ class _Map:
                 height = min(a.memory_mib / memory, bottom - y)
                 bottom -= height
                 add(Rectangle((x, bottom), 1, height, facecolor=self.tenant_colour[a.tenant], edgecolor="white", linewidth=0.4, gid=_id("hami", *where, k, a.tenant)))
-            axes.text(x + 0.5, y + 0.5, f"{len(gpu.hami)}/{pool.hami_split_count}", fontsize=3.2, ha="center", va="center")
+            axes.text(x + 0.5, y + 0.5, f"{len(gpu.hami)}/{pool.hami_split_count}", fontsize=4, ha="center", va="center")
         elif gpu.mode == "time-sliced":
             self._stranded(axes, where, x, y)
             left = x
