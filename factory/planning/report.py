@@ -53,6 +53,7 @@ COLUMNS: tuple[tuple[str, str], ...] = (
 )
 """Every column of the printed plan, with its one definition."""
 
+
 def columns_help() -> str:
     """The column definitions, as `ai-factory plan --help` prints them."""
     width = max(len(name) for name, _ in COLUMNS)
@@ -158,8 +159,9 @@ _FIGURES = ("LB", "gap", "stranded c/m", "GPU-eq", "util", "fill", "HAMi mem x")
 def summary_tables(plan: Plan) -> list[Table]:
     fleet = _table("Fleet and pools", ("pool", "GPU", "sharing", "nodes", "free nodes", "GPUs", "used", "idle", "free", *_FIGURES))
     fleet.add_row("(fleet)", "", "", *_figures_cells(plan.fleet_figures, with_free=True), end_section=True)
-    for pool, row in zip(plan.pools, plan.pool_figures):
-        fleet.add_row(pool.name, pool.gpu_model, pool.sharing, *_figures_cells(row, with_free=True))
+    pool_figures = {row.pool: row for row in plan.pool_figures}
+    for pool in plan.pools:
+        fleet.add_row(pool.name, pool.gpu_model, pool.sharing, *_figures_cells(pool_figures[pool.name], with_free=True))
     domains = _table("Trust domains", ("pool", "trust domain", "nodes", "GPUs", "used", "idle", *_FIGURES))
     for row in plan.figures:
         domains.add_row(row.pool, row.trust_domain, *_figures_cells(row, with_free=False))
