@@ -27,10 +27,11 @@ def cells(line: str) -> list[str]:
 
 
 def section(text: str, title: str) -> list[str]:
-    """The lines of one table, from its title to the blank line after it."""
-    lines = text.splitlines()
+    """The lines of one table, from its title to the blank line after it (not the one setting the
+    fleet row apart: a row, with its columns two spaces apart, follows that one)."""
+    lines = text.splitlines() + [""]
     start = lines.index(title)
-    end = next((i for i in range(start, len(lines)) if not lines[i]), len(lines))
+    end = next(i for i in range(start, len(lines)) if not lines[i] and "  " not in (lines[i + 1 : i + 2] or [""])[0])
     return lines[start:end]
 
 
@@ -53,14 +54,15 @@ def test_the_fleet_row_puts_every_gpu_in_exactly_one_of_used_idle_and_free(dev_r
     # dev: 56 GPUs; 29 serve tenants, 15 are idle on nodes owned by a domain, 12 on nodes nobody owns.
     assert (figures["GPUs"], figures["used"], figures["idle"], figures["free"]) == ("56", "29", "15", "12")
     assert (figures["nodes"], figures["free nodes"]) == ("6", "2")
-    assert figures["fill"] == f"{28.35 / 56:.3f}"
+    packing = dict(zip(cells(section(text, "Packing")[1])[1:], rows(text, "Packing")["(fleet)"][1:]))
+    assert (packing["util"], packing["fill"]) == ("0.978", f"{28.35 / 56:.3f}")
 
 
 def test_summary_comes_first_then_tenants_and_gpu_rows_only_with_gpus(dev_report):
     cfg, p = dev_report
     text = report_text(p, cfg)
-    titles = [line for line in text.splitlines() if line in ("Fleet and pools", "Trust domains", "Tenants")]
-    assert titles == ["Fleet and pools", "Trust domains", "Tenants"]
+    titles = [line for line in text.splitlines() if line in ("Fleet and pools", "Packing", "Trust domains", "Tenants")]
+    assert titles == ["Fleet and pools", "Packing", "Trust domains", "Tenants"]
     assert "a100-mig-000       0" not in text and "pool a100-mig:" not in text
     with_gpus = report_text(p, cfg, gpus=True)
     assert with_gpus.startswith(text.split("\nGPUs changed")[0])
@@ -131,9 +133,9 @@ def test_the_first_screen_of_a_200_tenant_plan_holds_the_fleet_and_pool_summary(
     lines = capsys.readouterr().out.splitlines()
     screen = lines[:40]
     pools = [p["name"] for p in generated["fleet"]["pools"]]
-    assert screen[0] == "Fleet and pools" and "Trust domains" in screen
-    summary = [cells(line)[0] for line in screen[3 : screen.index("Trust domains")] if line]
-    assert summary == ["(fleet)", *sorted(pools)]
+    assert screen[0] == "Fleet and pools" and "Packing" in screen and "Trust domains" in screen
+    for title in ("Fleet and pools", "Packing"):
+        assert list(rows("\n".join(screen), title)) == ["(fleet)", *sorted(pools)]
     tenants_at = lines.index("Tenants")
     named = [cells(line)[0] for line in lines[tenants_at + 3 :] if line and not line.startswith(" ")]
     assert named[:200] == sorted(t["name"] for t in generated["tenants"])

@@ -125,24 +125,29 @@ def _indexes(indexes: Sequence[int]) -> str:
 
 
 def _table(title: str, headers: Iterable[str]) -> Table:
+    """On a narrow terminal names stay whole and lists wrap."""
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
     for header in headers:
-        table.add_column(header, justify="left" if header in _TEXT_COLUMNS else "right", overflow="fold")
+        name = header in _NAME_COLUMNS
+        table.add_column(header, justify="left" if name or header in _LIST_COLUMNS else "right", no_wrap=name, overflow="fold")
     return table
 
 
-_TEXT_COLUMNS = {"pool", "GPU", "sharing", "trust domain", "tenant", "trust", "grant", "ceiling", "placed", "node", "mode", "layout", "owner", "mig config"}
+_NAME_COLUMNS = {"pool", "GPU", "sharing", "trust domain", "tenant", "trust", "node", "mode", "mig config"}
+_LIST_COLUMNS = {"grant", "ceiling", "placed", "layout", "owner"}
 
 
-def _figures_cells(row: Figures, with_free: bool) -> list[str]:
+def _capacity_cells(row: Figures, with_free: bool) -> list[str]:
     cells = [str(row.nodes_used)]
     if with_free:
         cells.append(str(row.free_nodes))
     cells += [str(row.gpus), str(row.gpus_used), str(row.idle_gpus)]
-    if with_free:
-        cells.append(str(row.free_gpus))
+    return cells + ([str(row.free_gpus)] if with_free else [])
+
+
+def _packing_cells(row: Figures) -> list[str]:
     fill = row.gpu_equivalents / row.gpus if row.gpus else 0.0
-    return cells + [
+    return [
         str(row.lower_bound),
         str(row.gap),
         f"{row.stranded_compute_slices}/{row.stranded_memory_slices}",
@@ -153,19 +158,25 @@ def _figures_cells(row: Figures, with_free: bool) -> list[str]:
     ]
 
 
-_FIGURES = ("LB", "gap", "stranded c/m", "GPU-eq", "util", "fill", "HAMi mem x")
+_PACKING = ("LB", "gap", "stranded c/m", "GPU-eq", "util", "fill", "HAMi mem x")
 
 
 def summary_tables(plan: Plan) -> list[Table]:
-    fleet = _table("Fleet and pools", ("pool", "GPU", "sharing", "nodes", "free nodes", "GPUs", "used", "idle", "free", *_FIGURES))
-    fleet.add_row("(fleet)", "", "", *_figures_cells(plan.fleet_figures, with_free=True), end_section=True)
+    """Capacity and packing of the fleet and each pool (two tables, so each fits a terminal of 100
+    columns), then both per trust domain of each pool."""
+    fleet = _table("Fleet and pools", ("pool", "GPU", "sharing", "nodes", "free nodes", "GPUs", "used", "idle", "free"))
+    packing = _table("Packing", ("pool", *_PACKING))
+    fleet.add_row("(fleet)", "", "", *_capacity_cells(plan.fleet_figures, with_free=True), end_section=True)
+    packing.add_row("(fleet)", *_packing_cells(plan.fleet_figures), end_section=True)
     pool_figures = {row.pool: row for row in plan.pool_figures}
     for pool in plan.pools:
-        fleet.add_row(pool.name, pool.gpu_model, pool.sharing, *_figures_cells(pool_figures[pool.name], with_free=True))
-    domains = _table("Trust domains", ("pool", "trust domain", "nodes", "GPUs", "used", "idle", *_FIGURES))
+        row = pool_figures[pool.name]
+        fleet.add_row(pool.name, pool.gpu_model, pool.sharing, *_capacity_cells(row, with_free=True))
+        packing.add_row(pool.name, *_packing_cells(row))
+    domains = _table("Trust domains", ("pool", "trust domain", "nodes", "GPUs", "used", "idle", *_PACKING))
     for row in plan.figures:
-        domains.add_row(row.pool, row.trust_domain, *_figures_cells(row, with_free=False))
-    return [fleet, domains]
+        domains.add_row(row.pool, row.trust_domain, *_capacity_cells(row, with_free=False), *_packing_cells(row))
+    return [fleet, packing, domains]
 
 
 def tenant_table(plan: Plan, cfg: FactoryConfig) -> Table:
