@@ -77,7 +77,7 @@ class _Map:
 
     def draw(self) -> Figure:
         columns = max(4, int(self.width // 7))
-        legend_rows = math.ceil((len(self.tenant_colour) + 3) / columns)
+        legend_rows = math.ceil((len(self.tenant_colour) + len(self.domain_colour) + 3) / columns)
         figure = Figure(figsize=(self.width * _CELL_IN, (self.height + 1.5 + 0.6 * legend_rows) * _CELL_IN))
         axes = figure.add_axes((0, 0, 1, 1))
         axes.set_xlim(0, self.width)
@@ -99,7 +99,9 @@ class _Map:
             Patch(facecolor=_IDLE, hatch="////", edgecolor="#808080", label="idle: held for a trust domain"),
             Patch(facecolor="white", edgecolor="#808080", linestyle="--", label="free"),
             Patch(facecolor=_STRANDED, hatch="xxx", edgecolor="#b0b0b0", label="stranded (unallocated slices)"),
-        ] + [Patch(facecolor=colour, label=tenant) for tenant, colour in self.tenant_colour.items()]
+        ]
+        handles += [Patch(facecolor=colour, label=tenant) for tenant, colour in self.tenant_colour.items()]
+        handles += [Patch(facecolor="white", edgecolor=colour, linewidth=1.2, label=f"trust domain {domain}") for domain, colour in self.domain_colour.items()]
         axes.legend(handles=handles, loc="upper left", bbox_to_anchor=(0, 1 - (self.height + 0.5) / (self.height + 1.5 + 0.6 * legend_rows)), ncol=columns, fontsize=5, frameon=False)
         return figure
 
