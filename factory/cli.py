@@ -104,6 +104,11 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(err.render(), file=sys.stderr)
         return EXIT_CONFIG
+    except BrokenPipeError:
+        # The reader closed the pipe (`ai-factory plan dev | head -40`): it read all it wanted. Files
+        # are written before the report is printed; stdout goes nowhere so exit flushes quietly.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 def _render(env: str, out: Path, quiet: bool) -> int:
@@ -142,7 +147,10 @@ def _plan(args: argparse.Namespace, out: Path) -> int:
             args.map.parent.mkdir(parents=True, exist_ok=True)
             draw_map(plan, args.map)
     text = plan.to_json() + "\n"
-    messages = sys.stderr if args.format == "json" else sys.stdout
+    written = [out, plan_path(stack, project_dir)] if args.lock else [out]
+    for target in written:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
     if args.format == "json":
         sys.stdout.write(text)
     else:
@@ -151,12 +159,9 @@ def _plan(args: argparse.Namespace, out: Path) -> int:
             print_report(console, plan, cfg, gpus=args.gpus)
         else:
             sys.stdout.write(report_text(plan, cfg, gpus=args.gpus, width=REPORT_WIDTH))
-    for target in [out, plan_path(stack, project_dir)] if args.lock else [out]:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text)
+    messages = sys.stderr if args.format == "json" else sys.stdout
+    for target in written + ([args.map] if args.map is not None else []):
         print(f"wrote {target}", file=messages)
-    if args.map is not None:
-        print(f"wrote {args.map}", file=messages)
     return 0
 
 

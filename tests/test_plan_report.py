@@ -6,6 +6,8 @@ from __future__ import annotations
 import copy
 import json
 import re
+import subprocess
+import sys
 from collections import defaultdict
 
 import pytest
@@ -121,14 +123,21 @@ def test_plan_format_json_prints_the_plan_json_and_messages_on_stderr(tmp_path, 
     assert captured.err == f"wrote {out}\n"
 
 
-def test_the_first_screen_of_a_200_tenant_plan_holds_the_fleet_and_pool_summary(tmp_path, capsys):
+@pytest.fixture(scope="module")
+def big_env(tmp_path_factory):
+    """A stack file of dev's platform with the generated 200-tenant fleet (`tests/tenancy_env.py`)."""
     document = yaml.safe_load((REPO / "Pulumi.dev.yaml").read_text())
     raw = {key.removeprefix("ai-factory:"): value for key, value in document["config"].items() if key.startswith("ai-factory:")}
     generated = many_tenants(copy.deepcopy(raw), 200)
-    for section_name in ("fleet", "tenants"):
-        document["config"][f"ai-factory:{section_name}"] = generated[section_name]
-    path = tmp_path / "Pulumi.big.yaml"
+    for name, value in generated.items():
+        document["config"][f"ai-factory:{name}"] = value
+    path = tmp_path_factory.mktemp("big") / "Pulumi.big.yaml"
     path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return path, generated
+
+
+def test_the_first_screen_of_a_200_tenant_plan_holds_the_fleet_and_pool_summary(big_env, tmp_path, capsys):
+    path, generated = big_env
     assert main(["plan", str(path), "--out", str(tmp_path / "plan.json")]) == 0
     lines = capsys.readouterr().out.splitlines()
     screen = lines[:40]
@@ -139,3 +148,16 @@ def test_the_first_screen_of_a_200_tenant_plan_holds_the_fleet_and_pool_summary(
     tenants_at = lines.index("Tenants")
     named = [cells(line)[0] for line in lines[tenants_at + 3 :] if line and not line.startswith(" ")]
     assert named[:200] == sorted(t["name"] for t in generated["tenants"])
+
+
+def test_a_reader_that_stops_early_gets_no_traceback_and_the_plan_is_written(big_env, tmp_path):
+    out = tmp_path / "plan.json"
+    with subprocess.Popen(
+        [sys.executable, "-m", "ai_factory.factory", "plan", str(big_env[0]), "--gpus", "--out", str(out)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    ) as reader:
+        assert reader.stdout.readline() == "Fleet and pools\n"
+        reader.stdout.close()  # as `| head -1` does, long before the GPU rows
+        err = reader.stderr.read()
+    assert reader.returncode == 0 and "Traceback" not in err, err
+    assert json.loads(out.read_text())["fleet_figures"]["gpus_used"] > 0
