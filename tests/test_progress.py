@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from ai_factory.factory.checking.charts import check_environment
 from ai_factory.factory.checking.check import checks, run_checks
 from ai_factory.factory.cli import main
 from ai_factory.factory.progress import Steps
@@ -38,21 +39,18 @@ def test_plan_shows_progress_on_a_terminal_and_quiet_hides_it(tmp_path, capsys, 
 
 
 def test_check_shows_progress_per_check_on_a_terminal(tmp_path, capsys, terminal):
-    assert main(["check", str(tmp_path)]) == 0  # an empty rendered directory: every check, no object
+    main(["check", str(tmp_path)])  # an empty rendered directory: every check, no object, no chart
     err = capsys.readouterr().err
-    assert "checking" in err and f"/{len(checks(Rendered(None, '1.34', [], [])))}" in err
+    total = len(checks(Rendered(None, "1.34", [], [])))
+    assert "checking" in err and f"{total}/{total}" in err
 
 
-def test_run_checks_reports_each_check_before_it_runs():
+def test_run_checks_reports_each_check_once_it_has_run():
     rendered = Rendered(None, "1.34", [], [])
-    seen = []
-
-    def on_check(check):
-        seen.append(check)
-
+    done = []
     oracles = object()  # no check reads the oracles when there is no object
-    assert run_checks(rendered, oracles, on_check=on_check) == []
-    assert seen == checks(rendered)
+    assert run_checks(rendered, oracles, on_check=lambda: done.append(len(done))) == []
+    assert len(done) == len(checks(rendered))
 
 
 def test_render_counts_resources_and_files_on_a_terminal(tmp_path, capsys, terminal):
@@ -62,3 +60,21 @@ def test_render_counts_resources_and_files_on_a_terminal(tmp_path, capsys, termi
     assert "rendering" in err and "resources" in err and "writing" in err
     files = sum(1 for p in out.rglob("*") if p.is_file())
     assert f"{files}/{files}" in err
+
+
+def test_check_environment_counts_charts_rendered_and_checks_run(dev, oracles, chart_env):
+    counts: dict[str, list[int]] = {}
+
+    def step(description: str, total: int):
+        counts[description] = [total, 0]
+
+        def advance() -> None:
+            counts[description][1] += 1
+
+        return advance
+
+    report = check_environment(dev, oracles.root, chart_env.charts_dir, chart_env.helm, chart_env.store, step=step)
+    releases = sum(m.kind == "HelmRelease" for m in dev.manifests)
+    assert counts["rendering charts"] == [releases, releases] and report.charts_rendered == releases
+    total, done = counts["checking"]
+    assert total == done > 0
