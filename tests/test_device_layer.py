@@ -20,6 +20,7 @@ from ai_factory.factory.model.gpus import GPU_MODELS
 from ai_factory.factory.model.loading import ConfigError, validate
 from ai_factory.factory.planning.placement import DEDICATED_LABEL, MIG_CONFIG_LABEL, allocations, node_placements
 from ai_factory.factory.planning.from_config import plan_for
+from ai_factory.factory.planning.report import report_text
 from ai_factory.factory.model.tenancy import TRUST_DOMAIN_LABEL
 from tests.conftest import objects, one, render
 
@@ -66,10 +67,10 @@ def values(rendered, release: str) -> dict:
     return one(rendered, "HelmRelease", release)["spec"]["values"]
 
 
-def printed_gpus(plan) -> dict[tuple[str, int], tuple[str, str, str]]:
-    """(node, GPU index) -> (pool sharing, mode, layout), read back from the printed table."""
+def printed_gpus(plan, cfg) -> dict[tuple[str, int], tuple[str, str, str]]:
+    """(node, GPU index) -> (pool sharing, mode, layout), read back from the printed GPU tables."""
     rows, sharing = {}, None
-    for line in plan.render_table().splitlines():
+    for line in report_text(plan, cfg, gpus=True).splitlines():
         header = re.match(r"pool [^:]+: [^,]+, ([a-z-]+),", line)
         if header:
             sharing = header.group(1)
@@ -138,9 +139,9 @@ def mig_parted(rendered) -> dict:
     return yaml.safe_load(config["data"]["config.yaml"])
 
 
-def test_each_mig_node_selects_a_config_whose_layout_is_the_printed_plan(device, device_plan):
+def test_each_mig_node_selects_a_config_whose_layout_is_the_printed_plan(device, device_raw, device_plan):
     configs = mig_parted(device)["mig-configs"]
-    printed = printed_gpus(device_plan)
+    printed = printed_gpus(device_plan, validate(device_raw[0]))
     mig_pools = [pool for pool in device_plan.pools if pool.sharing == "mig"]
     assert mig_pools
     for pool in mig_pools:

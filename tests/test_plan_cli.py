@@ -14,6 +14,7 @@ from ai_factory.factory.cli import main
 from ai_factory.factory.model.loading import load_stack_file
 from ai_factory.factory.planning.model import Plan
 from ai_factory.factory.planning.from_config import plan_for
+from ai_factory.factory.planning.report import report_text
 from tests.conftest import REPO
 
 
@@ -32,14 +33,14 @@ def run_cli(*args: str, seed: str = "0") -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "ai_factory.factory", "plan", *args], cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
 
 
-def test_plan_prints_the_table_and_writes_the_plan_json(tmp_path, capsys):
+def test_plan_prints_the_report_and_writes_the_plan_json(tmp_path, capsys):
     path = stack_file(tmp_path)
     out = tmp_path / "out" / "plan.json"
     assert main(["plan", str(path), "--out", str(out)]) == 0
-    expected = plan_for(load_stack_file(str(path)))
+    cfg = load_stack_file(str(path))
+    expected = plan_for(cfg)
     printed = capsys.readouterr().out
-    assert printed.startswith(expected.render_table())
-    assert "pool a100-mig: A100-80GB, mig" in printed and "(fleet)" in printed
+    assert printed == report_text(expected, cfg) + f"wrote {out}\n"
     assert out.read_text() == expected.to_json() + "\n"
     assert Plan.from_json(out.read_text()) == expected
     assert not (tmp_path / "plans").exists()

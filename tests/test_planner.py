@@ -486,9 +486,35 @@ def test_figures():
     assert fleet.gpus_used == sum(f.gpus_used for f in p.figures)
     assert fleet.lower_bound == sum(f.lower_bound for f in p.pool_figures)
     assert 0 < fleet.utilisation <= 1
-    table = p.render_table()
-    assert "pool h100: H100-80GB, mig, 6 nodes x 8 GPUs = 48 GPUs" in table and "(fleet)" in table
-    assert table == plan(pools, tenants).render_table()
+
+
+def test_every_gpu_is_used_idle_or_free_exactly_once():
+    pools, tenants = mixed_fleet()
+    p = plan(pools, tenants)
+    for pool_plan, row in zip(p.pools, p.pool_figures):
+        gpus = [g for n in pool_plan.nodes for g in n.gpus]
+        assert (row.gpus_used, row.idle_gpus, row.free_gpus) == (
+            sum(g.mode != "idle" for g in gpus),
+            sum(g.mode == "idle" and g.trust_domain is not None for g in gpus),
+            sum(g.mode == "idle" and g.trust_domain is None for g in gpus),
+        )
+        assert row.gpus == len(gpus)
+        domains = [f for f in p.figures if f.pool == pool_plan.name]
+        assert row.idle_gpus == sum(f.idle_gpus for f in domains) and all(f.free_gpus == 0 for f in domains)
+        assert row.free_nodes == sum(all(g.mode == "idle" and g.trust_domain is None for g in n.gpus) for n in pool_plan.nodes)
+        assert row.nodes_used + row.free_nodes == len(pool_plan.nodes)
+    assert p.fleet_figures.gpus == sum(len(pool.nodes) * pool.gpus_per_node for pool in pools)
+    assert p.fleet_figures.free_gpus > 0  # l40s, l4 and b200 have room left: it must show
+
+
+def test_a_domain_counts_the_nodes_it_has_gpus_on_owned_or_not():
+    # Whole GPUs are owned GPU by GPU: beta holds b200 GPUs on a node no domain owns.
+    pools, tenants = mixed_fleet()
+    p = plan(pools, tenants)
+    beta = next(f for f in p.figures if (f.pool, f.trust_domain) == ("b200", "beta"))
+    held = [n for n in p.pool("b200").nodes if any(g.trust_domain == "beta" for g in n.gpus)]
+    assert beta.nodes_used == len(held) >= 1
+    assert all(n.trust_domain is None for n in held)
 
 
 def test_mig_configs_are_legal_and_filtered_by_device():

@@ -15,12 +15,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
-from ai_factory.factory.checking.check import run_checks, unchecked_kinds, unchecked_values
+from ai_factory.factory.checking.check import checks, run_checks, unchecked_kinds, unchecked_values
 from ai_factory.factory.checking.findings import Finding
 from ai_factory.factory.checking.oracles import Oracles
 from ai_factory.factory.rendering.bundle import Rendered
 from ai_factory.factory.rendering.charts import ChartOutput, chart_file, chart_manifests, extract_chart, releases_of, template_all
+
+
+Step = Callable[[str, int], Callable[[], None]]
 
 
 @dataclass
@@ -34,8 +38,15 @@ class Report:
 
 
 def check_environment(
-    rendered: Rendered, upstream: Path | None, charts_dir: Path | None, helm: str | None, store: Path | None = None
+    rendered: Rendered,
+    upstream: Path | None,
+    charts_dir: Path | None,
+    helm: str | None,
+    store: Path | None = None,
+    step: Step | None = None,
 ) -> Report:
+    """`step` (progress): called to start each long step, with its description and size; it returns
+    the callback to call once per unit done (`ai_factory.factory.progress.Steps.step`)."""
     oracles = Oracles(upstream)
     releases, _ = releases_of(rendered)
     not_run: list[str] = []
@@ -45,7 +56,9 @@ def check_environment(
     elif charts_dir is None:
         not_run.append("chart rendering: no chart cache (run `ai-factory charts pull`, or pass --charts DIR / set FACTORY_CHARTS_DIR)")
     else:
-        outputs = template_all(releases, charts_dir, helm, rendered.kubernetes_version, store)
+        present = sum(chart_file(charts_dir, r.pin).is_file() for r in releases)
+        on_chart = step("rendering charts", present) if step is not None else None
+        outputs = template_all(releases, charts_dir, helm, rendered.kubernetes_version, store, on_chart=on_chart)
         for r in releases:
             if not chart_file(charts_dir, r.pin).is_file():
                 not_run.append(
@@ -62,7 +75,7 @@ def check_environment(
     for chart, pin in sorted({out.chart: out.release.pin for out in outputs}.items(), key=lambda item: item[0]):
         oracles.use_chart(pin.oracle_dir, extract_chart(chart, store), chart.name)
     union = Rendered(rendered.config, rendered.kubernetes_version, [*rendered.manifests, *chart_manifests(outputs)], rendered.inventory, rendered.graph)
-    findings += run_checks(union, oracles)
+    findings += run_checks(union, oracles, on_check=step("checking", len(checks(union))) if step is not None else None)
     kinds = unchecked_kinds(union, oracles)
     if kinds:
         not_run.append(

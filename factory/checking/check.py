@@ -80,7 +80,13 @@ def checks(rendered: Rendered) -> list[Check]:
     return [*CHECKS, *checks_for({m.layer for m in rendered.manifests})]
 
 
-def run_checks(rendered: Rendered, oracles: Oracles) -> list[Finding]:
-    # Every check guarded as the isolation checks are: an object malformed in a way no check
-    # expected ends that check with a finding, never `factory check` with a traceback.
-    return sorted({f for check in checks(rendered) for f in isolation.guarded(check)(rendered, oracles)})
+def run_checks(rendered: Rendered, oracles: Oracles, on_check: Callable[[], None] | None = None) -> list[Finding]:
+    """`on_check`: called once each check has run (progress)."""
+    findings: set[Finding] = set()
+    for check in checks(rendered):
+        # Every check guarded as the isolation checks are: an object malformed in a way no check
+        # expected ends that check with a finding, never `factory check` with a traceback.
+        findings.update(isolation.guarded(check)(rendered, oracles))
+        if on_check is not None:
+            on_check()
+    return sorted(findings)

@@ -1,5 +1,5 @@
 """The planner's data model: its inputs (pools, tenants, demands), its output `Plan` with the queries
-every layer asks of it, its JSON form (the lock) and its report table."""
+every layer asks of it, and its JSON form (the lock); `report` prints it."""
 
 from __future__ import annotations
 
@@ -149,6 +149,10 @@ class Figures:
     """Quality figures for one (pool, trust domain), one pool (trust_domain None) or the fleet
     (pool and trust_domain None).
 
+    Every GPU of a pool is in exactly one of `gpus_used`, `idle_gpus` and `free_gpus`. A trust
+    domain's row counts the GPUs held for it (`GpuAssignment.trust_domain`); the domain rows of a
+    pool add up to its row, except free GPUs, which no domain holds.
+
     Allocation utilisation = allocated GPU-equivalents / GPUs used, each GPU counting its dominant
     share: MIG max(Σcompute/7, Σmemory/8) of its instances, HAMi max(Σmemory/GPU memory,
     Σcores/100) (capped at 1 when memory is oversubscribed), time-sliced used replicas / replicas
@@ -159,7 +163,8 @@ class Figures:
     pool: str | None
     trust_domain: str | None
     nodes_used: int
-    """Nodes the domain owns (shared or dedicated); pool and fleet rows: nodes with a GPU in use."""
+    """Nodes holding at least one of the row's GPUs in use or idle (for a pool or the fleet: its
+    nodes less the free ones)."""
     gpus_used: int
     lower_bound: int
     """MIG: max(LB1, LB2, LB3) of mig-profiles.yaml; whole: their count; HAMi: max(ceil(Σmem /
@@ -167,7 +172,12 @@ class Figures:
     replicas per GPU); summed per domain (trust domains partition the fleet)."""
     gap: int
     idle_gpus: int
-    """GPUs left idle on the used nodes (node ownership and dedicated nodes strand them)."""
+    """GPUs held idle for a trust domain: on nodes a domain owns or that are dedicated to a
+    low-trust tenant, where no other domain may use them (node ownership strands them)."""
+    free_gpus: int
+    """Idle GPUs held for no trust domain (whole-GPU pools, unused nodes): anyone's to plan."""
+    free_nodes: int
+    """Nodes all of whose GPUs are free."""
     idle_gpus_by_tenant: tuple[tuple[str, int], ...]
     """Idle GPUs on nodes dedicated to low-trust tenants, attributed to them."""
     stranded_compute_slices: int
@@ -177,6 +187,10 @@ class Figures:
     hami_memory_oversubscription: float
     """Largest allocated / physical memory on one HAMi GPU (0 without HAMi; above 1 only for
     tenants that opted in)."""
+
+    @property
+    def gpus(self) -> int:
+        return self.gpus_used + self.idle_gpus + self.free_gpus
 
 
 @dataclass(frozen=True)
@@ -278,92 +292,6 @@ class Plan:
             changed_gpus=data["changed_gpus"],
         )
 
-    # ------------------------------------------------------------------ report
-
-    def render_table(self) -> str:
-        lines: list[str] = []
-        for pool in self.pools:
-            gpus = len(pool.nodes) * pool.gpus_per_node
-            lines.append(
-                f"pool {pool.name}: {pool.gpu_model}, {pool.sharing}, {len(pool.nodes)} nodes x "
-                f"{pool.gpus_per_node} GPUs = {gpus} GPUs"
-            )
-            rows = [("node", "gpu", "mode", "layout", "owner", "domain", "mig config")]
-            for node in pool.nodes:
-                for gpu in node.gpus:
-                    layout, owner = _describe_gpu(gpu)
-                    rows.append(
-                        (
-                            node.name,
-                            str(gpu.index),
-                            gpu.mode,
-                            layout,
-                            owner,
-                            gpu.trust_domain or "-",
-                            node.mig_config or "-",
-                        )
-                    )
-            lines.extend(_table(rows))
-            lines.append("")
-        rows = [
-            (
-                "pool",
-                "trust domain",
-                "nodes",
-                "GPUs",
-                "LB",
-                "gap",
-                "idle",
-                "stranded c/m",
-                "GPU-eq",
-                "util",
-                "HAMi mem x",
-            )
-        ]
-        for row in (*self.figures, *self.pool_figures, self.fleet_figures):
-            rows.append(
-                (
-                    row.pool or "(fleet)",
-                    row.trust_domain or ("(all)" if row.pool else "-"),
-                    str(row.nodes_used),
-                    str(row.gpus_used),
-                    str(row.lower_bound),
-                    str(row.gap),
-                    str(row.idle_gpus)
-                    + ("".join(f" ({t}: {n})" for t, n in row.idle_gpus_by_tenant) if row.trust_domain else ""),
-                    f"{row.stranded_compute_slices}/{row.stranded_memory_slices}",
-                    f"{row.gpu_equivalents:.2f}",
-                    f"{row.utilisation:.3f}",
-                    f"{row.hami_memory_oversubscription:.2f}",
-                )
-            )
-        lines.extend(_table(rows))
-        if self.changed_gpus is not None:
-            lines.append(f"GPUs changed since the previous plan: {self.changed_gpus}")
-        return "\n".join(lines) + "\n"
-
-
-def _table(rows: Sequence[Sequence[str]]) -> list[str]:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
-
-
-def _describe_gpu(gpu: GpuAssignment) -> tuple[str, str]:
-    if gpu.mode == "mig":
-        layout = " ".join(f"{i.profile}@{i.start}" for i in gpu.mig)
-        owner = ",".join(sorted({i.tenant for i in gpu.mig}))
-    elif gpu.mode == "hami":
-        layout = " ".join(f"{a.memory_mib}MiB/{a.cores_percent}%" for a in gpu.hami)
-        if gpu.hami_memory_scaling != 1.0:
-            layout += f" (memory x{gpu.hami_memory_scaling:g})"
-        owner = ",".join(sorted({a.tenant for a in gpu.hami}))
-    elif gpu.mode == "time-sliced":
-        layout = " ".join(f"{s.replicas}x" for s in gpu.time_slices)
-        owner = ",".join(s.tenant for s in gpu.time_slices)
-    else:
-        layout, owner = "-", gpu.owner or "-"
-    return layout, owner
-
 
 def _pool_from_dict(data: dict[str, Any]) -> PoolPlan:
     return PoolPlan(
@@ -401,6 +329,9 @@ def _pool_from_dict(data: dict[str, Any]) -> PoolPlan:
 def _figures_from_dict(data: dict[str, Any]) -> Figures:
     return Figures(
         **{
+            # Locks written before free GPUs were counted; a previous plan's figures are not read.
+            "free_gpus": 0,
+            "free_nodes": 0,
             **data,
             "idle_gpus_by_tenant": tuple((tenant, count) for tenant, count in data["idle_gpus_by_tenant"]),
         }

@@ -19,12 +19,12 @@ import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
 from ai_factory.factory.model.config import FactoryConfig
-from ai_factory.factory.rendering.harness import Graph, Resource, run_program
+from ai_factory.factory.rendering.harness import Graph, RecordingMocks, RecordingMonitor, Resource, run_program
 from ai_factory.factory.model.tenancy import TENANT_LABEL
 from ai_factory.factory.planning.from_config import plan_for
 from ai_factory.factory.planning.model import Plan
@@ -86,13 +86,16 @@ class Rendered:
         ) + "\n"
         return files
 
-    def write(self, out: Path) -> None:
+    def write(self, out: Path, on_file: Callable[[], None] | None = None) -> None:
+        """`on_file`: called once per file written (progress)."""
         if out.exists():
             shutil.rmtree(out)
         for relative, text in sorted(self.files().items()):
             target = out / relative
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(text)
+            if on_file is not None:
+                on_file()
 
     def summary(self) -> str:
         by_layer: dict[str, int] = {}
@@ -124,21 +127,28 @@ def dump_yaml(obj: Any) -> str:
 # --------------------------------------------------------------------------- running the program
 
 
-def render_env(env: str) -> Rendered:
+def render_env(env: str, on_resource: Callable[[], None] | None = None) -> Rendered:
     """Validate the environment's stack file (failing before anything is registered), then run the
     platform program exactly as `pulumi up` would, with the stack's config seeded into the runtime.
 
-    `env` is an environment name (`Pulumi.<env>.yaml` of the project) or a stack file's path."""
+    `env` is an environment name (`Pulumi.<env>.yaml` of the project) or a stack file's path;
+    `on_resource` is called once per resource the program registers (progress)."""
     path = stack_file(env)
     raw, secret_sections = read_stack_file(path)
     # The program adds the registered tenants itself, as under `pulumi up`; validated with them here.
     cfg = validate(with_registered_tenants(raw, stack_name(path), path.resolve().parent), source=str(path))
     plan_for(cfg)  # demands that do not fit are reported here, before anything is registered
-    return render_raw(raw, secret_sections, cfg, stack=stack_name(path), project=stack_project(path))
+    return render_raw(raw, secret_sections, cfg, stack=stack_name(path), project=stack_project(path), on_resource=on_resource)
 
 
 def render_raw(
-    raw: dict[str, Any], secret_sections: set[str], cfg: FactoryConfig, stack: str, plan: Plan | None = None, project: str = "ai-factory"
+    raw: dict[str, Any],
+    secret_sections: set[str],
+    cfg: FactoryConfig,
+    stack: str,
+    plan: Plan | None = None,
+    project: str = "ai-factory",
+    on_resource: Callable[[], None] | None = None,
 ) -> Rendered:
     """`plan`: deploy this plan instead of planning from the stack's recorded one (see `program.main`).
     `project`: the Pulumi project the program runs in, whose name is the config namespace."""
@@ -151,6 +161,7 @@ def render_raw(
         stack=stack,
         config=config,
         secret_keys=[f"{project}:{s}" for s in secret_sections],
+        monitor=RecordingMonitor(RecordingMocks(), on_record=on_resource),
     )
     return from_graph(graph, cfg)
 

@@ -31,7 +31,7 @@ import threading
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import yaml
 
@@ -228,9 +228,17 @@ def render_cache_dir() -> Path:
     return Path(os.environ.get(RENDER_CACHE_ENV) or user_cache_dir() / "rendered")
 
 
-def template_all(releases: list[Release], charts_dir: Path, helm: str, kubernetes_version: str, store: Path | None = None) -> list[ChartOutput]:
+def template_all(
+    releases: list[Release],
+    charts_dir: Path,
+    helm: str,
+    kubernetes_version: str,
+    store: Path | None = None,
+    on_chart: Callable[[], None] | None = None,
+) -> list[ChartOutput]:
     """Render every release whose chart is in `charts_dir`, in parallel, reusing stored outputs.
-    Releases whose chart file is absent are left out (the caller reports them by name)."""
+    Releases whose chart file is absent are left out (the caller reports them by name).
+    `on_chart`: called once per release rendered (progress; from the worker threads)."""
     store = store or render_cache_dir()
     present = [r for r in releases if chart_file(charts_dir, r.pin).is_file()]
     digests = {path: _sha256(path.read_bytes()) for path in {chart_file(charts_dir, r.pin) for r in present}}
@@ -259,6 +267,8 @@ def template_all(releases: list[Release], charts_dir: Path, helm: str, kubernete
             partial = stored.with_name(f".{stored.name}.{os.getpid()}.{threading.get_ident()}.partial")
             partial.write_text(text)
             partial.replace(stored)
+        if on_chart is not None:
+            on_chart()
         if result["error"] is not None:
             return ChartOutput(release, chart, error=result["error"])
         return ChartOutput(release, chart, tuple(result["documents"]))

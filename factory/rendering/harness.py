@@ -109,10 +109,12 @@ class RecordingMocks(pulumi.runtime.Mocks):
 
 
 class RecordingMonitor(pulumi_mocks.MockMonitor):
-    def __init__(self, mocks: pulumi.runtime.Mocks):
+    def __init__(self, mocks: pulumi.runtime.Mocks, on_record: Callable[[], None] | None = None):
+        """`on_record`: called once per resource recorded (progress)."""
         super().__init__(mocks)
         self.recorded: dict[str, Resource] = {}
         self._lock = threading.Lock()
+        self._on_record = on_record
 
     def make_urn(self, parent: str, type_: str, name: str) -> str:
         # The SDK's mock URN keeps only the immediate parent's type; use the whole chain as the engine does.
@@ -149,6 +151,8 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
             if key in self.recorded:
                 raise DuplicateResourceError(f"two resources are named {request.name!r} with type {request.type}")
             self.recorded[key] = resource
+        if self._on_record is not None:
+            self._on_record()
 
 
 def _redact(value: Any, path: str, secret_paths: list[str], inside_secret: bool = False) -> Any:
