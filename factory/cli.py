@@ -8,13 +8,15 @@ import sys
 import time
 from pathlib import Path
 
-from ai_factory.factory.model.loading import ConfigError, stack_file, stack_name
+from ai_factory.factory.model.loading import ConfigError, read_stack_file, stack_file, stack_name
 
 EXIT_FINDINGS = 1
 EXIT_CONFIG = 2
 EXIT_INCOMPLETE = 3
 """`check` found nothing, but some check families could not run (no oracle directory, helm or
 chart cache): each is named on stderr. Under FACTORY_REQUIRE_UPSTREAM (CI) that is EXIT_FINDINGS."""
+EXIT_BROKEN_PIPE = 141
+"""What a shell reports for a command whose reader closed the pipe (128 + SIGPIPE)."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,24 +61,51 @@ def main(argv: list[str] | None = None) -> int:
     diff.add_argument("env", help="environment name (reads Pulumi.<env>.yaml) or a stack file's path")
     diff.add_argument("--without-tenant", required=True, metavar="NAME", help="the tenant to remove")
 
+    for command in (render, check, plan, diff):
+        command.add_argument(
+            "--decrypt-check",
+            action="store_true",
+            help="verify that every secure value decrypts with the stack's passphrase (PULUMI_CONFIG_PASSPHRASE or "
+            "PULUMI_CONFIG_PASSPHRASE_FILE); without this flag they are verified whenever a passphrase is set",
+        )
+
     args = parser.parse_args(argv)
     if args.project_dir is not None:
         if not args.project_dir.is_dir():
             parser.error(f"--project-dir {args.project_dir}: no such directory")
         os.chdir(args.project_dir)
     try:
-        if args.command == "render":
-            return _render(args.env, args.out or Path("build") / stack_name(stack_file(args.env)))
-        if args.command == "plan":
-            return _plan(args.env, args.out or Path("build") / stack_name(stack_file(args.env)) / "plan.json", args.lock)
-        if args.command == "diff":
-            return _diff(args.env, args.without_tenant)
-        if args.command == "charts":
-            return _charts(args)
-        return _check(args.target, args.upstream, args.charts)
+        status = _run(args)
+        sys.stdout.flush()  # inside the try: a pipe closed early fails here, not at exit
+        return status
     except ConfigError as err:
         print(err.render(), file=sys.stderr)
         return EXIT_CONFIG
+    except BrokenPipeError:
+        return reader_gone()
+
+
+def reader_gone() -> int:
+    """The reader of stdout left (`ai-factory plan dev | head`): stop quietly, as command-line
+    tools do, with stdout pointed at nothing so that the interpreter's final flush cannot fail again."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return EXIT_BROKEN_PIPE
+
+
+def _run(args: argparse.Namespace) -> int:
+    if getattr(args, "decrypt_check", False):
+        target = args.target if args.command == "check" else args.env
+        if not Path(target).is_dir():
+            read_stack_file(stack_file(target), decrypt_check=True)
+    if args.command == "render":
+        return _render(args.env, args.out or Path("build") / stack_name(stack_file(args.env)))
+    if args.command == "plan":
+        return _plan(args.env, args.out or Path("build") / stack_name(stack_file(args.env)) / "plan.json", args.lock)
+    if args.command == "diff":
+        return _diff(args.env, args.without_tenant)
+    if args.command == "charts":
+        return _charts(args)
+    return _check(args.target, args.upstream, args.charts)
 
 
 def _render(env: str, out: Path) -> int:
@@ -100,10 +129,12 @@ def _plan(env: str, out: Path, lock: bool) -> int:
     cfg = load_stack_file(env)
     project_dir, stack = path.resolve().parent, stack_name(path)
     plan = plan_for(cfg, previous_plan(stack, project_dir))
-    print(plan.render_table(), end="")
-    for target in [out, plan_path(stack, project_dir)] if lock else [out]:
+    targets = [out, plan_path(stack, project_dir)] if lock else [out]
+    for target in targets:  # before printing: a reader that stops early (`| head`) leaves whole files
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(plan.to_json() + "\n")
+    print(plan.render_table(), end="")
+    for target in targets:
         print(f"wrote {target}")
     return 0
 
