@@ -40,6 +40,13 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument(
         "--charts", type=Path, help="chart cache (default: $FACTORY_CHARTS_DIR, else ../shared/charts, else ~/.cache/ai-factory/charts)"
     )
+    check.add_argument(
+        "--format",
+        choices=("text", "json", "sarif", "junit"),
+        default="text",
+        help="text (default), or a report on stdout for CI: json, sarif (SARIF 2.1.0, findings at the stack-file line "
+        "that caused them when known, else at the rendered file) or junit (JUnit XML); the summary goes to stderr",
+    )
 
     charts = commands.add_parser("charts", help="the chart cache and helm binary that `check` renders charts with")
     charts_commands = charts.add_subparsers(dest="charts_command", required=True)
@@ -105,7 +112,7 @@ def _run(args: argparse.Namespace) -> int:
         return _diff(args.env, args.without_tenant)
     if args.command == "charts":
         return _charts(args)
-    return _check(args.target, args.upstream, args.charts)
+    return _check(args.target, args.upstream, args.charts, args.format)
 
 
 def _render(env: str, out: Path) -> int:
@@ -167,9 +174,10 @@ def _charts(args: argparse.Namespace) -> int:
     return EXIT_FINDINGS if any(": failed:" in line for line in lines) else 0
 
 
-def _check(target: str, upstream: Path | None, charts_dir: Path | None) -> int:
+def _check(target: str, upstream: Path | None, charts_dir: Path | None, fmt: str = "text") -> int:
     from ai_factory.factory.checking.charts import check_environment
     from ai_factory.factory.checking.oracles import OracleError, locate_upstream_dir
+    from ai_factory.factory.checking.report import config_problems, locate, render_report
     from ai_factory.factory.rendering.bundle import load_rendered, render_env
     from ai_factory.factory.rendering.charts import ChartCacheError, locate_chart_dir, locate_helm
 
@@ -182,16 +190,30 @@ def _check(target: str, upstream: Path | None, charts_dir: Path | None) -> int:
         print(f"check: {err}", file=sys.stderr)
         return EXIT_CONFIG
     path = Path(target)
-    rendered = load_rendered(path) if path.is_dir() else render_env(target)
+    stack = None if path.is_dir() else stack_file(target)
+    try:
+        rendered = load_rendered(path) if path.is_dir() else render_env(target)
+    except ConfigError as err:
+        if fmt == "text":
+            raise
+        print(render_report(fmt, config_problems(err.problems, stack), target, None), end="")
+        print(err.render(), file=sys.stderr)
+        return EXIT_CONFIG
     report = check_environment(rendered, root, cache, locate_helm())
-    for finding in report.findings:
-        print(finding)
+    if fmt == "text":
+        for finding in report.findings:
+            print(finding)
+    else:
+        rendered_dir = path if stack is None else Path("build") / stack_name(stack)  # where `render` writes them
+        results = locate(report.findings, rendered, rendered_dir, stack)
+        print(render_report(fmt, results, target, report.objects, report.not_run), end="")
     for line in report.not_run:
         print(f"check: not run: {line}", file=sys.stderr)
     against = ", ".join(str(p) for p in (root, cache) if p) or "no oracle directory and no chart cache"
     print(
         f"checked {report.objects} objects ({report.charts_rendered} chart(s) rendered) against {against}: "
-        f"{len(report.findings)} finding(s), {len(report.not_run)} check famil{'y' if len(report.not_run) == 1 else 'ies'} not run"
+        f"{len(report.findings)} finding(s), {len(report.not_run)} check famil{'y' if len(report.not_run) == 1 else 'ies'} not run",
+        file=sys.stdout if fmt == "text" else sys.stderr,
     )
     if report.findings:
         return EXIT_FINDINGS

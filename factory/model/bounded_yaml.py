@@ -90,7 +90,7 @@ def expanded_size(root: yaml.Node) -> int:
 
 
 def load(text: str) -> Any:
-    """One YAML document, safely, within the bounds above (`YamlBoundError`) or `yaml.YAMLError`."""
+    """One YAML document, safely, within the bounds above (`YamlBoundError`), or `yaml.YAMLError`."""
     if len(text) > MAX_FILE_BYTES:
         raise YamlBoundError(f"larger than {MAX_FILE_BYTES} bytes")
     loader = _BoundedLoader(text)
@@ -106,8 +106,24 @@ def load(text: str) -> Any:
 
 def read(path: Path) -> Any:
     """`load` of a file, never reading more than the size bound."""
+    return load(_read_text(path))
+
+
+def compose(path: Path) -> yaml.Node | None:
+    """The node graph of a file (positions included), within the same bounds as `load`."""
+    loader = _BoundedLoader(_read_text(path))
+    try:
+        node = loader.get_single_node()
+        if node is not None:
+            expanded_size(node)
+        return node
+    finally:
+        loader.dispose()
+
+
+def _read_text(path: Path) -> str:
     with path.open("rb") as handle:
         data = handle.read(MAX_FILE_BYTES + 1)
     if len(data) > MAX_FILE_BYTES:
         raise YamlBoundError(f"larger than {MAX_FILE_BYTES} bytes")
-    return load(data.decode("utf-8", errors="replace"))
+    return data.decode("utf-8", errors="replace")

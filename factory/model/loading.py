@@ -161,6 +161,56 @@ def with_registered_tenants(raw: dict[str, Any], env: str, directory: Path) -> d
     return {**raw, "tenants": [*_as_list(raw.get("tenants")), *registered]}
 
 
+def stack_file_lines(path: Path) -> dict[str, int]:
+    """Where each config path of a stack file is written: `{"tenants[1].gpus[0]": 97, ...}` (1-based
+    lines), in the path syntax of `ConfigError` problems; sections of the project's namespace by
+    their name, other keys (`kubernetes:context`, `encryptionsalt`) as written. Empty when the file
+    cannot be read (its problems are reported by `read_stack_file`)."""
+    try:
+        root = bounded_yaml.compose(path)
+    except (OSError, ValueError, yaml.YAMLError):
+        return {}
+    lines: dict[str, int] = {}
+
+    def walk(node: yaml.Node, at: str) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                if isinstance(key, yaml.ScalarNode):
+                    inner = f"{at}.{key.value}" if at else str(key.value)
+                    lines.setdefault(inner, key.start_mark.line + 1)
+                    walk(value, inner)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                lines.setdefault(f"{at}[{i}]", item.start_mark.line + 1)
+                walk(item, f"{at}[{i}]")
+
+    if isinstance(root, yaml.MappingNode):
+        for key, value in root.value:
+            if not isinstance(key, yaml.ScalarNode):
+                continue
+            if key.value != "config":
+                lines.setdefault(str(key.value), key.start_mark.line + 1)
+            elif isinstance(value, yaml.MappingNode):
+                for config_key, section in value.value:
+                    if isinstance(config_key, yaml.ScalarNode):
+                        namespace, _, name = str(config_key.value).partition(":")
+                        at = name if namespace == NAMESPACE and name else str(config_key.value)
+                        lines.setdefault(at, config_key.start_mark.line + 1)
+                        walk(section, at)
+    return lines
+
+
+def line_of(lines: dict[str, int], path: str) -> int | None:
+    """The line of `path`, or of its nearest written ancestor (a defaulted field is reported at the
+    mapping that omits it)."""
+    while path:
+        if path in lines:
+            return lines[path]
+        cut = max(path.rfind("."), path.rfind("["))
+        path = path[:cut] if cut > 0 else ""
+    return None
+
+
 PROVIDER_NAMESPACES = ("kubernetes", "keycloak", "vault", "command", "pulumi")
 """Config namespaces besides the project's: the providers the program uses (`kubernetes:context`,
 ...) and the engine's own (`pulumi:tags`)."""
