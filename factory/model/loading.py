@@ -168,7 +168,8 @@ def stack_file_lines(path: Path) -> dict[str, int]:
     cannot be read (its problems are reported by `read_stack_file`)."""
     try:
         root = bounded_yaml.compose(path)
-    except (OSError, ValueError, yaml.YAMLError):
+        project = stack_project(path)
+    except (OSError, ValueError, yaml.YAMLError, ConfigError):
         return {}
     lines: dict[str, int] = {}
 
@@ -194,7 +195,7 @@ def stack_file_lines(path: Path) -> dict[str, int]:
                 for config_key, section in value.value:
                     if isinstance(config_key, yaml.ScalarNode):
                         namespace, _, name = str(config_key.value).partition(":")
-                        at = name if namespace == NAMESPACE and name else str(config_key.value)
+                        at = name if namespace == project and name else str(config_key.value)
                         lines.setdefault(at, config_key.start_mark.line + 1)
                         walk(section, at)
     return lines
