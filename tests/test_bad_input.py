@@ -298,3 +298,26 @@ def test_a_reader_that_leaves_early_ends_no_command_in_a_traceback(tmp_path, com
     assert proc.returncode == 141, stderr.decode()
     assert b"Traceback" not in stderr and b"BrokenPipeError" not in stderr
     assert out.exists()  # written whole before anything was printed
+
+
+@pytest.mark.parametrize(
+    ("lock", "expected"),
+    [
+        ("not json", "(document: Invalid JSON"),
+        ('{"pools": 5}', "(pools: Input should be a valid array)"),
+        ("index", ".gpus.0.index: Input should be a valid integer"),
+    ],
+    ids=["not-json", "wrong-shape", "wrong-type"],
+)
+def test_a_broken_plan_lock_is_a_config_error(tmp_path, lock, expected):
+    (tmp_path / "plans").mkdir()
+    if lock == "index":
+        lock = (REPO / "plans" / "dev.json").read_text().replace('"index": 0', '"index": "zero"', 1)
+    (tmp_path / "plans" / "locked.json").write_text(lock)
+    path = tmp_path / "Pulumi.locked.yaml"
+    path.write_text(DEV_TEXT)
+    proc = run_cli("plan", str(path), "--out", str(tmp_path / "plan.json"))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "plans/locked.json: not a plan lock written by `ai-factory plan --lock` (" in proc.stderr
+    assert expected in proc.stderr
+    assert not (tmp_path / "plan.json").exists()
