@@ -321,3 +321,17 @@ def test_a_broken_plan_lock_is_a_config_error(tmp_path, lock, expected):
     assert "plans/locked.json: not a plan lock written by `ai-factory plan --lock` (" in proc.stderr
     assert expected in proc.stderr
     assert not (tmp_path / "plan.json").exists()
+
+
+def test_pulumi_up_refuses_a_key_outside_the_known_namespaces(dev_raw):
+    import json
+
+
+    from ai_factory.factory.model.loading import load_pulumi_config
+    from ai_factory.factory.rendering.harness import run_program
+
+    config = {f"ai-factory:{k}": json.dumps(v, default=lambda s: s.reveal()) for k, v in dev_raw[0].items() if k != "tenants"}
+    config["ai-factroy:tenants"] = json.dumps(dev_raw[0]["tenants"])
+    with pytest.raises(ConfigError) as err:
+        run_program(load_pulumi_config, project="ai-factory", stack="dev", config=config, secret_keys=["ai-factory:layers"])
+    assert err.value.problems == ["ai-factroy:tenants: unknown config namespace 'ai-factroy' (did you mean 'ai-factory'?)"]

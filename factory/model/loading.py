@@ -126,18 +126,13 @@ def read_stack_file(path: Path, decrypt_check: bool = False) -> tuple[dict[str, 
     secure: dict[str, Any] = {}
     project = stack_project(path)
     for key, value in (document.get("config") or {}).items():
-        namespace, colon, section = str(key).partition(":")
-        if not colon:
-            hint = f" (did you mean '{project}:{key}'?)" if key in SECTIONS else ""
-            problems.append(f"{key}: a config key is `<namespace>:<name>`{hint}")
+        problem = config_key_problem(str(key), project)
+        if problem:
+            problems.append(problem)
             continue
+        namespace, _, section = str(key).partition(":")
         if namespace != project:
-            if namespace not in known_namespaces(project):
-                problems.append(f"{key}: unknown config namespace {namespace!r}{_did_you_mean(namespace, known_namespaces(project))}")
             continue  # provider settings such as kubernetes:context belong to their providers
-        if section not in SECTIONS:
-            problems.append(f"{section}: unknown key{_did_you_mean(section, SECTIONS)}")
-            continue
         found: dict[str, Any] = {}
         raw[section] = _replace_secure(value, section, found)
         if found:
@@ -223,6 +218,20 @@ def known_namespaces(project: str) -> tuple[str, ...]:
     return (project, *PROVIDER_NAMESPACES)
 
 
+def config_key_problem(key: str, project: str) -> str | None:
+    """What is wrong with a config key of `project`'s stack, if anything: no namespace, a namespace
+    no one reads, or a section the project does not have."""
+    namespace, colon, section = key.partition(":")
+    if not colon:
+        hint = f" (did you mean '{project}:{key}'?)" if key in SECTIONS else ""
+        return f"{key}: a config key is `<namespace>:<name>`{hint}"
+    if namespace not in known_namespaces(project):
+        return f"{key}: unknown config namespace {namespace!r}{_did_you_mean(namespace, known_namespaces(project))}"
+    if namespace == project and section not in SECTIONS:
+        return f"{section}: unknown key{_did_you_mean(section, SECTIONS)}"
+    return None
+
+
 def _check_secure_values(document: dict[str, Any], secure: dict[str, Any], decrypt_check: bool) -> list[str]:
     """Each secure value is a well-formed ciphertext; with the passphrase available, each decrypts.
     Problems name the config path, never a plaintext."""
@@ -276,13 +285,21 @@ def load_stack_file(env: str, directory: Path | None = None) -> FactoryConfig:
 def load_pulumi_config() -> FactoryConfig:
     """The environment as `pulumi up` sees it: decrypted config, secret sections known to the engine."""
     import pulumi
-    from pulumi.runtime.config import is_config_secret
+    from pulumi.runtime.config import CONFIG, is_config_secret
 
     config = pulumi.Config()  # the project's own namespace
     raw = {section: value for section in SECTIONS if (value := config.get_object(section)) is not None}
     raw = with_registered_tenants(raw, pulumi.get_stack(), project_dir())
     decrypted = {section for section in raw if is_config_secret(f"{pulumi.get_project()}:{section}")}
-    return validate(raw, decrypted_secret_sections=decrypted, source=f"stack {pulumi.get_stack()}")
+    source = f"stack {pulumi.get_stack()}"
+    key_problems = [p for key in sorted(CONFIG.get()) if (p := config_key_problem(key, pulumi.get_project()))]
+    try:
+        cfg = validate(raw, decrypted_secret_sections=decrypted, source=source)
+    except ConfigError as err:
+        raise ConfigError([*key_problems, *err.problems], source=source) from None
+    if key_problems:
+        raise ConfigError(key_problems, source=source)
+    return cfg
 
 
 def validate(raw: dict[str, Any], decrypted_secret_sections: set[str] = frozenset(), source: str = "configuration") -> FactoryConfig:
