@@ -622,9 +622,9 @@ class SelfService(Model):
     """Tenants that may onboard themselves through the tenant API, without the platform team
     editing `tenants` (`ai_factory.factory.model.onboarding`). Off while `trust` is empty."""
 
-    trust: list[Trust] = []
+    trust: list[Trust] = Field(default=[], max_length=3)
     """Trust levels a self-service tenant may declare."""
-    pools: list[DnsLabel] = []
+    pools: list[DnsLabel] = Field(default=[], max_length=MAX_POOLS)
     """Pools its GPU demands may name."""
     max_gpus: int = Field(default=0, ge=0, le=4096)
     """The most its demands may add up to: one per whole GPU, MIG instance, replica or slice."""
