@@ -335,3 +335,15 @@ def test_pulumi_up_refuses_a_key_outside_the_known_namespaces(dev_raw):
     with pytest.raises(ConfigError) as err:
         run_program(load_pulumi_config, project="ai-factory", stack="dev", config=config, secret_keys=["ai-factory:layers"])
     assert err.value.problems == ["ai-factroy:tenants: unknown config namespace 'ai-factroy' (did you mean 'ai-factory'?)"]
+
+
+def test_a_registered_tenant_file_is_read_within_the_yaml_bounds(tmp_path):
+    from ai_factory.factory.model.onboarding import RegistryError, registered_tenants, registry_dir
+
+    directory = registry_dir("dev", tmp_path)
+    directory.mkdir(parents=True)
+    (directory / "laughs.yaml").write_text(BILLION_LAUGHS.replace("config:\n  ai-factory:tenants: ", "name: "))
+    started = time.perf_counter()
+    with pytest.raises(RegistryError, match="refused: more than 250000 values once its aliases are expanded"):
+        registered_tenants("dev", tmp_path)
+    assert time.perf_counter() - started < 1
