@@ -132,3 +132,15 @@ def test_cli_reports_an_invalid_config_as_sarif_with_exit_2(tmp_path):
     [result] = json.loads(proc.stdout)["runs"][0]["results"]
     assert result["ruleId"] == "config" and result["message"]["text"] == "fleet.pools[2].gpu.per_node: must be an integer"
     assert result["locations"][0]["physicalLocation"]["region"]["startLine"] == stack_file_lines(path)["fleet.pools[2].gpu.per_node"]
+
+
+def test_check_families_that_could_not_run_are_reported_in_every_format(located, tmp_path):
+    not_run = ["chart rendering: no chart cache (run `ai-factory charts pull` or pass --charts)"]
+    log = json.loads(to_sarif(located, "dev", 101, not_run))
+    assert validation_errors(log) == []
+    assert log["runs"][0]["invocations"][0]["toolExecutionNotifications"][0]["message"]["text"] == f"not run: {not_run[0]}"
+    assert json.loads(to_json(located, "dev", 101, not_run))["not_run"] == not_run
+    path = tmp_path / "check.xml"
+    path.write_text(to_junit([], "dev", 101, not_run))
+    skipped = [case for suite in junitparser.JUnitXml.fromfile(str(path)) for case in suite if case.is_skipped]
+    assert [case.name for case in skipped] == ["chart rendering"]
