@@ -8,13 +8,15 @@ import sys
 import time
 from pathlib import Path
 
-from ai_factory.factory.model.loading import ConfigError, stack_file, stack_name
+from ai_factory.factory.model.loading import ConfigError, read_stack_file, stack_file, stack_name
 
 EXIT_FINDINGS = 1
 EXIT_CONFIG = 2
 EXIT_INCOMPLETE = 3
 """`check` found nothing, but some check families could not run (no oracle directory, helm or
 chart cache): each is named on stderr. Under FACTORY_REQUIRE_UPSTREAM (CI) that is EXIT_FINDINGS."""
+EXIT_BROKEN_PIPE = 141
+"""What a shell reports for a command whose reader closed the pipe (128 + SIGPIPE)."""
 
 
 REPORT_WIDTH = 200
@@ -45,6 +47,13 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--upstream", type=Path, help="oracle directory (default: $FACTORY_UPSTREAM_DIR or ../shared/upstream)")
     check.add_argument(
         "--charts", type=Path, help="chart cache (default: $FACTORY_CHARTS_DIR, else ../shared/charts, else ~/.cache/ai-factory/charts)"
+    )
+    check.add_argument(
+        "--format",
+        choices=("text", "json", "sarif", "junit"),
+        default="text",
+        help="text (default), or a report on stdout for CI: json, sarif (SARIF 2.1.0, findings at the stack-file line "
+        "that caused them when known, else at the rendered file) or junit (JUnit XML); the summary goes to stderr",
     )
 
     charts = commands.add_parser("charts", help="the chart cache and helm binary that `check` renders charts with")
@@ -83,6 +92,14 @@ def main(argv: list[str] | None = None) -> int:
     diff.add_argument("env", help="environment name (reads Pulumi.<env>.yaml) or a stack file's path")
     diff.add_argument("--without-tenant", required=True, metavar="NAME", help="the tenant to remove")
 
+    for command in (render, check, plan, diff):
+        command.add_argument(
+            "--decrypt-check",
+            action="store_true",
+            help="verify that every secure value decrypts with the stack's passphrase (PULUMI_CONFIG_PASSPHRASE or "
+            "PULUMI_CONFIG_PASSPHRASE_FILE); without this flag they are verified whenever a passphrase is set",
+        )
+
     args = parser.parse_args(argv)
     if args.project_dir is not None:
         if not args.project_dir.is_dir():
@@ -91,24 +108,38 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "plan" and args.map is not None and args.map.suffix not in (".svg", ".png"):
         parser.error(f"plan --map {args.map}: the file name must end in .svg or .png")
     try:
-        if args.command == "render":
-            return _render(args.env, args.out or Path("build") / stack_name(stack_file(args.env)), args.quiet)
-        if args.command == "plan":
-            out = args.out or Path("build") / stack_name(stack_file(args.env)) / "plan.json"
-            return _plan(args, out)
-        if args.command == "diff":
-            return _diff(args.env, args.without_tenant)
-        if args.command == "charts":
-            return _charts(args)
-        return _check(args.target, args.upstream, args.charts, args.quiet)
+        status = _run(args)
+        sys.stdout.flush()  # inside the try: a pipe closed early fails here, not at exit
+        return status
     except ConfigError as err:
         print(err.render(), file=sys.stderr)
         return EXIT_CONFIG
     except BrokenPipeError:
-        # The reader closed the pipe (`ai-factory plan dev | head -40`): it read all it wanted. Files
-        # are written before the report is printed; stdout goes nowhere so exit flushes quietly.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
+        return reader_gone()
+
+
+def reader_gone() -> int:
+    """The reader of stdout left (`ai-factory plan dev | head`): stop quietly, as command-line
+    tools do, with stdout pointed at nothing so that the interpreter's final flush cannot fail again.
+    Files are written before the report is printed."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return EXIT_BROKEN_PIPE
+
+
+def _run(args: argparse.Namespace) -> int:
+    if getattr(args, "decrypt_check", False):
+        target = args.target if args.command == "check" else args.env
+        if not Path(target).is_dir():
+            read_stack_file(stack_file(target), decrypt_check=True)
+    if args.command == "render":
+        return _render(args.env, args.out or Path("build") / stack_name(stack_file(args.env)), args.quiet)
+    if args.command == "plan":
+        return _plan(args, args.out or Path("build") / stack_name(stack_file(args.env)) / "plan.json")
+    if args.command == "diff":
+        return _diff(args.env, args.without_tenant)
+    if args.command == "charts":
+        return _charts(args)
+    return _check(args.target, args.upstream, args.charts, args.quiet, args.format)
 
 
 def _render(env: str, out: Path, quiet: bool) -> int:
@@ -193,9 +224,10 @@ def _charts(args: argparse.Namespace) -> int:
     return EXIT_FINDINGS if any(": failed:" in line for line in lines) else 0
 
 
-def _check(target: str, upstream: Path | None, charts_dir: Path | None, quiet: bool) -> int:
+def _check(target: str, upstream: Path | None, charts_dir: Path | None, quiet: bool, fmt: str = "text") -> int:
     from ai_factory.factory.checking.charts import check_environment
     from ai_factory.factory.checking.oracles import OracleError, locate_upstream_dir
+    from ai_factory.factory.checking.report import config_problems, locate, render_report
     from ai_factory.factory.progress import Steps
     from ai_factory.factory.rendering.bundle import load_rendered, render_env
     from ai_factory.factory.rendering.charts import ChartCacheError, locate_chart_dir, locate_helm
@@ -209,21 +241,35 @@ def _check(target: str, upstream: Path | None, charts_dir: Path | None, quiet: b
         print(f"check: {err}", file=sys.stderr)
         return EXIT_CONFIG
     path = Path(target)
+    stack = None if path.is_dir() else stack_file(target)
     with Steps(quiet) as steps:
-        if path.is_dir():
-            steps.step("reading the rendered directory")
-            rendered = load_rendered(path)
-        else:
-            rendered = render_env(target, on_resource=steps.step("rendering: resources"))
+        try:
+            if path.is_dir():
+                steps.step("reading the rendered directory")
+                rendered = load_rendered(path)
+            else:
+                rendered = render_env(target, on_resource=steps.step("rendering: resources"))
+        except ConfigError as err:
+            if fmt == "text":
+                raise
+            print(render_report(fmt, config_problems(err.problems, stack), target, None), end="")
+            print(err.render(), file=sys.stderr)
+            return EXIT_CONFIG
         report = check_environment(rendered, root, cache, locate_helm(), step=steps.step)
-    for finding in report.findings:
-        print(finding)
+    if fmt == "text":
+        for finding in report.findings:
+            print(finding)
+    else:
+        rendered_dir = path if stack is None else Path("build") / stack_name(stack)  # where `render` writes them
+        results = locate(report.findings, rendered, rendered_dir, stack)
+        print(render_report(fmt, results, target, report.objects, report.not_run), end="")
     for line in report.not_run:
         print(f"check: not run: {line}", file=sys.stderr)
     against = ", ".join(str(p) for p in (root, cache) if p) or "no oracle directory and no chart cache"
     print(
         f"checked {report.objects} objects ({report.charts_rendered} chart(s) rendered) against {against}: "
-        f"{len(report.findings)} finding(s), {len(report.not_run)} check famil{'y' if len(report.not_run) == 1 else 'ies'} not run"
+        f"{len(report.findings)} finding(s), {len(report.not_run)} check famil{'y' if len(report.not_run) == 1 else 'ies'} not run",
+        file=sys.stdout if fmt == "text" else sys.stderr,
     )
     if report.findings:
         return EXIT_FINDINGS

@@ -22,6 +22,8 @@ from typing import Any
 import yaml
 from pulumi.automation import CommandError
 
+from ai_factory.factory.cli import reader_gone
+from ai_factory.factory.model import bounded_yaml
 from ai_factory.factory.model.loading import ConfigError
 from ai_factory.stacks.backend import Backend, BackendError, default_state_dir
 from ai_factory.stacks.contract import ContractError
@@ -88,7 +90,11 @@ def main(argv: list[str] | None = None) -> int:
     except (BackendError, ContractError, TenantExists, TenantNotFound, CommandError) as err:
         print(f"{args.command}: {err}", file=sys.stderr)
         return EXIT_FAILED
-    print(json.dumps(result, indent=2, sort_keys=True, default=str))
+    try:
+        print(json.dumps(result, indent=2, sort_keys=True, default=str))
+        sys.stdout.flush()
+    except BrokenPipeError:
+        return reader_gone()
     return 0
 
 
@@ -110,7 +116,9 @@ def _run(args: argparse.Namespace, backend: Backend) -> Any:
 def _read_tenant(file: str) -> Any:
     text = sys.stdin.read() if file == "-" else Path(file).read_text()
     try:
-        return yaml.safe_load(text)  # JSON is YAML
+        return bounded_yaml.load(text)  # JSON is YAML
+    except bounded_yaml.YamlBoundError as err:
+        raise ConfigError([f"tenant: refused: {err}"], source=file) from None
     except yaml.YAMLError as err:
         raise ConfigError([f"tenant: not valid YAML or JSON: {err}"], source=file) from None
 

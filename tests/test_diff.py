@@ -54,6 +54,11 @@ def test_removing_a_dev_tenant_changes_only_its_objects_its_domains_and_released
     assert not any(m.tenant for m in [*removal.release.removed, *removal.release.added, *(b for b, _ in removal.release.changed)])
 
 
+def _object_lines(lines: list[str]) -> list[str]:
+    """A report's lines without the unified diffs indented under them."""
+    return [line for line in lines if not line.startswith("    ")]
+
+
 def manifest(kind: str, name: str, tenant: str | None, **spec) -> Manifest:
     return Manifest({"apiVersion": "v1", "kind": kind, "metadata": {"name": name}, "spec": spec}, f"tenant-{tenant}" if tenant else "fleet", tenant, "test")
 
@@ -104,7 +109,7 @@ def test_only_the_gpu_lines_of_a_domain_peers_quota_may_follow_a_release():
     after = rendered(quota("b", "d", **{gpu: "6", "requests.cpu": "4"}), quota("c", "d", **{gpu: "6", "requests.cpu": "2"}),
                      quota("e", "other", **{gpu: "6"}))
     removal = TenantRemoval("a", "d", difference(before, before), difference(before, after))
-    assert removal.peers_following_domain == ["  ~ changed manifests/tenant-b/_cluster/resourcequota-q.yaml (GPU ceiling of tenant b)"]
+    assert _object_lines(removal.peers_following_domain) == ["  ~ changed manifests/tenant-b/_cluster/resourcequota-q.yaml (GPU ceiling of tenant b)"]
     changed = [line for line in removal.unexpected if line.startswith("re-planning changes")]
     assert changed == [
         "re-planning changes manifests/tenant-c/_cluster/resourcequota-q.yaml (tenant c)",
@@ -186,7 +191,7 @@ def test_only_a_domain_peers_gpu_flavors_may_follow_its_offerings():
         cluster_queue("g", "d", "a100-d"),  # a flavor of another domain is not its domain's to drop
     )
     removal = TenantRemoval("a", "d", difference(before, before), difference(before, after), pools=("h100", "a100"))
-    assert removal.peers_following_domain == ["  ~ changed manifests/tenant-b/_cluster/clusterqueue-tenant-b.yaml (GPU queue flavors of tenant b)"]
+    assert _object_lines(removal.peers_following_domain) == ["  ~ changed manifests/tenant-b/_cluster/clusterqueue-tenant-b.yaml (GPU queue flavors of tenant b)"]
     changed = [line for line in removal.unexpected if line.startswith("re-planning changes")]
     assert changed == [f"re-planning changes manifests/tenant-{t}/_cluster/clusterqueue-tenant-{t}.yaml (tenant {t})" for t in "cefg"]
 
@@ -213,9 +218,54 @@ def test_only_the_offered_lists_of_a_domain_peers_admission_policy_may_follow_it
         policy("g", "d", ["x/gpu"], pairs, match={"any": [{"resources": {"kinds": ["Pod"]}}]}),  # a rule not of its own pods
     )
     removal = TenantRemoval("a", "d", difference(before, before), difference(before, after))
-    assert [line.split()[2] for line in removal.peers_following_domain] == [
+    assert [line.split()[2] for line in _object_lines(removal.peers_following_domain)] == [
         "manifests/tenant-b/_cluster/clusterpolicy-tenant-b-admission.yaml",
         "manifests/tenant-c/_cluster/clusterpolicy-tenant-c-admission.yaml",
     ]
     changed = [line for line in removal.unexpected if line.startswith("re-planning changes")]
     assert changed == [f"re-planning changes manifests/tenant-{t}/_cluster/clusterpolicy-tenant-{t}-admission.yaml (tenant {t})" for t in "efg"]
+
+
+PARTNER_BETA = """\
+    - name: partner-beta
+      trust: low
+      owners: {groups: [partner-beta]}
+      gpus:
+        - {pool: h100-train, count: 8}
+"""
+
+
+@pytest.fixture
+def two_partners_stack(tmp_path):
+    """dev plus a second low-trust tenant: each holds a dedicated H100 node."""
+    path = tmp_path / "Pulumi.partners.yaml"
+    path.write_text((REPO / "Pulumi.dev.yaml").read_text() + PARTNER_BETA)
+    return path
+
+
+def test_without_a_plan_lock_the_report_shows_the_re_plan_moving_other_tenants_gpus(two_partners_stack, capsys):
+    # From scratch, partner-beta's dedicated node goes to the node partner-acme leaves.
+    assert main(["diff", str(two_partners_stack), "--without-tenant", "partner-acme"]) == 1
+    out = capsys.readouterr().out
+    assert "  re-planning changes manifests/fleet/_cluster/node-gpu-h100-02.yaml (trust domain partner-beta)" in out
+    assert "    -    ai-factory.io/dedicated: partner-beta" in out
+    assert "has no plan lock (plans/partners.json): `pulumi up` re-plans every tenant from scratch" in out
+    assert "`ai-factory plan " + str(two_partners_stack) + " --lock`" in out
+
+
+def test_with_the_plan_locked_the_same_removal_moves_no_other_tenant(two_partners_stack, capsys):
+    assert main(["plan", str(two_partners_stack), "--lock", "--out", str(two_partners_stack.parent / "plan.json")]) == 0
+    assert main(["diff", str(two_partners_stack), "--without-tenant", "partner-acme"]) == 0
+    out = capsys.readouterr().out
+    assert "node-gpu-h100-02" not in out
+    assert out.rstrip().endswith("no other object changes: nothing shared with another trust domain, nothing of another tenant")
+
+
+def test_changed_objects_are_shown_as_unified_diffs(shared_domain_stack, capsys):
+    assert main(["diff", str(shared_domain_stack), "--without-tenant", "search-eval"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    quota = "manifests/tenant-search/tenant-search/resourcequota-tenant-quota.yaml"
+    at = next(i for i, line in enumerate(lines) if line.startswith(f"  ~ changed {quota}"))
+    assert lines[at + 1 : at + 3] == [f"    --- a/{quota}", f"    +++ b/{quota}"]
+    changed = [line for line in lines[at + 3 :] if line.startswith(("    -", "    +"))]
+    assert any(line.startswith("    -    requests.nvidia.com/mig-1g.10gb") for line in changed), lines[at:]

@@ -13,7 +13,7 @@ from collections import defaultdict
 import pytest
 import yaml
 
-from ai_factory.factory.cli import main
+from ai_factory.factory.cli import EXIT_BROKEN_PIPE, main
 from ai_factory.factory.model.loading import load_stack_file
 from ai_factory.factory.planning.from_config import plan_for
 from ai_factory.factory.planning.planner import plan
@@ -159,5 +159,5 @@ def test_a_reader_that_stops_early_gets_no_traceback_and_the_plan_is_written(big
         assert reader.stdout.readline() == "Fleet and pools\n"
         reader.stdout.close()  # as `| head -1` does, long before the GPU rows
         err = reader.stderr.read()
-    assert reader.returncode == 0 and "Traceback" not in err, err
+    assert reader.returncode == EXIT_BROKEN_PIPE and "Traceback" not in err, err
     assert json.loads(out.read_text())["fleet_figures"]["gpus_used"] > 0

@@ -30,6 +30,28 @@ Trust = Literal["high", "medium", "low"]
 
 SUPPORTED_KUBERNETES = ("1.32", "1.33", "1.34", "1.35", "1.36", "1.37")
 
+# Bounds on every size a user can type (README, "Bad input and bounds"). The fleet's are those of
+# one Kubernetes cluster (its documented scalability limit is 5,000 nodes); the others are far
+# above any real environment and keep every run of the tools short and small.
+MAX_FLEET_NODES = 5000
+"""Nodes of all pools together (and of one pool)."""
+MAX_GPUS_PER_NODE = 16
+MAX_SITES = 64
+MAX_POOLS = 128
+MAX_TENANTS = 1000
+MAX_ITEMS = 256
+"""Entries of any other list or mapping: a tenant's demands and owners, flows, labels, ports, NUMA
+nodes, registries, redirect URIs, exceptions, runtime classes."""
+MAX_TEXT = 1024
+"""Characters of a free-form string (a region, a host, a reason, a URL)."""
+MAX_GPU_UNITS = MAX_FLEET_NODES * MAX_GPUS_PER_NODE * 64
+"""Most units (GPUs, time-sliced replicas, HAMi vGPUs) any demand may name; each demand is also
+bounded by what its pool could ever supply (`ai_factory.factory.model.loading`)."""
+MAX_QUOTA_COUNT = 1_000_000
+"""Largest object count of a tenant's ResourceQuota."""
+
+Text = Annotated[str, StringConstraints(max_length=MAX_TEXT)]
+
 
 class Model(BaseModel):
     # Attribute docstrings are the fields' descriptions (the tenant API's OpenAPI document shows them).
@@ -43,7 +65,7 @@ class KubernetesSpec(Model):
     version: Literal[SUPPORTED_KUBERNETES] = "1.34"  # type: ignore[valid-type]
     """Target Kubernetes minor version. Objects are validated against its schema; 1.34 is the first
     release with DRA (resource.k8s.io/v1) generally available."""
-    api_server: Annotated[str, StringConstraints(pattern=r"^https://[^\s/]+(/[^\s]*)?$")] | None = None
+    api_server: Annotated[str, StringConstraints(pattern=r"^https://[^\s/]+(/[^\s]*)?$", max_length=MAX_TEXT)] | None = None
     """The host cluster's API server as tenants and their tools reach it, e.g.
     `https://api.par1.example.com:6443`; published to tenant stacks in the platform contract."""
 
@@ -54,19 +76,19 @@ class KubernetesSpec(Model):
 class Site(Model):
     name: DnsLabel
     """A data centre. Pools name the site they live in."""
-    region: str = ""
+    region: Text = ""
     """Free-form location, carried onto node labels for placement and reporting."""
 
 
 class NumaDomain(Model):
     """One NUMA node of a GPU server: which GPUs, NICs and CPU cores share it."""
 
-    node: int = Field(ge=0)
-    gpus: list[int] = Field(min_length=1)
+    node: int = Field(ge=0, le=MAX_ITEMS)
+    gpus: list[Annotated[int, Field(ge=0, lt=MAX_GPUS_PER_NODE)]] = Field(min_length=1, max_length=MAX_GPUS_PER_NODE)
     """GPU indexes (as the driver numbers them) attached to this NUMA node."""
-    nics: list[str] = []
+    nics: list[Annotated[str, StringConstraints(max_length=64)]] = Field(default=[], max_length=MAX_ITEMS)
     """RDMA NIC names (e.g. `mlx5_0`) on this NUMA node, paired with its GPUs for GPUDirect RDMA."""
-    cpus: str = ""
+    cpus: Annotated[str, StringConstraints(max_length=MAX_TEXT)] = ""
     """CPU list in cpuset syntax, e.g. `0-47`."""
 
 
@@ -77,13 +99,13 @@ class Topology(Model):
     """GPU-to-GPU link inside a node."""
     fabric: Literal["ethernet", "roce", "infiniband"] = "ethernet"
     """The node-to-node GPU fabric."""
-    nodes_per_nvlink_domain: int = Field(default=1, ge=1)
+    nodes_per_nvlink_domain: int = Field(default=1, ge=1, le=MAX_FLEET_NODES)
     """Nodes that share one multi-node NVLink domain (e.g. 18 for a GB200 NVL72 rack); 1 = none."""
-    nodes_per_rack: int = Field(default=8, ge=1)
+    nodes_per_rack: int = Field(default=8, ge=1, le=MAX_FLEET_NODES)
     """Nodes per rack when nodes are given by count (explicit nodes carry their own rack)."""
-    racks_per_block: int = Field(default=4, ge=1)
+    racks_per_block: int = Field(default=4, ge=1, le=MAX_FLEET_NODES)
     """Racks per network block (leaf/spine group, or InfiniBand sub-tree) when nodes are given by count."""
-    numa: list[NumaDomain] = []
+    numa: list[NumaDomain] = Field(default=[], max_length=MAX_GPUS_PER_NODE)
     """GPU/NIC/CPU affinity per NUMA node; empty = unknown (no alignment is promised)."""
 
 
@@ -97,15 +119,15 @@ class NodeSpec(Model):
 
 
 class GpuSpec(Model):
-    model: str
+    model: Annotated[str, StringConstraints(max_length=64)]
     """A GPU model of the catalog (`ai_factory.factory.model.gpus.GPU_MODELS`), e.g. `H100-80GB`."""
-    per_node: int = Field(ge=1, le=16)
+    per_node: int = Field(ge=1, le=MAX_GPUS_PER_NODE)
 
 
 class DriverSettings(Model):
     """NVIDIA driver for one pool, installed by the GPU Operator through an `NVIDIADriver` resource."""
 
-    version: str = "595.91.07"
+    version: Annotated[str, StringConstraints(pattern=r"^[0-9][0-9A-Za-z.+-]*$", max_length=64)] = "595.91.07"
     """Driver version (the GPU Operator chart's default for v26.7.0)."""
     kernel_module_type: Literal["auto", "open", "proprietary"] = "auto"
     use_precompiled: bool = False
@@ -125,9 +147,9 @@ class Pool(Model):
     name: DnsLabel
     site: DnsLabel
     gpu: GpuSpec
-    nodes: int | None = Field(default=None, ge=1)
+    nodes: int | None = Field(default=None, ge=1, le=MAX_FLEET_NODES)
     """Node count; nodes are then named `<pool>-<nnn>` (the provisioning layer names them so)."""
-    node_list: list[NodeSpec] | None = None
+    node_list: list[NodeSpec] | None = Field(default=None, max_length=MAX_FLEET_NODES)
     """Explicit nodes; exclusive with `nodes`."""
     sharing: Sharing = "exclusive"
     """How GPUs of this pool are offered: whole GPUs (`exclusive`, or through DRA claims with
@@ -161,8 +183,8 @@ class Pool(Model):
 
 
 class Fleet(Model):
-    sites: list[Site] = Field(min_length=1)
-    pools: list[Pool] = Field(min_length=1)
+    sites: list[Site] = Field(min_length=1, max_length=MAX_SITES)
+    pools: list[Pool] = Field(min_length=1, max_length=MAX_POOLS)
 
 
 # --------------------------------------------------------------------------- layers
@@ -171,8 +193,8 @@ class Fleet(Model):
 class Chart(Model):
     """A pinned chart. Versions are exact: ranges would make renders non-reproducible."""
 
-    version: Annotated[str, StringConstraints(pattern=r"^v?\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$")]
-    repository: str
+    version: Annotated[str, StringConstraints(pattern=r"^v?\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$", max_length=64)]
+    repository: Text
 
     @classmethod
     def pinned(cls, product: str) -> Chart:
@@ -187,8 +209,8 @@ class Chart(Model):
 class RegistryCredentials(Model):
     """Pull credentials for a private image registry (e.g. NGC for licensed driver images)."""
 
-    server: str = "nvcr.io"
-    username: str = "$oauthtoken"
+    server: Text = "nvcr.io"
+    username: Text = "$oauthtoken"
     password: SecretValue
 
 
@@ -287,9 +309,9 @@ class PlatformFlow(Model):
     connects to tenant pods (an ingress gateway, a metrics scraper)."""
     namespace: DnsLabel
     """The platform namespace of the service; never a tenant namespace."""
-    pod_labels: dict[LabelKey, LabelValue] = Field(min_length=1)
+    pod_labels: dict[LabelKey, LabelValue] = Field(min_length=1, max_length=MAX_ITEMS)
     """Labels of the service's pods: a flow names its peers, never a whole namespace."""
-    ports: list[FlowPort] = Field(min_length=1)
+    ports: list[FlowPort] = Field(min_length=1, max_length=MAX_ITEMS)
     """Ports on the receiving side."""
 
 
@@ -299,9 +321,9 @@ class PodSecurityException(Model):
     tenant: DnsLabel
     level: Literal["baseline"]
     """The only level a tenant can be granted; `privileged` is for platform namespaces only."""
-    reason: Annotated[str, StringConstraints(min_length=10)]
+    reason: Annotated[str, StringConstraints(min_length=10, max_length=MAX_TEXT)]
     """Why the tenant's workloads cannot run restricted (kept with the config for review)."""
-    approved_by: Annotated[str, StringConstraints(min_length=1)]
+    approved_by: Annotated[str, StringConstraints(min_length=1, max_length=MAX_TEXT)]
 
 
 class TenancyLayer(Model):
@@ -309,9 +331,9 @@ class TenancyLayer(Model):
 
     chart: Chart = Chart.pinned("vcluster")
     """vCluster, the control plane of tenants whose `isolation` is `vcluster`."""
-    platform_flows: list[PlatformFlow] = []
+    platform_flows: list[PlatformFlow] = Field(default=[], max_length=MAX_ITEMS)
     """The platform services tenant pods may talk to, or be reached from, besides DNS."""
-    pod_security_exceptions: list[PodSecurityException] = []
+    pod_security_exceptions: list[PodSecurityException] = Field(default=[], max_length=MAX_ITEMS)
     """Tenants whose namespaces enforce `baseline` instead of `restricted` (never a low-trust tenant)."""
 
 
@@ -335,21 +357,21 @@ class KeycloakDatabase(Model):
     """The PostgreSQL database Keycloak keeps realms, users and sessions in. It runs outside this
     library (a managed database or a database operator's cluster): no PostgreSQL chart is pinned."""
 
-    host: Annotated[str, StringConstraints(min_length=1)]
+    host: Annotated[str, StringConstraints(min_length=1, max_length=253)]
     port: int = Field(default=5432, ge=1, le=65535)
     name: DnsLabel = "keycloak"
-    username: Annotated[str, StringConstraints(min_length=1)] = "keycloak"
+    username: Annotated[str, StringConstraints(min_length=1, max_length=MAX_TEXT)] = "keycloak"
     password: SecretValue
 
 
 class KeycloakRedirects(Model):
     """Where each platform client may send a user back after sign-in."""
 
-    kubernetes: list[str] = ["http://localhost:8000", "http://localhost:18000"]
+    kubernetes: list[Text] = Field(default=["http://localhost:8000", "http://localhost:18000"], max_length=MAX_ITEMS)
     """kubectl's OIDC login plugin (kubelogin) listens there; shared by every tenant's vCluster client."""
-    litellm: list[str] = []
+    litellm: list[Text] = Field(default=[], max_length=MAX_ITEMS)
     """The LiteLLM UI's callback; empty until the gateway is exposed."""
-    dashboards: list[str] = []
+    dashboards: list[Text] = Field(default=[], max_length=MAX_ITEMS)
     """The dashboards' callback; empty until they are exposed."""
 
 
@@ -360,7 +382,7 @@ class KeycloakLayer(Model):
     enabled: bool = True
     chart: Chart = Chart.pinned("keycloak")
     namespace: DnsLabel = "keycloak"
-    replicas: int = Field(default=2, ge=2)
+    replicas: int = Field(default=2, ge=2, le=MAX_ITEMS)
     """Keycloak pods (a cluster sharing sessions through Infinispan); at least 2 so sign-in survives a node."""
     admin_password: SecretValue | None = None
     """Password of the bootstrap administrator (`admin`, master realm): Keycloak creates it on first
@@ -378,14 +400,14 @@ class OpenBaoLayer(Model):
     namespace: DnsLabel = "openbao"
     replicas: Literal[3, 5] = 3
     """Raft voters: an odd number, so a majority survives the loss of one (or two) pods."""
-    storage_size: Annotated[str, StringConstraints(pattern=r"^\d+(Gi|Ti)$")] = "10Gi"
+    storage_size: Annotated[str, StringConstraints(pattern=r"^\d{1,6}(Gi|Ti)$")] = "10Gi"
     """Raft volume per pod."""
-    storage_provisioner: Annotated[str, StringConstraints(min_length=1)] | None = None
+    storage_provisioner: Annotated[str, StringConstraints(min_length=1, max_length=253)] | None = None
     """CSI driver of the `Retain` StorageClass the Raft volumes come from (the cluster's block
     storage, e.g. `rook-ceph.rbd.csi.ceph.com`). Required while the layer is enabled."""
     kv_mount: DnsLabel = "secret"
     """The KV v2 engine tenants' secrets live in, each tenant under `tenants/<name>/`."""
-    api_address: Annotated[str, StringConstraints(pattern=r"^https?://[^\s/]+$")] | None = None
+    api_address: Annotated[str, StringConstraints(pattern=r"^https?://[^\s/]+$", max_length=MAX_TEXT)] | None = None
     """Where Pulumi reaches OpenBao's API; defaults to the in-cluster service (run Pulumi in the
     cluster, or set a port-forward or ingress address)."""
     admin_token: SecretValue | None = None
@@ -406,9 +428,9 @@ class ExternalSecretsLayer(Model):
 class RuntimeClasses(Model):
     """The RuntimeClasses pods of each trust level may name (none named is always allowed)."""
 
-    high: list[DnsLabel] = ["nvidia"]
-    medium: list[DnsLabel] = ["nvidia"]
-    low: list[DnsLabel] = ["nvidia"]
+    high: list[DnsLabel] = Field(default=["nvidia"], max_length=MAX_ITEMS)
+    medium: list[DnsLabel] = Field(default=["nvidia"], max_length=MAX_ITEMS)
+    low: list[DnsLabel] = Field(default=["nvidia"], max_length=MAX_ITEMS)
 
 
 class KyvernoLayer(Model):
@@ -419,10 +441,10 @@ class KyvernoLayer(Model):
     enabled: bool = True
     chart: Chart = Chart.pinned("kyverno")
     namespace: DnsLabel = "kyverno"
-    admission_replicas: int = Field(default=3, ge=3)
+    admission_replicas: int = Field(default=3, ge=3, le=MAX_ITEMS)
     """Admission controller pods: webhooks fail closed, so at least 3 keep the API usable."""
-    allowed_registries: list[Annotated[str, StringConstraints(pattern=r"^[a-z0-9][-a-z0-9.:]*[a-z0-9](/[^\s|]*)?$")]] = Field(
-        default=["nvcr.io/nvidia/*", "registry.k8s.io/*"], min_length=1
+    allowed_registries: list[Annotated[str, StringConstraints(pattern=r"^[a-z0-9][-a-z0-9.:]*[a-z0-9](/[^\s|]*)?$", max_length=MAX_TEXT)]] = Field(
+        default=["nvcr.io/nvidia/*", "registry.k8s.io/*"], min_length=1, max_length=MAX_ITEMS
     )
     """Image patterns tenant pods may run (Kyverno wildcards), e.g. `registry.example.com/team-*/*`."""
     runtime_classes: RuntimeClasses = RuntimeClasses()
@@ -469,12 +491,12 @@ class Identity(Model):
     """The OIDC provider users sign in with. Every API server the platform runs for tenants (each
     vCluster) trusts it, with usernames and groups prefixed `oidc:` (`ai_factory.factory.model.tenancy.OIDC_PREFIX`)."""
 
-    issuer_url: Annotated[str, StringConstraints(pattern=r"^https://[^\s/]+(/[^\s]*)?$")]
+    issuer_url: Annotated[str, StringConstraints(pattern=r"^https://[^\s/]+(/[^\s]*)?$", max_length=MAX_TEXT)]
     """The issuer (for Keycloak, `https://<host>/realms/<realm>`); API servers fetch its discovery document."""
-    client_id: Annotated[str, StringConstraints(min_length=1)] = "kubernetes"
+    client_id: Annotated[str, StringConstraints(min_length=1, max_length=MAX_TEXT)] = "kubernetes"
     """The audience tokens must carry."""
-    username_claim: Annotated[str, StringConstraints(min_length=1)] = "email"
-    groups_claim: Annotated[str, StringConstraints(min_length=1)] = "groups"
+    username_claim: Annotated[str, StringConstraints(min_length=1, max_length=MAX_TEXT)] = "email"
+    groups_claim: Annotated[str, StringConstraints(min_length=1, max_length=MAX_TEXT)] = "groups"
     litellm_client_id: DnsLabel = "litellm"
     """Client of the LiteLLM gateway (its UI sign-in and the JWTs it accepts)."""
     dashboards_client_id: DnsLabel = "dashboards"
@@ -501,9 +523,9 @@ class Identity(Model):
 
 
 class Owners(Model):
-    groups: list[Annotated[str, StringConstraints(min_length=1, max_length=128)]] = Field(min_length=1)
+    groups: list[Annotated[str, StringConstraints(min_length=1, max_length=128)]] = Field(min_length=1, max_length=MAX_ITEMS)
     """Identity-provider groups whose members administer the tenant."""
-    users: list[str] = []
+    users: list[Annotated[str, StringConstraints(min_length=1, max_length=254)]] = Field(default=[], max_length=MAX_ITEMS)
 
 
 class GpuDemand(Model):
@@ -512,16 +534,16 @@ class GpuDemand(Model):
     (time-slicing), or `count` vGPUs of `memory_mib` and `cores_percent` each (hami)."""
 
     pool: DnsLabel
-    count: int | None = Field(default=None, ge=1)
-    mig: dict[str, Annotated[int, Field(ge=1)]] = {}
-    memory_mib: int | None = Field(default=None, ge=256)
+    count: int | None = Field(default=None, ge=1, le=MAX_GPU_UNITS)
+    mig: dict[Annotated[str, StringConstraints(max_length=64)], Annotated[int, Field(ge=1, le=MAX_GPU_UNITS)]] = Field(default={}, max_length=MAX_ITEMS)
+    memory_mib: int | None = Field(default=None, ge=256, le=1 << 24)
     cores_percent: int | None = Field(default=None, ge=1, le=100)
     memory_oversubscription: float = Field(default=1.0, ge=1.0, le=4.0)
     """HAMi only: device-memory scaling on this tenant's GPUs (HAMi `deviceMemoryScaling`). 1 = no
     oversubscription, the default; above 1 the tenant opts in to sharing memory that may not be there."""
 
 
-Quantity = Annotated[str, StringConstraints(pattern=r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")]
+Quantity = Annotated[str, StringConstraints(pattern=r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$", max_length=32)]
 """A Kubernetes resource quantity, e.g. `64`, `500m`, `512Gi`."""
 
 
@@ -536,13 +558,13 @@ class TenantQuota(Model):
     """`requests.storage` (persistent volume claims)."""
     ephemeral_storage: Quantity = "500Gi"
     """`requests.ephemeral-storage`."""
-    pods: int = Field(default=200, ge=1)
-    persistent_volume_claims: int = Field(default=50, ge=0)
-    services: int = Field(default=50, ge=0)
-    load_balancers: int = Field(default=0, ge=0)
+    pods: int = Field(default=200, ge=1, le=MAX_QUOTA_COUNT)
+    persistent_volume_claims: int = Field(default=50, ge=0, le=MAX_QUOTA_COUNT)
+    services: int = Field(default=50, ge=0, le=MAX_QUOTA_COUNT)
+    load_balancers: int = Field(default=0, ge=0, le=MAX_QUOTA_COUNT)
     """`services.loadbalancers`; 0 by default: tenant services are reached through platform gateways."""
-    configmaps: int = Field(default=200, ge=0)
-    secrets: int = Field(default=200, ge=0)
+    configmaps: int = Field(default=200, ge=0, le=MAX_QUOTA_COUNT)
+    secrets: int = Field(default=200, ge=0, le=MAX_QUOTA_COUNT)
 
 
 class Borrowing(Model):
@@ -553,7 +575,7 @@ class Borrowing(Model):
     lendable_percent: int = Field(default=0, ge=0, le=100)
     """Share of each GPU quota that domain peers may borrow while the tenant leaves it idle (taken
     back by preemption when the tenant needs it). 0 = a guaranteed share that is never lent."""
-    limit_percent: int | None = Field(default=None, ge=0)
+    limit_percent: int | None = Field(default=None, ge=0, le=100_000)
     """How far the tenant may go beyond each GPU quota by borrowing, as a percentage of that quota
     (0 = never); None = as far as its trust domain has idle capacity."""
     fair_share_weight: int = Field(default=1, ge=1, le=1000)
@@ -572,7 +594,7 @@ class Tenant(Model):
     """Control plane: `namespace` for trusted teams, a `vcluster` (own API server) otherwise.
     Defaults by trust: `high` -> namespace, `medium`/`low` -> vcluster."""
     owners: Owners
-    gpus: list[GpuDemand] = []
+    gpus: list[GpuDemand] = Field(default=[], max_length=MAX_ITEMS)
     quota: TenantQuota = TenantQuota()
     borrowing: Borrowing = Borrowing()
     organisation: DnsLabel | None = None
@@ -600,9 +622,9 @@ class SelfService(Model):
     """Tenants that may onboard themselves through the tenant API, without the platform team
     editing `tenants` (`ai_factory.factory.model.onboarding`). Off while `trust` is empty."""
 
-    trust: list[Trust] = []
+    trust: list[Trust] = Field(default=[], max_length=3)
     """Trust levels a self-service tenant may declare."""
-    pools: list[DnsLabel] = []
+    pools: list[DnsLabel] = Field(default=[], max_length=MAX_POOLS)
     """Pools its GPU demands may name."""
     max_gpus: int = Field(default=0, ge=0, le=4096)
     """The most its demands may add up to: one per whole GPU, MIG instance, replica or slice."""
@@ -614,7 +636,7 @@ class FactoryConfig(Model):
     layers: Layers = Layers()
     identity: Identity | None = None
     """Required as soon as a tenant has its own control plane (vCluster)."""
-    tenants: list[Tenant] = []
+    tenants: list[Tenant] = Field(default=[], max_length=MAX_TENANTS)
     self_service: SelfService = SelfService()
 
     def pool(self, name: str) -> Pool:

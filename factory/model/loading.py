@@ -26,11 +26,22 @@ from typing import Any, Iterable
 import yaml
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from ai_factory.factory.model.config import SECTIONS, FactoryConfig, KubernetesSpec, Tenant
+from ai_factory.factory.model.config import (
+    MAX_FLEET_NODES,
+    MAX_GPU_UNITS,
+    MAX_GPUS_PER_NODE,
+    SECTIONS,
+    FactoryConfig,
+    HamiPool,
+    KubernetesSpec,
+    Tenant,
+    TimeSlicing,
+)
 from ai_factory.factory.model.gpus import GPU_MODELS
 from ai_factory.factory.model.onboarding import RegistryError, registered_tenants, registry_dir
 from ai_factory.factory.planning.placement import UNASSIGNED, offering_name
-from ai_factory.factory.model.secrets import offline_placeholder
+from ai_factory.factory.model import bounded_yaml
+from ai_factory.factory.model.secrets import PassphraseCrypter, SecretsError, offline_placeholder, parse_ciphertext, parse_salt, passphrase_from_env
 
 PROJECT_FILE = "Pulumi.yaml"
 
@@ -61,7 +72,9 @@ def project_name(directory: Path) -> str:
     """The `name:` of the project in `directory`: the namespace of its configuration."""
     path = directory / PROJECT_FILE
     try:
-        document = yaml.safe_load(path.read_text())
+        document = bounded_yaml.read(path)
+    except bounded_yaml.YamlBoundError as err:
+        raise ConfigError([f"{PROJECT_FILE}: refused: {err}"], source=str(path)) from None
     except FileNotFoundError:
         raise ConfigError([f"{PROJECT_FILE}: no Pulumi project in {directory} (run from your project, or pass --project-dir)"], source=str(directory)) from None
     except yaml.YAMLError as err:
@@ -89,15 +102,20 @@ def stack_name(path: Path) -> str:
     return path.name.removeprefix("Pulumi.").rsplit(".", 1)[0]
 
 
-def read_stack_file(path: Path) -> tuple[dict[str, Any], set[str]]:
+def read_stack_file(path: Path, decrypt_check: bool = False) -> tuple[dict[str, Any], set[str]]:
     """The raw sections of a stack file in its project's namespace (`<project>:<section>`), with
     `secure:` values turned into placeholders.
 
-    Returns the sections and the names of those holding a secret (they are seeded as secret config)."""
+    Returns the sections and the names of those holding a secret (they are seeded as secret config).
+    Every key must belong to a known namespace (`known_namespaces`). Secure values must be Pulumi
+    ciphertexts; with a passphrase in the environment each must decrypt with it, and
+    `decrypt_check` makes that check mandatory (no passphrase is then a problem)."""
     if not path.is_file():
         raise ConfigError([f"{path.name}: no such stack file"], source=str(path))
     try:
-        document = yaml.safe_load(path.read_text()) or {}
+        document = bounded_yaml.read(path) or {}
+    except bounded_yaml.YamlBoundError as err:
+        raise ConfigError([f"{path.name}: refused: {err}"], source=str(path)) from None
     except yaml.YAMLError as err:
         raise ConfigError([f"{path.name}: not valid YAML: {err}"], source=str(path)) from None
     if not isinstance(document, dict) or not isinstance(document.get("config", {}), dict):
@@ -105,17 +123,22 @@ def read_stack_file(path: Path) -> tuple[dict[str, Any], set[str]]:
     raw: dict[str, Any] = {}
     problems = []
     secret_sections: set[str] = set()
+    secure: dict[str, Any] = {}
     project = stack_project(path)
     for key, value in (document.get("config") or {}).items():
+        problem = config_key_problem(str(key), project)
+        if problem:
+            problems.append(problem)
+            continue
         namespace, _, section = str(key).partition(":")
         if namespace != project:
             continue  # provider settings such as kubernetes:context belong to their providers
-        if section not in SECTIONS:
-            problems.append(f"{section}: unknown key{_did_you_mean(section, SECTIONS)}")
-            continue
-        raw[section], has_secret = _replace_secure(value, section)
-        if has_secret:
+        found: dict[str, Any] = {}
+        raw[section] = _replace_secure(value, section, found)
+        if found:
             secret_sections.add(section)
+            secure.update(found)
+    problems += _check_secure_values(document, secure, decrypt_check)
     if problems:
         raise ConfigError(problems, source=str(path))
     return raw, secret_sections
@@ -133,6 +156,126 @@ def with_registered_tenants(raw: dict[str, Any], env: str, directory: Path) -> d
     return {**raw, "tenants": [*_as_list(raw.get("tenants")), *registered]}
 
 
+def stack_file_lines(path: Path) -> dict[str, int]:
+    """Where each config path of a stack file is written: `{"tenants[1].gpus[0]": 97, ...}` (1-based
+    lines), in the path syntax of `ConfigError` problems; sections of the project's namespace by
+    their name, other keys (`kubernetes:context`, `encryptionsalt`) as written. Empty when the file
+    cannot be read (its problems are reported by `read_stack_file`)."""
+    try:
+        root = bounded_yaml.compose(path)
+        project = stack_project(path)
+    except (OSError, ValueError, yaml.YAMLError, ConfigError):
+        return {}
+    lines: dict[str, int] = {}
+
+    def walk(node: yaml.Node, at: str) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                if isinstance(key, yaml.ScalarNode):
+                    inner = f"{at}.{key.value}" if at else str(key.value)
+                    lines.setdefault(inner, key.start_mark.line + 1)
+                    walk(value, inner)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                lines.setdefault(f"{at}[{i}]", item.start_mark.line + 1)
+                walk(item, f"{at}[{i}]")
+
+    if isinstance(root, yaml.MappingNode):
+        for key, value in root.value:
+            if not isinstance(key, yaml.ScalarNode):
+                continue
+            if key.value != "config":
+                lines.setdefault(str(key.value), key.start_mark.line + 1)
+            elif isinstance(value, yaml.MappingNode):
+                for config_key, section in value.value:
+                    if isinstance(config_key, yaml.ScalarNode):
+                        namespace, _, name = str(config_key.value).partition(":")
+                        at = name if namespace == project and name else str(config_key.value)
+                        lines.setdefault(at, config_key.start_mark.line + 1)
+                        walk(section, at)
+    return lines
+
+
+def line_of(lines: dict[str, int], path: str) -> int | None:
+    """The line of `path`, or of its nearest written ancestor (a defaulted field is reported at the
+    mapping that omits it)."""
+    while path:
+        if path in lines:
+            return lines[path]
+        cut = max(path.rfind("."), path.rfind("["))
+        path = path[:cut] if cut > 0 else ""
+    return None
+
+
+PROVIDER_NAMESPACES = ("kubernetes", "keycloak", "vault", "command", "pulumi")
+"""Config namespaces besides the project's: the providers the program uses (`kubernetes:context`,
+...) and the engine's own (`pulumi:tags`)."""
+
+
+def known_namespaces(project: str) -> tuple[str, ...]:
+    """Every config namespace a stack file of `project` may use; any other is a mistake (a misspelt
+    `ai-factroy:tenants` would otherwise leave an environment without tenants, silently)."""
+    return (project, *PROVIDER_NAMESPACES)
+
+
+def config_key_problem(key: str, project: str) -> str | None:
+    """What is wrong with a config key of `project`'s stack, if anything: no namespace, a namespace
+    no one reads, or a section the project does not have."""
+    namespace, colon, section = key.partition(":")
+    if not colon:
+        hint = f" (did you mean '{project}:{key}'?)" if key in SECTIONS else ""
+        return f"{key}: a config key is `<namespace>:<name>`{hint}"
+    if namespace not in known_namespaces(project):
+        return f"{key}: unknown config namespace {namespace!r}{_did_you_mean(namespace, known_namespaces(project))}"
+    if namespace == project and section not in SECTIONS:
+        return f"{section}: unknown key{_did_you_mean(section, SECTIONS)}"
+    return None
+
+
+def _check_secure_values(document: dict[str, Any], secure: dict[str, Any], decrypt_check: bool) -> list[str]:
+    """Each secure value is a well-formed ciphertext; with the passphrase available, each decrypts.
+    Problems name the config path, never a plaintext."""
+    problems = []
+    for path, ciphertext in sorted(secure.items()):
+        try:
+            parse_ciphertext(ciphertext)
+        except SecretsError as err:
+            problems.append(f"{path}: malformed secure value: {err}")
+    provider = document.get("secretsprovider")
+    if provider not in (None, "passphrase"):
+        if decrypt_check:
+            problems.append(f"secretsprovider: {str(provider)[:80]!r} cannot be checked offline; --decrypt-check verifies passphrase stacks only")
+        return problems
+    salt = document.get("encryptionsalt")
+    if salt is None:
+        if secure:
+            problems.append("encryptionsalt: missing, so no passphrase decrypts this stack's secure values (set them again with `pulumi config set --secret`)")
+        return problems
+    try:
+        parse_salt(salt)
+    except SecretsError as err:
+        return problems + [f"encryptionsalt: {err}"]
+    try:
+        passphrase = passphrase_from_env()
+    except SecretsError as err:
+        return problems + [str(err)]
+    if passphrase is None:
+        if decrypt_check:
+            problems.append("--decrypt-check: set PULUMI_CONFIG_PASSPHRASE or PULUMI_CONFIG_PASSPHRASE_FILE to the stack's passphrase")
+        return problems
+    try:
+        crypter = PassphraseCrypter(passphrase, salt)
+    except SecretsError as err:
+        return problems + [f"encryptionsalt: {err}"]
+    for path, ciphertext in sorted(secure.items()):
+        try:
+            if not crypter.decrypts(ciphertext):
+                problems.append(f"{path}: does not decrypt with this stack's passphrase (encrypted for another stack or passphrase?)")
+        except SecretsError:
+            pass  # malformed: reported above
+    return problems
+
+
 def load_stack_file(env: str, directory: Path | None = None) -> FactoryConfig:
     path = stack_file(env, directory)
     raw, _ = read_stack_file(path)
@@ -142,13 +285,21 @@ def load_stack_file(env: str, directory: Path | None = None) -> FactoryConfig:
 def load_pulumi_config() -> FactoryConfig:
     """The environment as `pulumi up` sees it: decrypted config, secret sections known to the engine."""
     import pulumi
-    from pulumi.runtime.config import is_config_secret
+    from pulumi.runtime.config import CONFIG, is_config_secret
 
     config = pulumi.Config()  # the project's own namespace
     raw = {section: value for section in SECTIONS if (value := config.get_object(section)) is not None}
     raw = with_registered_tenants(raw, pulumi.get_stack(), project_dir())
     decrypted = {section for section in raw if is_config_secret(f"{pulumi.get_project()}:{section}")}
-    return validate(raw, decrypted_secret_sections=decrypted, source=f"stack {pulumi.get_stack()}")
+    source = f"stack {pulumi.get_stack()}"
+    key_problems = [p for key in sorted(CONFIG.get()) if (p := config_key_problem(key, pulumi.get_project()))]
+    try:
+        cfg = validate(raw, decrypted_secret_sections=decrypted, source=source)
+    except ConfigError as err:
+        raise ConfigError([*key_problems, *err.problems], source=source) from None
+    if key_problems:
+        raise ConfigError(key_problems, source=source)
+    return cfg
 
 
 def validate(raw: dict[str, Any], decrypted_secret_sections: set[str] = frozenset(), source: str = "configuration") -> FactoryConfig:
@@ -228,12 +379,15 @@ def cross_check(raw: dict[str, Any]) -> list[str]:
         for node in map(_as_dict, _as_list(pool.get("node_list"))):
             if isinstance(node.get("name"), str):
                 node_names[node["name"]] += 1
-        per_node = _as_dict(pool.get("gpu")).get("per_node")
+        per_node = _valid_int(_as_dict(pool.get("gpu")).get("per_node"), 1, MAX_GPUS_PER_NODE)
         for j, numa in enumerate(map(_as_dict, _as_list(_as_dict(pool.get("topology")).get("numa")))):
-            for gpu in _as_list(numa.get("gpus")):
-                if isinstance(gpu, int) and isinstance(per_node, int) and not 0 <= gpu < per_node:
-                    problems.append(f"{path}.topology.numa[{j}].gpus: GPU index {gpu} is outside 0..{per_node - 1}")
+            outside = [gpu for gpu in _as_list(numa.get("gpus")) if isinstance(gpu, int) and per_node and not 0 <= gpu < per_node]
+            if outside:
+                problems.append(f"{path}.topology.numa[{j}].gpus: GPU index(es) {', '.join(map(str, outside))} outside 0..{per_node - 1}")
     problems += [f"fleet.pools: node {name!r} is listed {n} times" for name, n in node_names.items() if n > 1]
+    total_nodes = sum(_node_count(pool) or 0 for pool in map(_as_dict, pools))
+    if total_nodes > MAX_FLEET_NODES:
+        problems.append(f"fleet.pools: {total_nodes} nodes in all; a fleet is one Kubernetes cluster, at most {MAX_FLEET_NODES} nodes")
     problems += _check_device_layers(raw, pools)
     problems += _check_hami_memory_scaling(pools_by_name, tenants)
     problems += _check_tenancy(raw, tenants)
@@ -397,6 +551,42 @@ def _check_hami_memory_scaling(pools: dict[str, dict], tenants: list) -> list[st
     ]
 
 
+def _valid_int(value: Any, low: int, high: int) -> int | None:
+    """`value` if it is an integer its field accepts; None lets the field error speak alone (no
+    cross-check built on an impossible value, such as a GPU index range of `0..-1`)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and low <= value <= high else None
+
+
+def _node_count(pool: dict) -> int | None:
+    nodes, node_list = pool.get("nodes"), pool.get("node_list")
+    if nodes is not None:
+        return _valid_int(nodes, 1, MAX_FLEET_NODES)
+    return len(node_list) if isinstance(node_list, list) and len(node_list) <= MAX_FLEET_NODES else None
+
+
+def pool_supply(pool: dict, profile_max: int = 1) -> int | None:
+    """The most units one demand on `pool` could ever get: every GPU of every node, times what one
+    GPU offers under the pool's sharing (time-sliced replicas, HAMi splits, `profile_max` MIG
+    instances of one profile); None while a field it needs is invalid (its own error says so)."""
+    nodes = _node_count(pool)
+    per_node = _valid_int(_as_dict(pool.get("gpu")).get("per_node"), 1, MAX_GPUS_PER_NODE)
+    sharing = pool.get("sharing", "exclusive")
+    per_gpu = {
+        "time-slicing": _valid_int(_as_dict(pool.get("time_slicing")).get("replicas", TimeSlicing().replicas), 2, 64),
+        "hami": _valid_int(_as_dict(pool.get("hami")).get("split_count", HamiPool().split_count), 1, 64),
+        "mig": profile_max,
+    }.get(sharing, 1)
+    if nodes is None or per_node is None or per_gpu is None:
+        return None
+    return nodes * per_node * per_gpu
+
+
+def _beyond_supply(path: str, count: Any, pool_name: str, supply: int | None, unit: str) -> list[str]:
+    if supply is None or _valid_int(count, 1, MAX_GPU_UNITS) is None or count <= supply:
+        return []
+    return [f"{path}: {count} is more than pool {pool_name!r} could ever supply ({supply} {unit}); the demand cannot be planned"]
+
+
 def _minor_version(version: str) -> tuple[int, ...]:
     try:
         return tuple(int(part) for part in version.split("."))
@@ -412,6 +602,14 @@ def _tenant_rules(path: str, tenant: dict) -> list[str]:
     field = "trust_domain" if tenant.get("trust_domain") else "name"
     if tenant.get(field) == UNASSIGNED:
         problems.append(f"{path}.{field}: {UNASSIGNED!r} is reserved for the nodes the plan gives to no trust domain")
+    for kind in ("groups", "users"):
+        seen: Counter[str] = Counter()
+        for j, owner in enumerate(_as_list(_as_dict(tenant.get("owners")).get(kind))):
+            if not isinstance(owner, str):
+                continue  # a field error
+            seen[owner] += 1
+            if seen[owner] == 2:  # once per owner, however often repeated
+                problems.append(f"{path}.owners.{kind}[{j}]: {kind[:-1]} {owner!r} is listed twice")
     return problems
 
 
@@ -472,10 +670,16 @@ def _check_demand(path: str, demand: dict, pools: dict[str, dict], trust: Any) -
     model_name = _as_dict(pool.get("gpu")).get("model")
     model = GPU_MODELS.get(model_name) if isinstance(model_name, str) else None
     if sharing == "mig" and model is not None:
-        profiles = {p.name for p in model.mig_profiles}
-        for profile in _as_dict(demand.get("mig")):
+        profiles = {p.name: p for p in model.mig_profiles}
+        for profile, count in _as_dict(demand.get("mig")).items():
             if profile not in profiles:
                 problems.append(f"{path}.mig.{profile}: not a MIG profile of {model.name}{_did_you_mean(str(profile), profiles)}")
+            else:
+                supply = pool_supply(pool, profiles[profile].max_count)
+                problems += _beyond_supply(f"{path}.mig.{profile}", count, pool_name, supply, f"{profile} instances")
+    elif "count" in expected:
+        unit = {"time-slicing": "time-sliced replicas", "hami": "HAMi vGPUs"}.get(sharing, "GPUs")
+        problems += _beyond_supply(f"{path}.count", demand.get("count"), pool_name, pool_supply(pool), unit)
     return problems
 
 
@@ -503,16 +707,17 @@ def _as_list(value: Any) -> list:
 # --------------------------------------------------------------------------- messages
 
 
-def _replace_secure(value: Any, path: str) -> tuple[Any, bool]:
+def _replace_secure(value: Any, path: str, found: dict[str, Any]) -> Any:
+    """`value` with each `{secure: <ciphertext>}` replaced by its placeholder; the ciphertexts are
+    collected in `found` by config path."""
     if isinstance(value, dict):
         if set(value) == {"secure"}:
-            return offline_placeholder(path), True
-        pairs = {k: _replace_secure(v, f"{path}.{k}") for k, v in value.items()}
-        return {k: v for k, (v, _) in pairs.items()}, any(s for _, s in pairs.values())
+            found[path] = value["secure"]
+            return offline_placeholder(path)
+        return {k: _replace_secure(v, f"{path}.{k}", found) for k, v in value.items()}
     if isinstance(value, list):
-        pairs = [_replace_secure(v, f"{path}[{i}]") for i, v in enumerate(value)]
-        return [v for v, _ in pairs], any(s for _, s in pairs)
-    return value, False
+        return [_replace_secure(v, f"{path}[{i}]", found) for i, v in enumerate(value)]
+    return value
 
 
 def _format_path(section: str, loc: tuple) -> str:
@@ -537,6 +742,8 @@ def _format_error(section: str, error: dict, root: Any = None) -> str:
         "greater_than": f"must be > {ctx.get('gt')}",
         "less_than_equal": f"must be <= {ctx.get('le')}",
         "too_short": f"must have at least {ctx.get('min_length')} item(s)",
+        "too_long": f"must have at most {ctx.get('max_length')} item(s)",
+        "string_too_long": f"must be at most {ctx.get('max_length')} character(s)",
         "string_pattern_mismatch": f"{error['input']!r} does not match {ctx.get('pattern')}",
         "literal_error": f"must be one of {ctx.get('expected')}",
         "int_type": "must be an integer",

@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from ai_factory.factory.model import bounded_yaml
 from ai_factory.factory.model.config import FactoryConfig, Tenant
 
 REGISTRY_DIR = "tenants"
@@ -49,7 +50,9 @@ def registered_tenants(env: str, project_dir: Path) -> list[dict[str, Any]]:
         if path.stat().st_size > MAX_FILE_BYTES:
             raise RegistryError(f"{path}: larger than {MAX_FILE_BYTES} bytes")
         try:
-            entry = yaml.safe_load(path.read_text())
+            entry = bounded_yaml.load(path.read_text())
+        except bounded_yaml.YamlBoundError as err:
+            raise RegistryError(f"{path}: refused: {err}") from None
         except yaml.YAMLError as err:
             raise RegistryError(f"{path}: not valid YAML: {err}") from None
         if not isinstance(entry, dict) or entry.get("name") != path.stem:

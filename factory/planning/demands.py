@@ -12,6 +12,12 @@ from ai_factory.factory.model.gpus import GPU_MODELS, GpuModel
 from ai_factory.factory.planning.model import Demand, HamiAllocation, PoolSpec, TenantSpec, hami_memory_capacity
 
 
+PACKING_HEADROOM = 2
+"""Shared demands (MIG, HAMi, time-slicing) of a pool beyond this many times what all its GPUs
+could hold are refused before packing, so the packers' cost follows the supply; short of that,
+the packers run and the shortfall is reported per tenant and resource."""
+
+
 @dataclass
 class PoolRequests:
     """The valid demands on one pool, grouped the way the planner packs them."""
@@ -207,6 +213,15 @@ def _add_demand(
                 f"({capacity} MiB of nvidia.com/gpumem at memory scaling {scaling:g})"
             )
             valid = False
+    # One allocation per vGPU is built below: never beyond the headroom of what the pool could hold.
+    vgpus = len(pool.nodes) * pool.gpus_per_node * pool.hami_split_count
+    asked = sum(item.count for item in demand.hami) + sum(len(s) for s in request.hami.values())
+    if valid and asked > PACKING_HEADROOM * vgpus:
+        problems.append(
+            f"{where}: the pool's demands reach {asked} HAMi vGPUs, more than {PACKING_HEADROOM} times what its "
+            f"GPUs could ever hold ({vgpus}); refused before planning"
+        )
+        valid = False
     if valid:
         for item in demand.hami:
             request.hami[domain, scaling].extend(

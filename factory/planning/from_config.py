@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pydantic import TypeAdapter, ValidationError
+
 from ai_factory.factory.model.config import FactoryConfig, GpuDemand, Pool, Tenant
 from ai_factory.factory.model.loading import ConfigError, project_dir
 from ai_factory.factory.planning.model import Demand, HamiSlice, Plan, PlanError, PoolSpec, TenantSpec
@@ -59,9 +61,29 @@ def plan_path(env: str, directory: Path | None = None) -> Path:
     return (directory or project_dir()) / PLANS_DIR / f"{env}.json"
 
 
+MAX_PLAN_LOCK_BYTES = 256 * 1024 * 1024
+"""Largest plan lock read (a fleet at the config's bounds, every GPU in use, writes well under this)."""
+
+
 def previous_plan(env: str, directory: Path | None = None) -> Plan | None:
+    """The environment's plan lock, if it has one; a lock that is not a plan is a config error."""
     path = plan_path(env, directory)
-    return Plan.from_json(path.read_text()) if path.is_file() else None
+    if not path.is_file():
+        return None
+    if path.stat().st_size > MAX_PLAN_LOCK_BYTES:
+        raise ConfigError([f"{PLANS_DIR}/{path.name}: larger than {MAX_PLAN_LOCK_BYTES} bytes, not a plan lock"], source=str(path))
+    try:
+        return _PLAN_LOCK.validate_json(path.read_bytes())  # every field typed, as `Plan.to_json` writes it
+    except ValidationError as err:
+        where = err.errors()[0]
+        raise ConfigError(
+            [f"{PLANS_DIR}/{path.name}: not a plan lock written by `ai-factory plan --lock` "
+             f"({'.'.join(map(str, where['loc'])) or 'document'}: {where['msg']}); write it again, or delete it to plan from scratch"],
+            source=str(path),
+        ) from None
+
+
+_PLAN_LOCK = TypeAdapter(Plan)
 
 
 def plan_for(cfg: FactoryConfig, previous: Plan | None = None) -> Plan:

@@ -7,8 +7,8 @@ import dataclasses
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
-from ai_factory.factory.model.gpus import GPU_MODELS, GpuModel
-from ai_factory.factory.planning.demands import PoolRequests
+from ai_factory.factory.model.gpus import COMPUTE_SLICES, GPU_MODELS, MEMORY_SLICES, GpuModel
+from ai_factory.factory.planning.demands import PACKING_HEADROOM, PoolRequests
 from ai_factory.factory.planning.mig import ceil_div, mig_gpus
 from ai_factory.factory.planning.model import (
     WHOLE_GPU,
@@ -18,6 +18,7 @@ from ai_factory.factory.planning.model import (
     PoolSpec,
     Slot,
     gpu_grants,
+    hami_memory_capacity,
     mig_config_name,
     mig_parted_entries,
 )
@@ -47,6 +48,10 @@ class _Group:
 def plan_pool(pool: PoolSpec, request: PoolRequests, before: PoolPlan | None, problems: list[str]) -> PoolPlan | None:
     model = GPU_MODELS[pool.gpu_model]
     per_node = pool.gpus_per_node
+    beyond = beyond_capacity(pool, model, request)
+    if beyond:
+        problems.extend(beyond)
+        return None  # packing what can never fit would cost time in the size of the demand
     previous = Previous(before, pool)
     groups: dict[tuple[int, str, str], _Group] = {}
 
@@ -217,6 +222,48 @@ class _FreeSlots:
         slot = self._order[self._next]
         self._taken.add(slot)
         return slot
+
+
+def beyond_capacity(pool: PoolSpec, model: GpuModel, request: PoolRequests) -> list[str]:
+    """Shared demands (MIG slices, HAMi memory and cores, time-sliced replicas) beyond
+    `PACKING_HEADROOM` times what every GPU of the pool together could hold, checked on the
+    demands' totals, so the packers only ever run on demands the supply bounds (HAMi vGPUs are
+    bounded as they are collected, `demands._add_demand`)."""
+    gpus = len(pool.nodes) * pool.gpus_per_node
+    totals: list[tuple[str, Counter[str], int]] = []
+    compute: Counter[str] = Counter()
+    memory: Counter[str] = Counter()
+    for instances in request.mig.values():
+        for (tenant, profile), n in instances.items():
+            compute[tenant] += n * model.profile(profile).compute_slices
+            memory[tenant] += n * model.profile(profile).memory_slices
+    totals += [("MIG compute slices", compute, gpus * COMPUTE_SLICES), ("MIG memory slices", memory, gpus * MEMORY_SLICES)]
+    gpumem: Counter[str] = Counter()
+    cores: Counter[str] = Counter()
+    for slices in request.hami.values():
+        for allocation, n in Counter(slices).items():
+            gpumem[allocation.tenant] += n * allocation.memory_mib
+            cores[allocation.tenant] += n * allocation.cores_percent
+    most_memory = max((hami_memory_capacity(model, scaling) for _, scaling in request.hami), default=0)
+    totals += [
+        ("MiB of HAMi GPU memory", gpumem, gpus * most_memory),
+        ("percent of HAMi GPU cores", cores, gpus * 100),
+    ]
+    replicas: Counter[str] = Counter()
+    for shares in request.time_sliced.values():
+        replicas.update(shares)
+    totals.append(("time-sliced replicas", replicas, gpus * pool.time_slicing_replicas))
+    lines = []
+    for what, by_tenant, bound in totals:
+        total = sum(by_tenant.values())
+        if total > PACKING_HEADROOM * bound:
+            named = sorted(by_tenant.items())
+            listed = ", ".join(f"{t} {n}" for t, n in named[:10]) + (f" and {len(named) - 10} more" if len(named) > 10 else "")
+            lines.append(
+                f"pool {pool.name!r}: the demands ask for {total} {what} in all ({listed}), more than {PACKING_HEADROOM} "
+                f"times what its {gpus} GPUs could ever hold ({bound}); refused before planning"
+            )
+    return lines
 
 
 def _shortfall(pool: PoolSpec, model: GpuModel, request: PoolRequests, groups: list[_Group]) -> list[str]:

@@ -3,6 +3,7 @@ previous plan's GPUs where that costs none."""
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from typing import Iterable, Mapping, Sequence
 
@@ -26,7 +27,10 @@ def _pack_hami(
 ) -> list[list[HamiAllocation]]:
     """First-fit decreasing onto `gpus` (kept from a previous plan), then onto new GPUs, under four
     size orders (dominant share, summed shares, memory, cores); the fewest GPUs wins. A heuristic:
-    the figures report its gap to the lower bound."""
+    the figures report its gap to the lower bound.
+
+    Identical slices are placed in one step per GPU (as many as fit: what placing them one by one
+    first-fit gives), so the cost follows the number of distinct slices and of GPUs, not of vGPUs."""
     capacity = hami_memory_capacity(model, scaling)
     slices = list(slices)
     sizes = (
@@ -37,17 +41,45 @@ def _pack_hami(
     )
     best: list[list[HamiAllocation]] | None = None
     for size in sizes:
-        bins = [list(gpu) for gpu in gpus]
-        for allocation in sorted(slices, key=lambda a: (-size(a), -a.memory_mib, -a.cores_percent, a.tenant)):
+        bins = [_HamiGpu(list(gpu)) for gpu in gpus]
+        ordered = sorted(slices, key=lambda a: (-size(a), -a.memory_mib, -a.cores_percent, a.tenant))
+        for allocation, same in itertools.groupby(ordered):
+            left = sum(1 for _ in same)
             for gpu in bins:
-                if _hami_fits(gpu + [allocation], capacity, split_count):
-                    gpu.append(allocation)
+                left -= gpu.add(allocation, left, capacity, split_count)
+                if not left:
                     break
-            else:
-                bins.append([allocation])
+            while left:
+                bins.append(_HamiGpu([]))
+                placed = bins[-1].add(allocation, left, capacity, split_count)
+                if not placed:  # the demand checks refuse such slices; never loop on one
+                    raise ValueError(f"a HAMi slice of {allocation.memory_mib} MiB does not fit an empty {model.name}")
+                left -= placed
         if best is None or len(bins) < len(best):
-            best = bins
+            best = [gpu.allocations for gpu in bins]
     return best
+
+
+class _HamiGpu:
+    """A GPU being packed, with its running totals."""
+
+    def __init__(self, allocations: list[HamiAllocation]):
+        self.allocations = allocations
+        self.memory = sum(a.memory_mib for a in allocations)
+        self.cores = sum(a.cores_percent for a in allocations)
+
+    def add(self, allocation: HamiAllocation, most: int, capacity: int, split_count: int) -> int:
+        """Place up to `most` copies of `allocation` (as many as fit); how many were placed."""
+        room = min(
+            split_count - len(self.allocations),
+            (capacity - self.memory) // allocation.memory_mib,
+            (100 - self.cores) // allocation.cores_percent,
+        )
+        placed = max(0, min(most, room))
+        self.allocations.extend([allocation] * placed)
+        self.memory += placed * allocation.memory_mib
+        self.cores += placed * allocation.cores_percent
+        return placed
 
 
 def _hami_fits(allocations: Sequence[HamiAllocation], capacity: int, split_count: int) -> bool:

@@ -39,14 +39,14 @@ from ai_factory.components.kyverno import (
 from ai_factory.components.tenant_stack import DEVICE_CLASS_QUOTA_SUFFIX, TOLERATIONS_WHITELIST_ANNOTATION
 from ai_factory.factory.model.loading import ConfigError, read_stack_file, stack_file, stack_name, validate
 from ai_factory.factory.planning.model import Plan
-from ai_factory.factory.planning.placement import offering_name
+from ai_factory.factory.planning.placement import DEDICATED_LABEL, UNASSIGNED, offering_name
 from ai_factory.factory.planning.from_config import plan_for, previous_plan
 from ai_factory.factory.planning.quotas import CPU_FLAVOR
 from ai_factory.factory.rendering.bundle import Manifest, Rendered, dump_yaml, render_raw
 from ai_factory.factory.model.tenancy import TRUST_DOMAIN_LABEL
 
-DIFF_CONTEXT_LINES = 12
-"""Lines of an unexpected object change shown in the report."""
+DIFF_CONTEXT_LINES = 2
+"""Unchanged lines shown around each change of an object's unified diff."""
 MASKED = "<follows the trust domain's offerings>"
 """Stands for a list that may follow the trust domain's offerings, in a masked object."""
 OFFERED_RULES = {GPU_RESOURCES_RULE: (granted_gpu_resources_rule, 0), TOLERATIONS_RULE: (placement_tolerations_rule, 1)}
@@ -176,8 +176,11 @@ def _owner(tenant: str | None) -> str:
 
 
 def _object_diff(before: Manifest, after: Manifest) -> list[str]:
-    lines = difflib.unified_diff(dump_yaml(before.obj).splitlines(), dump_yaml(after.obj).splitlines(), lineterm="", n=1)
-    return [f"    {line}" for line in list(lines)[2 : 2 + DIFF_CONTEXT_LINES]]
+    """What changes in an object, as a unified diff of its rendered file (indented under its line)."""
+    lines = difflib.unified_diff(
+        dump_yaml(before.obj).splitlines(), dump_yaml(after.obj).splitlines(), f"a/{before.path}", f"b/{after.path}", lineterm="", n=DIFF_CONTEXT_LINES
+    )
+    return [f"    {line}" for line in lines]
 
 
 @dataclass
@@ -196,6 +199,18 @@ class TenantRemoval:
         tenant's grant returns to it, and it goes with the domain's last tenant."""
         labels = (m.obj.get("metadata") or {}).get("labels") or {}
         return m.tenant is None and self.domain is not None and labels.get(TRUST_DOMAIN_LABEL) == self.domain
+
+    def _other_domains(self, *objects: Manifest) -> list[str]:
+        """The trust domains (and dedicated tenants) other than the removed tenant's that platform
+        objects are labelled for: a node or queue flavor of another domain that re-planning changes
+        moves capacity of another tenant."""
+        ours = {self.domain, self.tenant, UNASSIGNED, None}
+        labels = [(m.obj.get("metadata") or {}).get("labels") or {} for m in objects if not m.tenant]
+        return sorted({str(value) for label in labels for value in (label.get(TRUST_DOMAIN_LABEL), label.get(DEDICATED_LABEL))} - {str(v) for v in ours})
+
+    def _releases(self, *objects: Manifest) -> bool:
+        """A platform object that follows the plan releasing the tenant's GPUs (and of no other domain)."""
+        return not objects[0].tenant and not self._other_domains(*objects)
 
     @property
     def _domain_flavors(self) -> set[str]:
@@ -228,13 +243,18 @@ class TenantRemoval:
 
     @property
     def peers_following_domain(self) -> list[str]:
-        changed = ((b, self.follows_domain(b, a)) for b, a in self.release.changed)
-        return [f"  ~ changed {b.path} ({what} of tenant {b.tenant})" for b, what in changed if what]
+        """One line per object of a peer tenant that follows the domain's offerings, its diff under it."""
+        return [
+            line
+            for before, after in self.release.changed
+            if (what := self.follows_domain(before, after))
+            for line in (f"  ~ changed {before.path} ({what} of tenant {before.tenant})", *_object_diff(before, after))
+        ]
 
     @property
     def returned_to_domain(self) -> list[str]:
         removed = [f"  - deleted {m.path}" for m in self.removal.removed if self._of_domain(m)]
-        return removed + [f"  ~ changed {b.path}" for b, _ in self.removal.changed if self._of_domain(b)]
+        return removed + [line for b, a in self.removal.changed if self._of_domain(b) for line in (f"  ~ changed {b.path}", *_object_diff(b, a))]
 
     @property
     def unexpected(self) -> list[str]:
@@ -262,6 +282,11 @@ class TenantRemoval:
         for before, after in release.changed:
             if before.tenant and not self.follows_domain(before, after):
                 lines += [f"re-planning changes {before.path} (tenant {before.tenant})", *_object_diff(before, after)]
+        for verb, objects in (("deletes", release.removed), ("adds", release.added)):
+            lines += [f"re-planning {verb} {m.path} (trust domain {', '.join(others)})" for m in objects if (others := self._other_domains(m))]
+        for before, after in release.changed:
+            if others := self._other_domains(before, after):
+                lines += [f"re-planning changes {before.path} (trust domain {', '.join(others)})", *_object_diff(before, after)]
         for verb, entries in (("deletes", release.resources_removed), ("adds", release.resources_added), ("changes", release.resources_changed)):
             lines += [f"re-planning {verb} Pulumi resource {_key(e)} (tenant {e['tenant']})" for e in entries if e.get("tenant")]
         return lines
@@ -281,18 +306,20 @@ class TenantRemoval:
             lines.append("  resources kept in the cluster only leave the Pulumi state: delete the namespace once its volumes are backed up")
         returned = self.returned_to_domain
         if returned:
-            lines.append(f"its grant returns to its trust domain {self.domain} ({len(returned)} object(s) of that domain only):")
+            count = sum(not line.startswith("    ") for line in returned)
+            lines.append(f"its grant returns to its trust domain {self.domain} ({count} object(s) of that domain only):")
             lines += returned
         released = [
-            *(f"  - deleted {m.path}" for m in self.release.removed if not m.tenant),
-            *(f"  + added {m.path}" for m in self.release.added if not m.tenant),
-            *(f"  ~ changed {b.path}" for b, _ in self.release.changed if not b.tenant),
+            *([f"  - deleted {m.path}"] for m in self.release.removed if self._releases(m)),
+            *([f"  + added {m.path}"] for m in self.release.added if self._releases(m)),
+            *([f"  ~ changed {b.path}", *_object_diff(b, a)] for b, a in self.release.changed if self._releases(b, a)),
         ]
         lines.append(f"re-planning without it releases its GPUs ({len(released)} platform object(s) change; `pulumi up` does both at once):")
-        lines += released or ["  nothing"]
+        lines += [line for entry in released for line in entry] or ["  nothing"]
         peers = self.peers_following_domain
         if peers:
-            lines.append(f"its trust domain's offerings change, and with them {len(peers)} object(s) of its peer tenants that follow them:")
+            count = sum(not line.startswith("    ") for line in peers)
+            lines.append(f"its trust domain's offerings change, and with them {count} object(s) of its peer tenants that follow them:")
             lines += peers
         lines += [f"note: {n}" for n in self.notes]
         unexpected = self.unexpected
@@ -315,21 +342,25 @@ def without_tenant(env: str, tenant: str) -> TenantRemoval:
         hint = f" (did you mean {close[0]!r}?)" if close else f" (tenants: {', '.join(names) or 'none'})"
         raise ConfigError([f"--without-tenant: no tenant {tenant!r} in {path.name}{hint}"], source=str(path))
     stack = stack_name(path)
-    recorded = previous_plan(stack)
+    recorded = previous_plan(stack, path.resolve().parent)  # where `plan --lock` writes it
     result = tenant_removal(raw, secret_sections, tenant, stack, recorded)
     if recorded is None:
+        moved = ", which moves other tenants' GPUs (UNEXPECTED below)" if result.unexpected else ""
         result.notes.append(
-            f"{env} has no recorded plan (plans/{stack}.json): `pulumi up` would re-plan every tenant from scratch, "
-            f"not from the current plan as here; record it first (`python -m factory plan {env} --lock`)"
+            f"{env} has no plan lock (plans/{stack}.json): `pulumi up` re-plans every tenant from scratch (the "
+            f"re-planning above){moved}; lock the plan first (`ai-factory plan {env} --lock`, then commit it) so that "
+            "re-planning keeps every other tenant's GPUs where they are"
         )
     elif recorded.pools != plan_for(cfg, recorded).pools:  # the layout, not how it was reached
-        result.notes.append(f"the recorded plan of {env} is not the current one; record it first (`python -m factory plan {env} --lock`)")
+        result.notes.append(f"the plan lock of {env} is not the current plan; lock it again first (`ai-factory plan {env} --lock`)")
     return result
 
 
 def tenant_removal(raw: dict[str, Any], secret_sections: set[str], tenant: str, stack: str, recorded: Plan | None = None) -> TenantRemoval:
-    """Render the config sections `raw` as they are, without `tenant` (plan unchanged), and without
-    it re-planned from the current plan (itself planned from `recorded`, as `pulumi up` does)."""
+    """Render the config sections `raw` as they are (planned from the plan lock `recorded`, as
+    `pulumi up` does), without `tenant` with that plan unchanged, and without it re-planned as
+    `pulumi up` would: from the lock, or from scratch when there is none (every tenant's GPUs may
+    then move, and the report shows it)."""
     cfg = validate(raw)
     current = plan_for(cfg, recorded)
     reduced_raw = copy.deepcopy(raw)
@@ -337,7 +368,7 @@ def tenant_removal(raw: dict[str, Any], secret_sections: set[str], tenant: str, 
     reduced_cfg = validate(reduced_raw, source=f"the configuration without tenant {tenant}")
     full = render_raw(raw, secret_sections, cfg, stack, plan=current)
     without = render_raw(reduced_raw, secret_sections, reduced_cfg, stack, plan=current)
-    replanned = render_raw(reduced_raw, secret_sections, reduced_cfg, stack, plan=plan_for(reduced_cfg, current))
+    replanned = render_raw(reduced_raw, secret_sections, reduced_cfg, stack, plan=plan_for(reduced_cfg, recorded))
     domains = [(m.obj["metadata"].get("labels") or {}).get(TRUST_DOMAIN_LABEL) for m in full.manifests if m.kind == "Namespace" and m.tenant == tenant]
     domain = next((d for d in domains if d), None)
     pools = tuple(p.name for p in cfg.fleet.pools)

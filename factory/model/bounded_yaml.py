@@ -1,0 +1,129 @@
+"""YAML of stack files, read within bounds.
+
+PyYAML shares an anchored node between its aliases, so a few hundred bytes of nested aliases
+("billion laughs") load quickly into a small graph that every later walk (validation, JSON for the
+engine) expands into billions of values. The document's size is therefore measured as if every
+alias were expanded, on the composed node graph (each node's expanded size computed once), and a
+document over `MAX_EXPANDED_NODES` is refused before anything is constructed. Nesting and file
+size are bounded too, so no input reaches Python's recursion limit or fills memory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+MAX_FILE_BYTES = 4 * 1024 * 1024
+"""Largest stack file read (a fleet at every bound of `ai_factory.factory.model.config` fits in well under a MiB)."""
+MAX_EXPANDED_NODES = 250_000
+"""Most YAML nodes (scalars, sequences, mappings, map keys included) a document may hold once
+every alias is expanded."""
+MAX_DEPTH = 64
+"""Deepest nesting of sequences and mappings (a stack file needs about 10)."""
+
+
+class YamlBoundError(ValueError):
+    """A document over a bound, or with a recursive alias."""
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """The safe loader with a nesting bound enforced while composing (before recursion gets deep)."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                mark = self.peek_event().start_mark
+                raise YamlBoundError(f"nested deeper than {MAX_DEPTH} levels (line {mark.line + 1})")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+def expanded_size(root: yaml.Node) -> int:
+    """The number of nodes of `root` with every alias expanded; `YamlBoundError` past the size or
+    depth bound, or on a recursive alias. Each distinct node is measured once (its expanded size and
+    height), so the cost is that of the graph, not of its expansion."""
+    measured: dict[int, tuple[int, int]] = {}
+    on_path: set[int] = set()
+
+    def too_deep(node: yaml.Node) -> YamlBoundError:
+        return YamlBoundError(f"nested deeper than {MAX_DEPTH} levels once its aliases are expanded (line {node.start_mark.line + 1})")
+
+    def measure(node: yaml.Node, depth: int) -> tuple[int, int]:
+        key = id(node)
+        if key in measured:
+            size, height = measured[key]
+            if depth + height > MAX_DEPTH:
+                raise too_deep(node)
+            return size, height
+        if depth > MAX_DEPTH:
+            raise too_deep(node)
+        if key in on_path:
+            raise YamlBoundError(f"recursive alias (line {node.start_mark.line + 1}): a stack file is a tree")
+        on_path.add(key)
+        if isinstance(node, yaml.SequenceNode):
+            children = node.value
+        elif isinstance(node, yaml.MappingNode):
+            children = [part for pair in node.value for part in pair]
+        else:
+            children = []
+        size, height = 1, 1
+        for child in children:
+            child_size, child_height = measure(child, depth + 1)
+            size, height = size + child_size, max(height, child_height + 1)
+            if size > MAX_EXPANDED_NODES:
+                raise YamlBoundError(
+                    f"more than {MAX_EXPANDED_NODES} values once its aliases are expanded (line {node.start_mark.line + 1})"
+                )
+        on_path.discard(key)
+        measured[key] = (size, height)
+        return size, height
+
+    return measure(root, 1)[0]
+
+
+def load(text: str) -> Any:
+    """One YAML document, safely, within the bounds above (`YamlBoundError`), or `yaml.YAMLError`."""
+    if len(text) > MAX_FILE_BYTES:
+        raise YamlBoundError(f"larger than {MAX_FILE_BYTES} bytes")
+    loader = _BoundedLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        expanded_size(node)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def read(path: Path) -> Any:
+    """`load` of a file, never reading more than the size bound."""
+    return load(_read_text(path))
+
+
+def compose(path: Path) -> yaml.Node | None:
+    """The node graph of a file (positions included), within the same bounds as `load`."""
+    loader = _BoundedLoader(_read_text(path))
+    try:
+        node = loader.get_single_node()
+        if node is not None:
+            expanded_size(node)
+        return node
+    finally:
+        loader.dispose()
+
+
+def _read_text(path: Path) -> str:
+    with path.open("rb") as handle:
+        data = handle.read(MAX_FILE_BYTES + 1)
+    if len(data) > MAX_FILE_BYTES:
+        raise YamlBoundError(f"larger than {MAX_FILE_BYTES} bytes")
+    return data.decode("utf-8", errors="replace")
