@@ -14,7 +14,7 @@ from tests.conftest import REPO
 
 
 def mutated(rendered: Rendered, kind: str, name: str, change) -> Rendered:
-    clone = copy.deepcopy(Rendered(rendered.config, rendered.kubernetes_version, rendered.manifests, rendered.inventory))
+    clone = copy.deepcopy(Rendered(rendered.config, rendered.kubernetes_version, rendered.manifests, rendered.inventory, kustomizations=rendered.kustomizations))
     target = next(m for m in clone.manifests if m.kind == kind and m.name == name)
     change(target.obj)
     return clone

@@ -370,21 +370,22 @@ class Staging:
 
     # ---- stages
 
-    def rule(self, m: Manifest, i: int) -> int:
+    def rule(self, i: int) -> int:
+        """The earliest stage of an object's kind."""
+        m = self.manifests[i]
         if m.tenant:
             return STAGES.index("tenants")
         if m.kind in (*FLUX_SOURCE_KINDS, "Namespace"):
             return STAGES.index("sources")
         if m.kind == "HelmRelease":
-            return STAGES.index("crds") if any(owner == i for owner in self.owners.values()) else STAGES.index("controllers")
+            return STAGES.index("crds") if i in self.owners.values() else STAGES.index("controllers")
         if self.owner(i) is not None:
             return STAGES.index("resources")
         return STAGES.index("sources")
 
     def rank(self, i: int) -> int:
         if i not in self._ranks:
-            m = self.manifests[i]
-            floor = self.rule(m, i)
+            floor = self.rule(i)
             for resource in self.lineage(i):
                 floor = max(floor, self._floor(resource))
             for j in self.needs(i):
@@ -405,11 +406,13 @@ class Staging:
     def unit_needs(self) -> dict[str, set[str]]:
         """Each stage directory and the stage directories it needs."""
         units: dict[str, set[str]] = {m.unit: set() for m in self.manifests}
+        by_resource: dict[str, set[str]] = {}
         for i, m in enumerate(self.manifests):
-            needed = set(self.needs(i))
+            units[m.unit].update(self.manifests[j].unit for j in self.needs(i))
             for resource in self.lineage(i):
-                needed.update(self.resource_objects(resource))
-            units[m.unit].update(self.manifests[j].unit for j in needed)
+                if resource.key not in by_resource:  # a tenant stack's dependencies are every layer's objects
+                    by_resource[resource.key] = {self.manifests[j].unit for j in self.resource_objects(resource)}
+                units[m.unit].update(by_resource[resource.key])
         for unit, needed in units.items():
             needed.discard(unit)
         return units
