@@ -7,7 +7,7 @@ Output layout (stable; the same config gives byte-identical files):
     <out>/**/kustomization.yaml                                  in every directory of flux/ and manifests/
     <out>/inventory.json                                         every Pulumi resource, and where it went
 
-The objects are split into stages that an empty cluster can apply in order (`stage_manifests`):
+The objects are split into stages that an empty cluster can apply in order (`Staging`):
 `sources` (namespaces, chart sources and what releases read), `crds` (releases whose charts install
 CRDs), `controllers` (the other releases), `resources` (custom resources of the platform), then
 one Kustomization per tenant (`tenants/<layer>`), and per layer the objects the program only
@@ -28,7 +28,7 @@ import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 import yaml
 
@@ -83,7 +83,7 @@ class Manifest:
     origin: str
     """The Pulumi resource the object comes from (`type::name`)."""
     stage: str = ""
-    """Where the bundle applies it (`STAGES`, or `PATCHES`); set by `stage_manifests`."""
+    """Where the bundle applies it (`STAGES`, or `PATCHES`); set by `Staging`."""
 
     @property
     def kind(self) -> str:
