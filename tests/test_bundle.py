@@ -15,6 +15,7 @@ from ai_factory.factory.checking.ordering import bundle_order, bundle_patches
 from ai_factory.factory.model.catalog import CHARTS
 from ai_factory.factory.model.loading import validate
 from ai_factory.factory.rendering.bundle import (
+    KEEP_ANNOTATIONS,
     KUSTOMIZE_FILE,
     NOT_IN_BUNDLE,
     PATCH_ANNOTATIONS,
@@ -165,6 +166,16 @@ def test_patches_are_never_pruned_deleted_or_taken_over(dev, oracles):
     pruning = [k["spec"]["path"] for k in dev.kustomizations if k["spec"]["prune"]]
     assert not [m.path for m in patches if any(m.path.startswith(p.removeprefix("./") + "/") for p in pruning)]
     assert findings(bundle_patches, dev, oracles) == []
+
+
+def test_what_pulumi_retains_on_delete_the_bundle_never_prunes(dev):
+    retained = {e["type"] + "::" + e["name"] for e in dev.inventory if e["retainOnDelete"]}
+    kept = [m for m in dev.manifests if m.origin in retained]
+    assert {("Namespace", "tenant-search"), ("HelmRelease", "vcluster-assistant")} <= {(m.kind, m.name) for m in kept}
+    for m in kept:
+        assert KEEP_ANNOTATIONS.items() <= m.obj["metadata"]["annotations"].items(), m.ref
+    pruned = [m for m in dev.manifests if m.origin not in retained and not m.is_patch]
+    assert all("kustomize.toolkit.fluxcd.io/prune" not in (m.obj["metadata"].get("annotations") or {}) for m in pruned)
 
 
 def _patch_stage_pruning(rendered: Rendered) -> Rendered:

@@ -65,13 +65,18 @@ renders; true whichever applies it (Flux, Argo CD, kubectl, or the Pulumi progra
 NOT_IN_BUNDLE = "configured by the Pulumi program, not in the bundle"
 KUSTOMIZE_FILE = "kustomization.yaml"
 
-PATCH_ANNOTATIONS = {
-    # A patch sets some fields of an object someone else owns (the kubelet's Node, the namespace's
-    # default ServiceAccount): never delete it when the patch goes, and keep the fields other
-    # managers set (server-side apply merges; Flux's default would drop fields kubectl set).
+KEEP_ANNOTATIONS = {
+    # Never deleted when it leaves the bundle or its Kustomization goes: what Pulumi retains on
+    # delete (a tenant's namespace and vCluster) and what a patch only touches.
     "kustomize.toolkit.fluxcd.io/prune": "disabled",
-    "kustomize.toolkit.fluxcd.io/ssa": "Merge",
     "argocd.argoproj.io/sync-options": "Prune=false,Delete=false",
+}
+PATCH_ANNOTATIONS = {
+    **KEEP_ANNOTATIONS,
+    # A patch sets some fields of an object someone else owns (the kubelet's Node, the namespace's
+    # default ServiceAccount): keep the fields other managers set (server-side apply merges;
+    # Flux's default would drop fields kubectl set).
+    "kustomize.toolkit.fluxcd.io/ssa": "Merge",
 }
 
 
@@ -247,14 +252,18 @@ def from_graph(graph: Graph, cfg: FactoryConfig) -> Rendered:
     manifests: list[Manifest] = []
     owned: dict[str, tuple[str, ...]] = {}
     for resource in graph.resources:
+        made: list[Manifest] = []
         if resource.type in HELM_RELEASE_TYPES:
-            manifests += helm_release_manifests(resource)
+            made = helm_release_manifests(resource)
             owned[resource.key] = crd_groups(resource.inputs["chart"])
         elif resource.type.startswith("kubernetes:") and not resource.type.startswith(NON_OBJECT_TYPES):
             obj = kubernetes_object(resource)
             if resource.secret_paths:
                 _mark_redacted(obj)
-            manifests.append(Manifest(obj, resource.layer, resource.tenant, resource.key))
+            made = [Manifest(obj, resource.layer, resource.tenant, resource.key)]
+        for m in made if resource.retain_on_delete else ():
+            m.obj.setdefault("metadata", {}).setdefault("annotations", {}).update(KEEP_ANNOTATIONS)
+        manifests += made
     staging = Staging(manifests, graph, owned)
     stack = stack_of(graph)
     for m in manifests:
