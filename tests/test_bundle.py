@@ -6,6 +6,8 @@ from __future__ import annotations
 import copy
 import json
 import os
+import shutil
+import subprocess
 import pulumi_kubernetes as k8s
 import pytest
 import yaml
@@ -218,6 +220,18 @@ def test_every_directory_lists_exactly_its_files_in_a_kustomization(dev, tmp_pat
         listed = yaml.safe_load((directory / KUSTOMIZE_FILE).read_text())
         assert listed["apiVersion"] == "kustomize.config.k8s.io/v1beta1" and listed["kind"] == "Kustomization"
         assert sorted(listed["resources"]) == sorted(p.name for p in directory.iterdir() if p.name != KUSTOMIZE_FILE), directory
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (its built-in kustomize) is not on PATH")
+def test_kustomize_builds_each_stage_into_exactly_its_objects(dev, tmp_path):
+    dev.write(tmp_path)
+    for k in [*dev.kustomizations, {"spec": {"path": "./manifests"}}]:
+        path = k["spec"]["path"].removeprefix("./")
+        built = subprocess.run(["kubectl", "kustomize", str(tmp_path / path)], capture_output=True, text=True, check=True, timeout=60)
+        objects = sorted(
+            (o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]) for o in yaml.safe_load_all(built.stdout) if o
+        )
+        assert objects == sorted((m.kind, m.namespace, m.name) for m in dev.manifests if m.path.startswith(path + "/")), path
 
 
 def test_each_kustomization_applies_a_directory_of_the_bundle(dev, tmp_path):
