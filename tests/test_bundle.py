@@ -21,6 +21,7 @@ from ai_factory.factory.rendering.bundle import (
     KUSTOMIZE_FILE,
     NOT_IN_BUNDLE,
     PATCH_ANNOTATIONS,
+    Manifest,
     Rendered,
     from_graph,
     load_rendered,
@@ -113,6 +114,14 @@ def _without_kustomization(rendered: Rendered, name: str) -> Rendered:
 )
 def test_bundle_order_flags(dev, oracles, break_it, expected):
     assert expected in findings(bundle_order, break_it(dev), oracles)
+
+
+def test_what_a_chart_installs_is_ordered_by_its_release_not_by_a_stage(dev, oracles):
+    clone = copy.deepcopy(dev)
+    release = next(m for m in clone.manifests if m.kind == "HelmRelease" and m.name == "kueue")
+    installed = {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": "from-the-chart"}}
+    clone.manifests.append(Manifest(installed, release.layer, None, "chart:kueue"))
+    assert findings(bundle_order, clone, oracles) == []
 
 
 def test_stages_apply_sources_and_crd_releases_then_controllers_then_custom_resources_then_tenants(dev):

@@ -17,6 +17,7 @@ from typing import Any, Iterable, Mapping
 from ai_factory.factory.checking.findings import Finding
 from ai_factory.factory.checking.oracles import Oracles, is_core_api
 from ai_factory.factory.rendering.bundle import PATCH_ANNOTATIONS, Manifest, Rendered
+from ai_factory.factory.rendering.charts import releases_of
 
 FLUX_GROUP_SUFFIX = ".toolkit.fluxcd.io"
 """Flux's own kinds (HelmRelease, HelmRepository, ...): their CRDs come with Flux, before the bundle."""
@@ -52,14 +53,10 @@ class _Bundle:
 
 
 def _crd_owners(rendered: Rendered) -> dict[str, list[Manifest]]:
-    from ai_factory.factory.checking.check import chart_of  # check imports this module
-
-    sources = {m.name: m.obj for m in rendered.manifests if m.kind in ("HelmRepository", "OCIRepository")}
     owners: dict[str, list[Manifest]] = {}
-    for m in rendered.manifests:
-        if m.kind == "HelmRelease" and (pin := chart_of(m, sources)) is not None:
-            for group in pin.crd_groups:
-                owners.setdefault(group, []).append(m)
+    for release in releases_of(rendered)[0]:
+        for group in release.pin.crd_groups:
+            owners.setdefault(group, []).append(release.manifest)
     return owners
 
 
@@ -67,6 +64,8 @@ def bundle_order(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
     bundle = _Bundle(rendered)
     owners = _crd_owners(rendered)
     for m in rendered.manifests:
+        if not m.stage:  # what a chart installs: its release's stage applies it
+            continue
         applier = bundle.applier(m)
         if applier is None:
             yield Finding("bundle-order", m.ref, f"no Flux Kustomization of the bundle applies {m.path}", _tenants(m))
