@@ -67,7 +67,7 @@ def check_environment(
         [*rendered.manifests, *chart_manifests(outputs)],
         rendered.inventory,
         rendered.graph,
-        rendered.kustomizations,
+        kustomizations=rendered.kustomizations,
     )
     findings += run_checks(union, oracles)
     kinds = unchecked_kinds(union, oracles)

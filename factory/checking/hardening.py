@@ -21,8 +21,8 @@ from ai_factory.factory.rendering.bundle import Rendered
 
 def bundle_secrets(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
     for m in rendered.manifests:
-        if m.kind != "Secret" or m.obj.get("apiVersion") != "v1":
-            continue
+        if m.kind != "Secret" or m.obj.get("apiVersion") != "v1" or not m.stage:
+            continue  # a Secret a chart generates at install time (no stage) is not written to the bundle
         for field in ("data", "stringData"):
             values = m.obj.get(field)
             literal = sorted(str(k) for k, v in values.items() if v != REDACTED) if isinstance(values, Mapping) else []

@@ -689,3 +689,24 @@ def _objects_in(path: Path, relative: str, unreadable: list[tuple[str, str]]) ->
             continue
         objects.append(obj)
     return objects
+
+
+def _yaml_type(value: Any) -> str:
+    return {list: "a list", str: "a string", bool: "a boolean", int: "a number", float: "a number"}.get(type(value), type(value).__name__)
+
+
+def _not_an_object(obj: Any) -> str | None:
+    """Why a YAML document cannot be read as a Kubernetes object, None when it can."""
+    if not isinstance(obj, dict):
+        return f"is {_yaml_type(obj)}, not a Kubernetes object (a mapping)"
+    metadata = obj.get("metadata")
+    if metadata is not None and not isinstance(metadata, dict):
+        return f"has metadata that is {_yaml_type(metadata)}, not a mapping"
+    if not all(isinstance(obj.get(key, ""), str) for key in ("apiVersion", "kind")):
+        return "has an apiVersion or kind that is not a string"
+    for key in ("name", "namespace"):
+        if not isinstance((metadata or {}).get(key, ""), str):
+            return f"has a metadata.{key} that is not a string"
+    if not isinstance((metadata or {}).get("labels") or {}, dict):
+        return "has metadata.labels that are not a mapping"
+    return None
