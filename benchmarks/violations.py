@@ -47,15 +47,21 @@ class Bundle:
     inventory: dict[str, Any]
     raw: dict[str, str] = field(default_factory=dict)
 
+    def key(self, path: str) -> str:
+        """The file of `<layer>/<namespace>/<kind>-<name>`, in whichever stage the bundle put it."""
+        (found,) = [k for k in self.objects if k.split("/", 2)[2] == f"{path}.yaml"]
+        return found
+
     def obj(self, path: str) -> dict[str, Any]:
-        return self.objects[f"manifests/{path}.yaml"]
+        return self.objects[self.key(path)]
 
     def add(self, layer: str, obj: dict[str, Any]) -> None:
         namespace = obj["metadata"].get("namespace") or "_cluster"
-        self.objects[f"manifests/{layer}/{namespace}/{obj['kind'].lower()}-{obj['metadata']['name']}.yaml"] = obj
+        stage = "tenants" if layer.startswith("tenant-") else "resources"
+        self.objects[f"manifests/{stage}/{layer}/{namespace}/{obj['kind'].lower()}-{obj['metadata']['name']}.yaml"] = obj
 
     def remove(self, path: str) -> None:
-        del self.objects[f"manifests/{path}.yaml"]
+        del self.objects[self.key(path)]
 
     def entry(self, resource_type: str, name: str) -> dict[str, Any]:
         """The one inventory entry of a type whose Pulumi name contains `name` (the names carry
@@ -77,8 +83,10 @@ DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
 def read_bundle(directory: Path) -> Bundle:
-    objects = {str(p.relative_to(directory)): yaml.load(p.read_text(), Loader=SAFE_LOADER) for p in sorted((directory / "manifests").rglob("*.yaml"))}
-    return Bundle(objects, json.loads((directory / "inventory.json").read_text()))
+    files = sorted((directory / "manifests").rglob("*.yaml"))
+    objects = {str(p.relative_to(directory)): yaml.load(p.read_text(), Loader=SAFE_LOADER) for p in files if p.name != "kustomization.yaml"}
+    raw = {str(p.relative_to(directory)): p.read_text() for p in [*files, *(directory / "flux").glob("*.yaml")] if str(p.relative_to(directory)) not in objects}
+    return Bundle(objects, json.loads((directory / "inventory.json").read_text()), raw)
 
 
 # --------------------------------------------------------------------------- tenant workloads
@@ -248,7 +256,7 @@ def unprotect(resource_type: str, name: str) -> Callable[[Bundle], None]:
 
 def raw(path: str, text: str) -> Callable[[Bundle], None]:
     def mutate(bundle: Bundle) -> None:
-        bundle.raw[f"manifests/{path}.yaml"] = text
+        bundle.raw[f"manifests/resources/{path}.yaml"] = text  # a new file, in a stage
 
     return mutate
 

@@ -19,3 +19,15 @@ def test_pin_is_a_published_version_recorded_upstream(product, oracles):
     chart = yaml.safe_load((oracles.root / pin.oracle_dir / "Chart.yaml").read_text())
     assert chart["name"] == pin.name
     assert (oracles.root / pin.oracle_dir / "values.yaml").is_file()
+
+
+@pytest.mark.parametrize("product", sorted(p for p, pin in CHARTS.items() if pin.crd_groups))
+def test_declared_crd_groups_are_groups_of_the_products_upstream_crds(product, oracles):
+    pin = CHARTS[product]
+    upstream = {
+        crd["spec"]["group"]
+        for path in (oracles.root / pin.oracle_dir.split("/")[0]).rglob("crds/*.yaml")
+        for crd in yaml.load_all(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # MB-sized CRDs
+        if crd and crd.get("kind") == "CustomResourceDefinition"
+    }
+    assert set(pin.crd_groups) <= upstream

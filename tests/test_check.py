@@ -14,7 +14,7 @@ from tests.conftest import REPO
 
 
 def mutated(rendered: Rendered, kind: str, name: str, change) -> Rendered:
-    clone = copy.deepcopy(Rendered(rendered.config, rendered.kubernetes_version, rendered.manifests, rendered.inventory))
+    clone = copy.deepcopy(Rendered(rendered.config, rendered.kubernetes_version, rendered.manifests, rendered.inventory, kustomizations=rendered.kustomizations))
     target = next(m for m in clone.manifests if m.kind == kind and m.name == name)
     change(target.obj)
     return clone
@@ -59,7 +59,7 @@ def test_check_on_a_rendered_directory_catches_an_edited_value(tmp_path, oracles
     subprocess.run([sys.executable, "-m", "ai_factory.factory", "render", "dev", "--out", str(out)], cwd=REPO, check=True, capture_output=True, timeout=120)
     clean = subprocess.run([sys.executable, "-m", "ai_factory.factory", "check", str(out), "--upstream", str(oracles.root)], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert clean.returncode == 0, clean.stdout + clean.stderr
-    path = out / "manifests/gpu-operator/gpu-operator/helmrelease-gpu-operator.yaml"
+    path = out / "manifests/crds/gpu-operator/gpu-operator/helmrelease-gpu-operator.yaml"
     release = yaml.safe_load(path.read_text())
     release["spec"]["values"]["devicePlugin"]["enabledd"] = release["spec"]["values"]["devicePlugin"].pop("enabled")
     path.write_text(yaml.safe_dump(release))

@@ -36,13 +36,13 @@ def test_removing_a_tenant_changes_only_its_objects(shared_domain_stack, capsys)
     assert main(["diff", str(shared_domain_stack), "--without-tenant", "search-eval"]) == 0
     out = capsys.readouterr().out
     listed = [line.split()[1] for line in out.splitlines() if line.startswith("  - manifests/")]
-    assert listed and all(path.startswith("manifests/tenant-search-eval/") for path in listed)
-    assert "manifests/tenant-search-eval/_cluster/namespace-tenant-search-eval.yaml" in listed
+    assert listed and all(path.startswith(("manifests/tenants/tenant-search-eval/", "manifests/patches/tenant-search-eval/")) for path in listed)
+    assert "manifests/tenants/tenant-search-eval/_cluster/namespace-tenant-search-eval.yaml" in listed
     assert "[protected, kept in the cluster]" in out
     assert "its grant returns to its trust domain internal (1 object(s) of that domain only):" in out
     # Re-planning returns its MIG instance to the pool: search's ceiling (its domain's supply) follows.
     assert "its trust domain's offerings change, and with them 1 object(s) of its peer tenants that follow them:" in out
-    assert "manifests/tenant-search/tenant-search/resourcequota-tenant-quota.yaml (GPU ceiling of tenant search)" in out
+    assert "manifests/tenants/tenant-search/tenant-search/resourcequota-tenant-quota.yaml (GPU ceiling of tenant search)" in out
     assert out.rstrip().endswith("no other object changes: nothing shared with another trust domain, nothing of another tenant")
 
 
@@ -50,7 +50,7 @@ def test_removing_a_tenant_changes_only_its_objects(shared_domain_stack, capsys)
 def test_removing_a_dev_tenant_changes_only_its_objects_its_domains_and_released_capacity(dev_raw, tenant):
     removal = tenant_removal(copy.deepcopy(dev_raw[0]), dev_raw[1], tenant, "dev")
     assert removal.unexpected == []
-    assert removal.removal.removed and all(m.path.startswith(f"manifests/tenant-{tenant}/") for m in removal.removal.removed if m.tenant)
+    assert removal.removal.removed and all(m.layer == f"tenant-{tenant}" for m in removal.removal.removed if m.tenant)
     assert not any(m.tenant for m in [*removal.release.removed, *removal.release.added, *(b for b, _ in removal.release.changed)])
 
 
@@ -149,16 +149,16 @@ def test_removing_a_domains_only_user_of_a_pool_changes_only_what_follows_its_of
     assert main(["diff", str(path), "--without-tenant", "alpha"]) == 0
     out = capsys.readouterr().out
     # The domain no longer offers h100-train: beta's queue drops that flavor, its policy denies the resource.
-    assert "  - deleted manifests/kueue/_cluster/resourceflavor-h100-train-internal.yaml" in out
+    assert "  - deleted manifests/resources/kueue/_cluster/resourceflavor-h100-train-internal.yaml" in out
     assert "its trust domain's offerings change, and with them 3 object(s) of its peer tenants that follow them:" in out
-    assert "manifests/tenant-beta/_cluster/clusterqueue-tenant-beta.yaml (GPU queue flavors of tenant beta)" in out
-    assert "manifests/tenant-beta/_cluster/clusterpolicy-tenant-beta-admission.yaml (admitted GPU resources and tolerations of tenant beta)" in out
-    assert "manifests/tenant-beta/tenant-beta/resourcequota-tenant-quota.yaml (GPU ceiling of tenant beta)" in out
+    assert "manifests/tenants/tenant-beta/_cluster/clusterqueue-tenant-beta.yaml (GPU queue flavors of tenant beta)" in out
+    assert "manifests/tenants/tenant-beta/_cluster/clusterpolicy-tenant-beta-admission.yaml (admitted GPU resources and tolerations of tenant beta)" in out
+    assert "manifests/tenants/tenant-beta/tenant-beta/resourcequota-tenant-quota.yaml (GPU ceiling of tenant beta)" in out
     assert "UNEXPECTED" not in out
     # The other way round the domain loses its MIG offering: alpha's pods may no longer tolerate its taint.
     assert main(["diff", str(path), "--without-tenant", "beta"]) == 0
     out = capsys.readouterr().out
-    assert "manifests/tenant-alpha/_cluster/namespace-tenant-alpha.yaml (allowed tolerations of tenant alpha)" in out
+    assert "manifests/tenants/tenant-alpha/_cluster/namespace-tenant-alpha.yaml (allowed tolerations of tenant alpha)" in out
     assert "UNEXPECTED" not in out
 
 

@@ -81,7 +81,7 @@ def test_thirty_tenants_of_mixed_trust_pass_every_check(many, oracles):
 def test_a_rendered_directory_is_analysed_without_the_config(dev, oracles, tmp_path):
     dev.write(tmp_path)
     assert [str(f) for c in isolation.CHECKS for f in c(load_rendered(tmp_path), oracles)] == []
-    path = tmp_path / "manifests/tenant-partner-acme/_cluster/ciliumclusterwidenetworkpolicy-tenant-partner-acme-isolation.yaml"
+    path = tmp_path / "manifests/tenants/tenant-partner-acme/_cluster/ciliumclusterwidenetworkpolicy-tenant-partner-acme-isolation.yaml"
     path.write_text(path.read_text().replace("169.254.169.254/32", "192.0.2.1/32"))
     assert found(load_rendered(tmp_path), oracles, "network-default-deny") == [
         "network-default-deny: Namespace/tenant-partner-acme: egress of tenant-partner-acme to the cloud metadata address "

@@ -39,11 +39,14 @@ def test_every_helm_release_becomes_a_flux_release_with_its_source(dev):
         assert (ref["kind"], ns, ref["name"]) in sources
 
 
-def test_layout_is_one_object_per_file_by_layer_and_namespace(dev):
+def test_layout_is_one_object_per_file_by_stage_layer_and_namespace(dev):
     files = dev.files()
-    assert "manifests/gpu-operator/gpu-operator/helmrelease-gpu-operator.yaml" in files
-    assert "manifests/gpu-operator/_cluster/namespace-gpu-operator.yaml" in files
-    assert "manifests/fleet/_cluster/node-gpu-h100-01.yaml" in files
+    assert "manifests/crds/gpu-operator/gpu-operator/helmrelease-gpu-operator.yaml" in files
+    assert "manifests/sources/gpu-operator/_cluster/namespace-gpu-operator.yaml" in files
+    assert "manifests/resources/gpu-operator/_cluster/nvidiadriver-driver-h100-train.yaml" in files
+    assert "manifests/tenants/tenant-search/tenant-search/resourcequota-tenant-quota.yaml" in files
+    assert "manifests/patches/fleet/_cluster/node-gpu-h100-01.yaml" in files
+    assert "flux/ai-factory-crds.yaml" in files
     assert "inventory.json" in files
 
 

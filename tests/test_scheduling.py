@@ -12,7 +12,7 @@ import pytest
 from ai_factory.factory.checking import scheduling as checks_scheduling
 from ai_factory.factory.checking.findings import Finding
 from ai_factory.factory.model.loading import ConfigError, validate
-from ai_factory.factory.rendering.bundle import Manifest, Rendered
+from ai_factory.factory.rendering.bundle import Manifest, Rendered, dump_yaml
 from tests.conftest import objects, one, render
 from tests.scheduling_env import bigger_environment
 
@@ -142,7 +142,9 @@ def test_removing_a_tenant_without_gpus_changes_only_its_queues(big_kai, dev_raw
     without = render(raw)
 
     def queue_files(rendered: Rendered) -> dict[str, str]:
-        return {path: text for path, text in rendered.files().items() if path.startswith(("manifests/kueue/", "manifests/kai-scheduler/"))}
+        files = {m.path: dump_yaml(m.obj) for m in rendered.manifests if m.layer in ("kueue", "kai-scheduler")}
+        assert files
+        return files
 
     assert queue_files(without) == queue_files(big_kai)
     gone = {m.kind for m in scheduling_objects(big_kai) if m.tenant == "docs"}

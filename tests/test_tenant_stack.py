@@ -63,7 +63,7 @@ def test_every_tenant_gets_namespace_quota_limits_policy_and_a_tokenless_default
     (account,) = [o for o in in_namespace(dev, "ServiceAccount", ns) if o["metadata"]["name"] == "default"]
     assert account["automountServiceAccountToken"] is False
     for m in mine:
-        assert m.path.startswith(f"manifests/tenant-{tenant}/"), m.path
+        assert m.path.startswith((f"manifests/tenants/tenant-{tenant}/", f"manifests/patches/tenant-{tenant}/")), m.path
         assert m.obj["metadata"]["labels"]["ai-factory.io/tenant"] == tenant, m.ref
 
 
@@ -329,7 +329,7 @@ def test_hooks_attach_under_the_tenant_stack_and_outputs_name_the_tenant(dev_raw
     assert marker.parent.type == "ai-factory:tenancy:TenantStack" and marker.tenant == "assistant"
     assert "kubernetes:core/v1:Namespace::assistant-namespace" in {d.key for d in marker.dependencies}
     (rendered_marker,) = [m for m in from_graph(graph, cfg).manifests if m.kind == "ConfigMap"]
-    assert rendered_marker.path == "manifests/tenant-assistant/tenant-assistant/configmap-marker.yaml"
+    assert rendered_marker.path == "manifests/tenants/tenant-assistant/tenant-assistant/configmap-marker.yaml"
     assert outputs == {
         "namespace": "tenant-assistant",
         "group_subjects": ["oidc:assistant-admins"],

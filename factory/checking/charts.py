@@ -74,7 +74,14 @@ def check_environment(
             oracles.add_crds(out.chart.name, out.crds)
     for chart, pin in sorted({out.chart: out.release.pin for out in outputs}.items(), key=lambda item: item[0]):
         oracles.use_chart(pin.oracle_dir, extract_chart(chart, store), chart.name)
-    union = Rendered(rendered.config, rendered.kubernetes_version, [*rendered.manifests, *chart_manifests(outputs)], rendered.inventory, rendered.graph)
+    union = Rendered(
+        rendered.config,
+        rendered.kubernetes_version,
+        [*rendered.manifests, *chart_manifests(outputs)],
+        rendered.inventory,
+        rendered.graph,
+        kustomizations=rendered.kustomizations,
+    )
     findings += run_checks(union, oracles, on_check=step("checking", len(checks(union))) if step is not None else None)
     kinds = unchecked_kinds(union, oracles)
     if kinds:

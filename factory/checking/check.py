@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Callable, Iterable
 
 from ai_factory.components.registry import checks_for
-from ai_factory.factory.checking import hardening, isolation
+from ai_factory.factory.checking import hardening, isolation, ordering
 from ai_factory.factory.checking import policies as policy_check
 from ai_factory.factory.checking.findings import Finding
 from ai_factory.factory.checking.oracles import Oracles, is_core_api
@@ -72,7 +72,7 @@ def _tenants(m: Manifest) -> tuple[str, ...]:
     return (m.tenant,) if m.tenant else ()
 
 
-CHECKS: list[Check] = [rendered_files, schema, helm_values, *isolation.CHECKS, *hardening.CHECKS, policy_check.policies]
+CHECKS: list[Check] = [rendered_files, schema, helm_values, *isolation.CHECKS, *hardening.CHECKS, policy_check.policies, *ordering.CHECKS]
 
 
 def checks(rendered: Rendered) -> list[Check]:

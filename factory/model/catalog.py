@@ -20,6 +20,11 @@ class ChartSource:
     version: str
     oracle_dir: str
     """Folder (relative to the oracle root) holding the chart's values.yaml for this version."""
+    crd_groups: tuple[str, ...] = ()
+    """API groups whose CRDs a release of this chart installs (from its `crds/`, its templates or,
+    for Cilium, its operator at start-up). The GitOps bundle applies a custom resource only after
+    the release owning its group is ready; `tests/test_catalog.py` checks each group against the
+    oracle's CRDs of the product."""
 
     @property
     def is_oci(self) -> bool:
@@ -39,6 +44,7 @@ CHARTS: dict[str, ChartSource] = {
         repository="https://helm.ngc.nvidia.com/nvidia",
         version="v26.7.0",
         oracle_dir="gpu-operator/chart",
+        crd_groups=("nvidia.com", "nfd.k8s-sigs.io"),
     ),
     # SOURCE.yaml: release v0.19.2; main's values.yaml differs from the tag only in image tags.
     "kueue": ChartSource(
@@ -46,6 +52,7 @@ CHARTS: dict[str, ChartSource] = {
         repository="oci://registry.k8s.io/kueue/charts",
         version="0.19.2",
         oracle_dir="kueue/chart",
+        crd_groups=("kueue.x-k8s.io",),
     ),
     # Moved from NVIDIA/ to kai-scheduler/KAI-Scheduler; the published chart version is the git tag
     # (the repository's Chart.yaml says 0.0.0). values.yaml differs from v0.17.0 by 3 lines.
@@ -54,6 +61,7 @@ CHARTS: dict[str, ChartSource] = {
         repository="oci://ghcr.io/kai-scheduler/kai-scheduler",
         version="v0.17.0",
         oracle_dir="kai-scheduler/chart",
+        crd_groups=("scheduling.run.ai", "kai.scheduler"),
     ),
     # master's chart has diverged from the release; chart-release/ is the published 1.15.1.
     "volcano": ChartSource(
@@ -61,6 +69,7 @@ CHARTS: dict[str, ChartSource] = {
         repository="https://volcano-sh.github.io/helm-charts",
         version="1.15.1",
         oracle_dir="volcano/chart-release",
+        crd_groups=("batch.volcano.sh", "bus.volcano.sh", "config.volcano.sh", "nodeinfo.volcano.sh", "scheduling.volcano.sh", "shard.volcano.sh", "topology.volcano.sh"),
     ),
     # The repository's master is the v2.10.0 release commit (SOURCE.yaml); no values schema.
     "hami": ChartSource(
@@ -76,6 +85,7 @@ CHARTS: dict[str, ChartSource] = {
         repository="oci://registry.k8s.io/dra-driver-nvidia/charts",
         version="0.4.1",
         oracle_dir="nvidia-dra-driver-gpu/chart-release",
+        crd_groups=("resource.nvidia.com",),
     ),
     # main's Chart.yaml says 0.0.1 (placeholder, 0.37 in development); the latest stable release
     # v0.36.1 is published as chart 0.36.1, its values and strict schema are in chart-release/.
@@ -92,6 +102,7 @@ CHARTS: dict[str, ChartSource] = {
         repository="https://helm.cilium.io/",
         version="1.20.0",
         oracle_dir="cilium/chart",
+        crd_groups=("cilium.io",),
     ),
     # codecentric's keycloakx (Quarkus Keycloak 26.5.6), tag keycloakx-7.1.11; with a values schema.
     "keycloak": ChartSource(
@@ -113,6 +124,7 @@ CHARTS: dict[str, ChartSource] = {
         repository="https://charts.external-secrets.io",
         version="2.9.0",
         oracle_dir="external-secrets/chart",
+        crd_groups=("external-secrets.io", "generators.external-secrets.io"),
     ),
     # Tag kyverno-chart-3.9.0 (Kyverno v1.19.0): main carries the placeholder v0.0.0. No values schema.
     "kyverno": ChartSource(
@@ -120,6 +132,7 @@ CHARTS: dict[str, ChartSource] = {
         repository="https://kyverno.github.io/kyverno/",
         version="3.9.0",
         oracle_dir="kyverno/chart",
+        crd_groups=("kyverno.io", "policies.kyverno.io"),
     ),
     # falcosecurity/charts master = tag falco-9.1.0 (Falco 0.44.1). No values schema.
     "falco": ChartSource(
@@ -134,5 +147,13 @@ CHARTS: dict[str, ChartSource] = {
         repository="https://aquasecurity.github.io/helm-charts/",
         version="0.34.0",
         oracle_dir="trivy-operator/chart",
+        crd_groups=("aquasecurity.github.io",),
     ),
 }
+
+
+def crd_groups(chart: str) -> tuple[str, ...]:
+    """The CRD groups the pinned chart named `chart` installs (`chart` as a release names it: the
+    chart's name, or its `oci://` reference); none for a chart outside the catalog."""
+    name = chart.rsplit("/", 1)[-1]
+    return next((c.crd_groups for c in CHARTS.values() if c.name == name), ())

@@ -2,13 +2,22 @@
 
 Output layout (stable; the same config gives byte-identical files):
 
-    <out>/manifests/<layer>/<namespace or _cluster>/<kind>-<name>.yaml   one object per file
-    <out>/inventory.json                                                  every Pulumi resource
+    <out>/flux/<kustomization>.yaml                              one Flux Kustomization per stage
+    <out>/manifests/<stage>/<layer>/<namespace or _cluster>/<kind>-<name>.yaml   one object per file
+    <out>/**/kustomization.yaml                                  in every directory of flux/ and manifests/
+    <out>/inventory.json                                         every Pulumi resource, and where it went
+
+The objects are split into stages that an empty cluster can apply in order (`Staging`):
+`sources` (namespaces, chart sources and what releases read), `crds` (releases whose charts install
+CRDs), `controllers` (the other releases), `resources` (custom resources of the platform), then
+one Kustomization per tenant (`tenants/<layer>`), and per layer the objects the program only
+patches (`patches/<layer>`). A Flux Kustomization per stage applies its directory after the
+stages it depends on are ready; what depends on what comes from the program's dependency graph
+and from which chart installs which CRD group (`catalog.ChartSource.crd_groups`), not from lists.
 
 Every Helm release becomes a Flux `HelmRelease` plus its source (`HelmRepository`, or
-`OCIRepository` for OCI charts) in the release's namespace, so `<out>/manifests` is a GitOps
-bundle Flux can reconcile. Secret values never reach the files: the harness has already replaced
-them by `[secret]`.
+`OCIRepository` for OCI charts) in the release's namespace. Secret values never reach the files:
+the harness has already replaced them by `[secret]`.
 """
 
 from __future__ import annotations
@@ -19,10 +28,11 @@ import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import yaml
 
+from ai_factory.factory.model.catalog import crd_groups
 from ai_factory.factory.model.config import FactoryConfig
 from ai_factory.factory.rendering.harness import Graph, RecordingMocks, RecordingMonitor, Resource, run_program
 from ai_factory.factory.model.tenancy import TENANT_LABEL
@@ -31,8 +41,43 @@ from ai_factory.factory.planning.model import Plan
 from ai_factory.factory.model.loading import read_stack_file, stack_file, stack_name, stack_project, validate, with_registered_tenants
 
 FLUX_INTERVAL = "1h"
+FLUX_RETRY_INTERVAL = "2m"
+FLUX_TIMEOUT = "15m"
+"""How long a stage may take to apply and become healthy before Flux retries it."""
 HELM_RELEASE_TYPES = ("kubernetes:helm.sh/v3:Release", "kubernetes:helm.sh/v4:Chart")
 NON_OBJECT_TYPES = ("pulumi:providers:", "kubernetes:yaml/", "kubernetes:helm.sh/")
+FLUX_SOURCE_KINDS = ("HelmRepository", "OCIRepository")
+
+STAGES = ("sources", "crds", "controllers", "resources", "tenants")
+"""Stages in the order an empty cluster needs them; every tenant is a stage of its own."""
+PATCHES = "patches"
+SHARED_STAGES = STAGES[:-1]
+"""Stages holding every layer's objects in one Flux Kustomization."""
+
+BUNDLE_NAMESPACE = "flux-system"
+BUNDLE_SOURCE = {"kind": "OCIRepository", "name": "ai-factory"}
+"""The Flux source holding the rendered directory (see the README): Kustomization paths are
+relative to its root."""
+KUSTOMIZATION_PREFIX = "ai-factory"
+MANAGED_BY = "ai-factory"
+"""`app.kubernetes.io/managed-by`: the tool whose output the object is, as Helm marks what it
+renders; true whichever applies it (Flux, Argo CD, kubectl, or the Pulumi program)."""
+NOT_IN_BUNDLE = "configured by the Pulumi program, not in the bundle"
+KUSTOMIZE_FILE = "kustomization.yaml"
+
+KEEP_ANNOTATIONS = {
+    # Never deleted when it leaves the bundle or its Kustomization goes: what Pulumi retains on
+    # delete (a tenant's namespace and vCluster) and what a patch only touches.
+    "kustomize.toolkit.fluxcd.io/prune": "disabled",
+    "argocd.argoproj.io/sync-options": "Prune=false,Delete=false",
+}
+PATCH_ANNOTATIONS = {
+    **KEEP_ANNOTATIONS,
+    # A patch sets some fields of an object someone else owns (the kubelet's Node, the namespace's
+    # default ServiceAccount): keep the fields other managers set (server-side apply merges;
+    # Flux's default would drop fields kubectl set).
+    "kustomize.toolkit.fluxcd.io/ssa": "Merge",
+}
 
 
 @dataclass
@@ -42,6 +87,8 @@ class Manifest:
     tenant: str | None
     origin: str
     """The Pulumi resource the object comes from (`type::name`)."""
+    stage: str = ""
+    """Where the bundle applies it (`STAGES`, or `PATCHES`); set by `Staging`."""
 
     @property
     def kind(self) -> str:
@@ -57,8 +104,20 @@ class Manifest:
 
     @property
     def path(self) -> str:
-        folder = self.namespace or "_cluster"
-        return f"manifests/{self.layer}/{folder}/{self.kind.lower()}-{self.name}.yaml"
+        return f"{self.directory}/{self.namespace or '_cluster'}/{self.kind.lower()}-{self.name}.yaml"
+
+    @property
+    def directory(self) -> str:
+        return "/".join(part for part in ("manifests", self.stage, self.layer) if part)
+
+    @property
+    def unit(self) -> str:
+        """The directory one Flux Kustomization applies: a shared stage's, or this layer's in it."""
+        return f"manifests/{self.stage}" if self.stage in SHARED_STAGES else self.directory
+
+    @property
+    def is_patch(self) -> bool:
+        return self.stage == PATCHES
 
     @property
     def ref(self) -> str:
@@ -78,9 +137,13 @@ class Rendered:
     unreadable: list[tuple[str, str]] = field(default_factory=list)
     """(file, problem) of every rendered file `load_rendered` could not read as objects: `factory
     check` reports each as a finding instead of stopping."""
+    kustomizations: list[dict[str, Any]] = field(default_factory=list)
+    """The Flux Kustomizations applying the stages, in dependency order."""
 
     def files(self) -> dict[str, str]:
         files = {m.path: dump_yaml(m.obj) for m in self.manifests}
+        files.update({f"flux/{k['metadata']['name']}.yaml": dump_yaml(k) for k in self.kustomizations})
+        files.update(kustomize_files(files))
         files["inventory.json"] = json.dumps(
             {"kubernetesVersion": self.kubernetes_version, "resources": self.inventory}, indent=2, sort_keys=True
         ) + "\n"
@@ -104,10 +167,32 @@ class Rendered:
             by_layer[m.layer] = by_layer.get(m.layer, 0) + 1
             if m.tenant:
                 by_tenant[m.tenant] = by_tenant.get(m.tenant, 0) + 1
-        lines = [f"{len(self.manifests)} objects, {len(self.inventory)} Pulumi resources"]
+        live = sum(1 for e in self.inventory if e.get("bundle") == NOT_IN_BUNDLE)
+        lines = [
+            f"{len(self.manifests)} objects in {len(self.kustomizations)} Flux Kustomizations, {len(self.inventory)} Pulumi resources"
+            f" ({live} {NOT_IN_BUNDLE})"
+        ]
         lines += [f"  layer {layer:<24} {n:>5} objects" for layer, n in sorted(by_layer.items())]
         lines += [f"  tenant {tenant:<23} {n:>5} objects" for tenant, n in sorted(by_tenant.items())]
         return "\n".join(lines)
+
+
+def kustomize_files(files: Mapping[str, str]) -> dict[str, str]:
+    """A `kustomization.yaml` in every directory of `flux/` and `manifests/`, listing exactly its
+    files and subdirectories, so `kubectl apply -k` and Argo CD read the same tree as Flux."""
+    entries: dict[str, set[str]] = {}
+    for path in files:
+        parts = path.split("/")
+        if parts[0] not in ("flux", "manifests"):
+            continue
+        for depth in range(1, len(parts)):
+            entries.setdefault("/".join(parts[:depth]), set()).add(parts[depth])
+    return {
+        f"{directory}/{KUSTOMIZE_FILE}": dump_yaml(
+            {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", "resources": sorted(children)}
+        )
+        for directory, children in entries.items()
+    }
 
 
 class _Dumper(yaml.SafeDumper):
@@ -176,22 +261,270 @@ def _placeholder(value: Any) -> str:
 
 def from_graph(graph: Graph, cfg: FactoryConfig) -> Rendered:
     manifests: list[Manifest] = []
+    owned: dict[str, tuple[str, ...]] = {}
     for resource in graph.resources:
+        made: list[Manifest] = []
         if resource.type in HELM_RELEASE_TYPES:
-            manifests += helm_release_manifests(resource)
+            made = helm_release_manifests(resource)
+            owned[resource.key] = crd_groups(resource.inputs["chart"])
         elif resource.type.startswith("kubernetes:") and not resource.type.startswith(NON_OBJECT_TYPES):
             obj = kubernetes_object(resource)
             if resource.secret_paths:
                 _mark_redacted(obj)
-            manifests.append(Manifest(obj, resource.layer, resource.tenant, resource.key))
-    manifests.sort(key=lambda m: m.path)
+            made = [Manifest(obj, resource.layer, resource.tenant, resource.key)]
+        for m in made if resource.retain_on_delete else ():
+            m.obj.setdefault("metadata", {}).setdefault("annotations", {}).update(KEEP_ANNOTATIONS)
+        manifests += made
+    staging = Staging(manifests, graph, owned)
+    stack = stack_of(graph)
+    for m in manifests:
+        _label(m, stack)
     seen: dict[str, str] = {}
     for m in manifests:
         if m.path in seen:
             raise ValueError(f"{m.ref} is produced twice ({seen[m.path]} and {m.origin})")
         seen[m.path] = m.origin
-    inventory = sorted((inventory_entry(r) for r in graph.resources), key=lambda e: (e["layer"], e["type"], e["name"]))
-    return Rendered(cfg, cfg.kubernetes.version, manifests, inventory, graph)
+    kustomizations = staging.kustomizations(stack)
+    manifests.sort(key=lambda m: m.path)
+    files: dict[str, list[str]] = {}
+    for m in manifests:
+        files.setdefault(m.origin, []).append(m.path)
+    inventory = sorted((inventory_entry(r, files.get(r.key)) for r in graph.resources), key=lambda e: (e["layer"], e["type"], e["name"]))
+    return Rendered(cfg, cfg.kubernetes.version, manifests, inventory, graph, kustomizations=kustomizations)
+
+
+def stack_of(graph: Graph) -> str:
+    """The stack the program ran as (every URN names it)."""
+    return graph.resources[0].urn.split("::")[0].removeprefix("urn:pulumi:") if graph.resources else ""
+
+
+def _is_patch(origin: str) -> bool:
+    """Pulumi's `<Kind>Patch` resources set some fields of an object that exists without them."""
+    return origin.startswith("kubernetes:") and origin.split("::")[0].endswith("Patch")
+
+
+def _group(api_version: str) -> str:
+    return api_version.rpartition("/")[0]
+
+
+class Staging:
+    """Puts every object in the earliest stage an empty cluster can apply it in, and orders the
+    stages' Flux Kustomizations.
+
+    An object goes no earlier than its kind's stage (`rule`) nor than anything it needs: what
+    its Pulumi resource (or a component above it) depends on, the release installing its CRD
+    group (one stage later), its namespace and, for a release, its chart source. Tenants' objects
+    are their tenant's stage; patches go to their layer's patch stage, never lifting another."""
+
+    def __init__(self, manifests: list[Manifest], graph: Graph, owned: Mapping[str, tuple[str, ...]]):
+        self.manifests = manifests
+        self.resources = {r.key: r for r in graph.resources}
+        self.children: dict[str, list[Resource]] = {}
+        for r in graph.resources:
+            if r.parent is not None:
+                self.children.setdefault(r.parent.key, []).append(r)
+        self.by_origin: dict[str, list[int]] = {}
+        for i, m in enumerate(manifests):
+            self.by_origin.setdefault(m.origin, []).append(i)
+        self.owners: dict[str, int] = {}
+        for i, m in enumerate(manifests):
+            for group in owned.get(m.origin, ()) if m.kind == "HelmRelease" else ():
+                if group in self.owners:
+                    raise ValueError(f"{manifests[self.owners[group]].ref} and {m.ref} both install the CRDs of {group}")
+                self.owners[group] = i
+        self.namespaces = {m.name: i for i, m in enumerate(manifests) if m.kind == "Namespace"}
+        self.sources = {(m.namespace, m.kind, m.name): i for i, m in enumerate(manifests) if m.kind in FLUX_SOURCE_KINDS}
+        self._ranks: dict[int, int] = {}
+        self._resource_objects: dict[str, tuple[int, ...]] = {}
+        self._resource_floor: dict[str, int] = {}
+        for i in range(len(manifests)):
+            m = manifests[i]
+            rank = self.rank(i)
+            if m.tenant is None and rank == len(STAGES) - 1 and not _is_patch(m.origin):
+                raise ValueError(f"{m.ref} of layer {m.layer} would wait for a tenant; only tenants' objects may")
+            m.stage = PATCHES if _is_patch(m.origin) else STAGES[rank]
+
+    # ---- what an object needs
+
+    def owner(self, i: int) -> int | None:
+        return self.owners.get(_group(self.manifests[i].obj.get("apiVersion", "")))
+
+    def needs(self, i: int) -> set[int]:
+        """Objects that must be applied (and healthy) before object `i`, apart from its resource's
+        dependencies (`resource_objects`)."""
+        m = self.manifests[i]
+        needed = set()
+        if (owner := self.owner(i)) is not None:
+            needed.add(owner)
+        if m.namespace in self.namespaces:
+            needed.add(self.namespaces[m.namespace])
+        if m.kind == "HelmRelease":
+            spec = m.obj["spec"]
+            ref = spec.get("chartRef") or spec["chart"]["spec"]["sourceRef"]
+            needed.add(self.sources[(m.namespace, ref["kind"], ref["name"])])
+        needed.discard(i)
+        return needed
+
+    def lineage(self, i: int) -> list[Resource]:
+        resource = self.resources.get(self.manifests[i].origin)
+        return [resource, *resource.ancestors()] if resource else []
+
+    def resource_objects(self, resource: Resource) -> tuple[int, ...]:
+        """The objects a resource's dependencies stand for: a release's HelmRelease (its source
+        comes with it), an object's own file, every object under a component. Dependencies on
+        what is not in the bundle (providers, live configuration) order nothing here."""
+        if resource.key not in self._resource_objects:
+            found: set[int] = set()
+            for dependency in resource.dependencies:
+                found.update(self._objects_of(dependency))
+            self._resource_objects[resource.key] = tuple(sorted(found))
+        return self._resource_objects[resource.key]
+
+    def _objects_of(self, resource: Resource) -> list[int]:
+        own = self.by_origin.get(resource.key, [])
+        if own:
+            return [i for i in own if self.manifests[i].kind == "HelmRelease"] or own
+        if resource.custom:
+            return []
+        return [i for child in self.children.get(resource.key, ()) for i in self._objects_of(child)]
+
+    # ---- stages
+
+    def rule(self, i: int) -> int:
+        """The earliest stage of an object's kind."""
+        m = self.manifests[i]
+        if m.tenant:
+            return STAGES.index("tenants")
+        if m.kind in (*FLUX_SOURCE_KINDS, "Namespace"):
+            return STAGES.index("sources")
+        if m.kind == "HelmRelease":
+            return STAGES.index("crds") if i in self.owners.values() else STAGES.index("controllers")
+        if self.owner(i) is not None:
+            return STAGES.index("resources")
+        return STAGES.index("sources")
+
+    def rank(self, i: int) -> int:
+        if i not in self._ranks:
+            floor = self.rule(i)
+            for resource in self.lineage(i):
+                floor = max(floor, self._floor(resource))
+            for j in self.needs(i):
+                if not _is_patch(self.manifests[j].origin):
+                    floor = max(floor, self.rank(j) + (1 if j == self.owner(i) else 0))
+            self._ranks[i] = min(floor, len(STAGES) - 1)
+        return self._ranks[i]
+
+    def _floor(self, resource: Resource) -> int:
+        if resource.key not in self._resource_floor:
+            self._resource_floor[resource.key] = max(
+                (self.rank(j) for j in self.resource_objects(resource) if not _is_patch(self.manifests[j].origin)), default=0
+            )
+        return self._resource_floor[resource.key]
+
+    # ---- Flux Kustomizations
+
+    def unit_needs(self) -> dict[str, set[str]]:
+        """Each stage directory and the stage directories it needs."""
+        units: dict[str, set[str]] = {m.unit: set() for m in self.manifests}
+        by_resource: dict[str, set[str]] = {}
+        for i, m in enumerate(self.manifests):
+            units[m.unit].update(self.manifests[j].unit for j in self.needs(i))
+            for resource in self.lineage(i):
+                if resource.key not in by_resource:  # a tenant stack's dependencies are every layer's objects
+                    by_resource[resource.key] = {self.manifests[j].unit for j in self.resource_objects(resource)}
+                units[m.unit].update(by_resource[resource.key])
+        for unit, needed in units.items():
+            needed.discard(unit)
+        return units
+
+    def kustomizations(self, stack: str) -> list[dict[str, Any]]:
+        needs = self.unit_needs()
+        order = _dependency_order(needs)
+        reach: dict[str, set[str]] = {}
+        for unit in order:  # dependencies come first
+            reach[unit] = set(needs[unit]).union(*(reach[n] for n in needs[unit]))
+        result = []
+        for unit in order:
+            direct = {n for n in needs[unit] if not any(n in reach[other] for other in needs[unit] if other != n)}
+            result.append(flux_kustomization(unit, sorted(kustomization_name(n) for n in direct), stack))
+        return result
+
+
+def _dependency_order(needs: Mapping[str, set[str]]) -> list[str]:
+    """Stages with what they need first, ties by name (deterministic); a cycle is refused."""
+    order: list[str] = []
+    done: set[str] = set()
+    pending = dict(needs)
+    while pending:
+        ready = sorted(u for u, n in pending.items() if n <= done)
+        if not ready:
+            raise ValueError("the bundle's stages depend on each other in a cycle: " + ", ".join(sorted(pending)))
+        for unit in ready:
+            order.append(unit)
+            done.add(unit)
+            del pending[unit]
+    return order
+
+
+def kustomization_name(unit: str) -> str:
+    """`manifests/crds` -> `ai-factory-crds`, `manifests/tenants/tenant-a` -> `ai-factory-tenant-a`,
+    `manifests/patches/fleet` -> `ai-factory-patches-fleet`."""
+    parts = unit.split("/")[1:]
+    if parts[0] == "tenants":
+        parts = parts[1:]
+    return "-".join([KUSTOMIZATION_PREFIX, *parts])
+
+
+def flux_kustomization(unit: str, depends_on: list[str], stack: str) -> dict[str, Any]:
+    patches = unit.startswith(f"manifests/{PATCHES}/")
+    spec: dict[str, Any] = {
+        "interval": FLUX_INTERVAL,
+        "retryInterval": FLUX_RETRY_INTERVAL,
+        "timeout": FLUX_TIMEOUT,
+        "sourceRef": dict(BUNDLE_SOURCE),
+        "path": f"./{unit}",
+        # A patch stage never deletes what it patched: neither when an object leaves it nor when
+        # the stage itself is deleted.
+        "prune": not patches,
+        # Health: every object applied must be ready (releases installed with their workloads
+        # available, CRDs established) before a stage depending on this one starts.
+        "wait": True,
+    }
+    if patches:
+        spec["deletionPolicy"] = "Orphan"
+    if depends_on:
+        spec["dependsOn"] = [{"name": name} for name in depends_on]
+    return {
+        "apiVersion": "kustomize.toolkit.fluxcd.io/v1",
+        "kind": "Kustomization",
+        "metadata": {"name": kustomization_name(unit), "namespace": BUNDLE_NAMESPACE, "labels": recommended_labels("gitops", stack)},
+        "spec": spec,
+    }
+
+
+def recommended_labels(layer: str, stack: str) -> dict[str, str]:
+    """The Kubernetes recommended labels the bundle adds to what the components set: the layer
+    is the application, one per environment (stack)."""
+    return {
+        "app.kubernetes.io/part-of": "ai-factory",
+        "app.kubernetes.io/component": layer,
+        "app.kubernetes.io/name": layer,
+        "app.kubernetes.io/instance": f"{layer}-{stack}",
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+    }
+
+
+def _label(m: Manifest, stack: str) -> None:
+    """Recommended labels on every object the bundle owns, without overriding a component's; a
+    patch only sets what the program sets on an object it does not own, plus the annotations
+    that keep Flux and Argo CD from deleting or taking it over."""
+    metadata = m.obj.setdefault("metadata", {})
+    if m.is_patch:
+        metadata.setdefault("annotations", {}).update(PATCH_ANNOTATIONS)
+        return
+    labels = metadata.setdefault("labels", {})
+    for key, value in recommended_labels(m.layer, stack).items():
+        labels.setdefault(key, value)
 
 
 def kubernetes_object(resource: Resource) -> dict[str, Any]:
@@ -279,8 +612,18 @@ def _repository_name(url: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", host.lower()).strip("-")[:63]
 
 
-def inventory_entry(resource: Resource) -> dict[str, Any]:
+def inventory_entry(resource: Resource, files: list[str] | None = None) -> dict[str, Any]:
+    """`bundle`: the files the resource is written to; for what the program configures live
+    through a provider (Keycloak groups and clients, OpenBao policies and roles) `NOT_IN_BUNDLE`;
+    null for components and providers, which deploy nothing themselves."""
+    if files:
+        bundle: list[str] | str | None = sorted(files)
+    elif resource.custom and not resource.type.startswith("pulumi:providers:"):
+        bundle = NOT_IN_BUNDLE
+    else:
+        bundle = None
     return {
+        "bundle": bundle,
         "type": resource.type,
         "name": resource.name,
         "parent": resource.parent.key if resource.parent else None,
@@ -304,7 +647,8 @@ SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 def load_rendered(directory: Path) -> Rendered:
     """A rendered directory back into objects, for `factory check <dir>`. A file that is not YAML,
     or a document that is not an object with mapping metadata, is recorded in `unreadable` (and
-    left out), so that one bad file is a finding, not a traceback."""
+    left out), so that one bad file is a finding, not a traceback. `kustomization.yaml` files are
+    kustomize's build instructions, not objects."""
     unreadable: list[tuple[str, str]] = []
     inventory_path = directory / "inventory.json"
     inventory: Any = {"resources": []}
@@ -319,24 +663,43 @@ def load_rendered(directory: Path) -> Rendered:
         inventory, resources = {}, []
     manifests = []
     for path in sorted((directory / "manifests").rglob("*.yaml")):
-        relative = str(path.relative_to(directory))
-        layer = path.relative_to(directory / "manifests").parts[0]
-        try:
-            documents = list(yaml.load_all(path.read_text(), Loader=SAFE_LOADER))
-        except (yaml.YAMLError, UnicodeDecodeError) as err:
-            unreadable.append((relative, f"is not YAML ({str(err).splitlines()[0]})"))
+        if path.name == KUSTOMIZE_FILE:
             continue
-        for index, obj in enumerate(documents):
-            if obj is None:
-                continue
-            problem = _not_an_object(obj)
-            if problem:
-                unreadable.append((relative, f"document {index + 1} {problem}"))
-                continue
+        relative = str(path.relative_to(directory))
+        parts = path.relative_to(directory / "manifests").parts
+        if len(parts) != 4:
+            unreadable.append((relative, "is not at manifests/<stage>/<layer>/<namespace or _cluster>/<kind>-<name>.yaml"))
+            continue
+        for obj in _objects_in(path, relative, unreadable):
             tenant = ((obj.get("metadata") or {}).get("labels") or {}).get("ai-factory.io/tenant")
-            manifests.append(Manifest(obj, layer, tenant, relative))
+            manifests.append(Manifest(obj, parts[1], tenant, relative, parts[0]))
+    kustomizations = [
+        obj
+        for path in sorted((directory / "flux").glob("*.yaml"))
+        if path.name != KUSTOMIZE_FILE
+        for obj in _objects_in(path, str(path.relative_to(directory)), unreadable)
+    ]
     version = inventory.get("kubernetesVersion", "1.34") if isinstance(inventory, dict) else "1.34"
-    return Rendered(None, str(version), manifests, resources, unreadable=unreadable)
+    return Rendered(None, str(version), manifests, resources, unreadable=unreadable, kustomizations=kustomizations)
+
+
+def _objects_in(path: Path, relative: str, unreadable: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    """The objects of one rendered file; what cannot be read goes to `unreadable`."""
+    try:
+        documents = list(yaml.load_all(path.read_text(), Loader=SAFE_LOADER))
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        unreadable.append((relative, f"is not YAML ({str(err).splitlines()[0]})"))
+        return []
+    objects = []
+    for index, obj in enumerate(documents):
+        if obj is None:
+            continue
+        problem = _not_an_object(obj)
+        if problem:
+            unreadable.append((relative, f"document {index + 1} {problem}"))
+            continue
+        objects.append(obj)
+    return objects
 
 
 def _yaml_type(value: Any) -> str:
