@@ -50,8 +50,11 @@ Per sharing mode, what the stack allows (conditions and remediation are per node
   the node is remediated (per-device taints, KEP-5055 `DeviceTaintRule`, are alpha and not used;
   XID classification under DRA is open upstream, kubernetes-sigs/dra-driver-nvidia-gpu#904).
 
-Alerts (`PrometheusRule`, prometheus-operator's CRD) read node conditions through
-kube-state-metrics (`kube_node_status_condition`, `kube_node_spec_unschedulable`).
+One `PrometheusRule` (prometheus-operator's CRD) holds three groups: the loop's alerts (node
+conditions, cordons and taints through kube-state-metrics); device alerts on the DCGM exporter's
+default counters and on GPUs missing from a node's allocatable; and recording rules of each
+tenant's unavailable GPU-equivalents (the plan's shares on unavailable nodes), the series form of
+`factory/planning/credits.py`.
 """
 
 from __future__ import annotations
@@ -68,7 +71,10 @@ from ai_factory.components.gpu_operator import tolerations as gpu_node_toleratio
 from ai_factory.components.registry import Layer
 from ai_factory.factory.checking import health as health_checks
 from ai_factory.factory.model.catalog import ChartSource
-from ai_factory.factory.model.config import FactoryConfig
+from ai_factory.factory.model.config import FactoryConfig, Pool
+from ai_factory.factory.model.gpus import GPU_MODELS
+from ai_factory.factory.planning.credits import tenant_shares
+from ai_factory.factory.planning.model import Plan
 
 TOKEN = "ai-factory:health:Health"
 RELEASE = "node-problem-detector"
@@ -166,6 +172,20 @@ class PoolRemediation:
     site: str
     nodes: tuple[str, ...]
     max_unhealthy: int
+    allocatable: tuple[str, int] | None
+    """The GPU resource (kube-state-metrics spelling) and count every node should advertise; None
+    where it depends on the node's MIG layout (mig) or nothing is advertised (dra)."""
+
+
+def expected_allocatable(pool: Pool) -> tuple[str, int] | None:
+    per_node = pool.gpu.per_node
+    if pool.sharing == "exclusive":
+        return "nvidia_com_gpu", per_node
+    if pool.sharing == "time-slicing":
+        return "nvidia_com_gpu_shared", per_node * pool.time_slicing.replicas
+    if pool.sharing == "hami":
+        return "nvidia_com_gpu", per_node * pool.hami.split_count
+    return None
 
 
 @dataclass(frozen=True)
@@ -180,14 +200,24 @@ class HealthArgs:
     not_ready_minutes: int
     reboot_timeout_minutes: int
     healthy_delay_minutes: int
+    dcgm: bool
+    """The GPU Operator's DCGM exporter runs: its default counters feed the DCGM alerts."""
+    tenant_nodes: dict[str, dict[str, float]]
+    """GPU-equivalents each tenant holds per node (from the plan), for the availability rules."""
 
     @classmethod
-    def from_config(cls, cfg: FactoryConfig) -> HealthArgs:
+    def from_config(cls, cfg: FactoryConfig, plan: Plan) -> HealthArgs:
         health = cfg.layers.health
         rem = health.remediation
         limits = health_checks.pool_limits(cfg)
         pools = tuple(
-            PoolRemediation(pool=p.name, site=p.site, nodes=tuple(n.name for n in p.node_specs()), max_unhealthy=limits[p.name])
+            PoolRemediation(
+                pool=p.name,
+                site=p.site,
+                nodes=tuple(n.name for n in p.node_specs()),
+                max_unhealthy=limits[p.name],
+                allocatable=expected_allocatable(p),
+            )
             for p in cfg.fleet.pools
         )
         return cls(
@@ -201,6 +231,8 @@ class HealthArgs:
             not_ready_minutes=rem.not_ready_minutes,
             reboot_timeout_minutes=rem.reboot_timeout_minutes,
             healthy_delay_minutes=rem.healthy_delay_minutes,
+            dcgm=cfg.layers.gpu_operator.enabled and cfg.layers.gpu_operator.dcgm_exporter,
+            tenant_nodes=tenant_node_shares(plan),
         )
 
     @property
@@ -315,6 +347,91 @@ def _unhealthy_count(nodes: Iterable[str]) -> str:
     )
 
 
+def tenant_node_shares(plan: Plan) -> dict[str, dict[str, float]]:
+    """GPU-equivalents per tenant per node (`credits.tenant_shares` summed over the node's GPUs)."""
+    shares: dict[str, dict[str, float]] = {}
+    for pool in plan.pools:
+        model = GPU_MODELS[pool.gpu_model]
+        for node in pool.nodes:
+            for gpu in node.gpus:
+                for tenant, share in tenant_shares(model, pool, gpu).items():
+                    per_node = shares.setdefault(tenant, {})
+                    per_node[node.name] = round(per_node.get(node.name, 0.0) + share, 6)
+    return {t: dict(sorted(n.items())) for t, n in sorted(shares.items())}
+
+
+UNAVAILABLE = "ai_factory:node_gpu_unavailable"
+TENANT_UNAVAILABLE = "ai_factory:tenant_gpu_equivalents_unavailable"
+TENANT_ENTITLED = "ai_factory:tenant_gpu_equivalents_entitled"
+
+
+def availability_rules(args: HealthArgs) -> list[dict[str, Any]]:
+    """Recording rules tying node health to tenants: a node is unavailable (1) while a GPU fault
+    condition is True, it is not Ready, or remediation taints it; a tenant loses its GPU-equivalents
+    on every such node. `sum_over_time` of the tenant series over a period, in hours, is the lost
+    GPU-hours `factory/planning/credits.py` computes from the same inputs."""
+    faults = "|".join(FAULT_CONDITIONS)
+    rules: list[dict[str, Any]] = [{
+        "record": UNAVAILABLE,
+        "expr": (
+            f'(max by (node) (kube_node_status_condition{{condition=~"{faults}",status="true"}}) == 1)'
+            ' or (max by (node) (kube_node_status_condition{condition="Ready",status!="true"}) == 1)'
+            ' or (max by (node) (kube_node_spec_taint{key=~"medik8s.io/remediation|node.kubernetes.io/out-of-service"}) == 1)'
+        ),
+    }]
+    for tenant, nodes in args.tenant_nodes.items():
+        terms = " or ".join(f'({share} * {UNAVAILABLE}{{node="{node}"}})' for node, share in nodes.items())
+        rules.append({"record": TENANT_UNAVAILABLE, "expr": f"sum({terms}) or vector(0)", "labels": {"tenant": tenant}})
+        rules.append({"record": TENANT_ENTITLED, "expr": f"vector({round(sum(nodes.values()), 6)})", "labels": {"tenant": tenant}})
+    return rules
+
+
+def dcgm_rules(args: HealthArgs) -> list[dict[str, Any]]:
+    """Alerts on the DCGM exporter's default counters (the GPU Operator's): XIDs, uncorrectable
+    ECC errors remapped into spare rows, a failed row remap; and a node advertising fewer GPUs than
+    its pool has. ECC double-bit, thermal/power violation and NVLink CRC counters are not in the
+    default counters, so no alert is written against them."""
+    rules: list[dict[str, Any]] = []
+    if args.dcgm:
+        rules += [
+            {
+                "alert": "GpuXidReported",
+                "expr": "DCGM_FI_DEV_XID_ERRORS > 0 and changes(DCGM_FI_DEV_XID_ERRORS[10m]) > 0",
+                "labels": {"severity": "warning"},
+                "annotations": {"summary": "GPU {{ $labels.gpu }} of {{ $labels.Hostname }} reported XID {{ $value }}"},
+            },
+            {
+                "alert": "GpuUncorrectableEccRowsRemapped",
+                "expr": "increase(DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS[1h]) > 0",
+                "labels": {"severity": "warning"},
+                "annotations": {"summary": "GPU {{ $labels.gpu }} of {{ $labels.Hostname }} remapped rows after uncorrectable ECC errors; a reset applies the remap"},
+            },
+            {
+                "alert": "GpuRowRemapFailed",
+                "expr": "DCGM_FI_DEV_ROW_REMAP_FAILURE > 0",
+                "labels": {"severity": "critical"},
+                "annotations": {"summary": "GPU {{ $labels.gpu }} of {{ $labels.Hostname }} could not remap a failing memory row: replace it"},
+            },
+        ]
+    for pool in args.pools:
+        if pool.allocatable is None:
+            continue
+        resource, count = pool.allocatable
+        nodes = _node_regex(pool.nodes)
+        rules.append({
+            "alert": "GpuMissingFromAllocatable",
+            # A node whose device plugin advertises nothing has no series: count it as 0.
+            "expr": (
+                f'(max by (node) (kube_node_status_allocatable{{resource="{resource}",node=~"{nodes}"}})'
+                f' or on (node) (0 * max by (node) (kube_node_info{{node=~"{nodes}"}}))) < {count}'
+            ),
+            "for": "15m",
+            "labels": {"severity": "warning", "pool": pool.pool},
+            "annotations": {"summary": f"{{{{ $labels.node }}}} (pool {pool.pool}) advertises {{{{ $value }}}} {resource}, fewer than {count}: a GPU is unhealthy or lost"},
+        })
+    return rules
+
+
 class Health(FactoryComponent):
     namespace: pulumi.Output[str]
 
@@ -364,7 +481,11 @@ class Health(FactoryComponent):
             api_version=PROMETHEUS_API,
             kind="PrometheusRule",
             metadata={"name": "ai-factory-gpu-health", "namespace": args.namespace, "labels": object_labels},
-            spec={"groups": [{"name": "ai-factory-gpu-health", "rules": alert_rules(args)}]},
+            spec={"groups": [
+                {"name": "ai-factory-gpu-health", "rules": alert_rules(args)},
+                {"name": "ai-factory-gpu-devices", "rules": dcgm_rules(args)},
+                {"name": "ai-factory-tenant-gpu-availability", "rules": availability_rules(args)},
+            ]},
             opts=self.child(depends_on=[ns]),
         )
         self.namespace = ns.metadata.name
@@ -376,7 +497,7 @@ LAYER = Layer(
     section="health",
     chart="node-problem-detector",
     component=Health,
-    args=lambda cfg, plan: HealthArgs.from_config(cfg),
+    args=HealthArgs.from_config,
     requires=("fleet",),
     checks=(health_checks.detection_coverage, health_checks.remediation_blast_radius),
 )

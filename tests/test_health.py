@@ -10,10 +10,14 @@ import re
 import subprocess
 import sys
 
+import promql_parser
 import pytest
 
 from ai_factory.components import health
 from ai_factory.factory.checking import health as health_checks
+from ai_factory.factory.model.config import SloTargets
+from ai_factory.factory.planning.credits import credits
+from ai_factory.factory.planning.from_config import plan_for
 from ai_factory.factory.model.loading import ConfigError, validate
 from ai_factory.factory.rendering.bundle import Manifest, Rendered
 from tests.conftest import REPO, objects, one
@@ -100,12 +104,40 @@ def test_remediation_is_bounded_by_a_timeout_and_returns_nodes(dev):
 
 
 def test_overdue_alert_fires_after_the_whole_loop(dev):
-    rules = one(dev, "PrometheusRule", "ai-factory-gpu-health")["spec"]["groups"][0]["rules"]
+    rules = _rules(dev, "ai-factory-gpu-health")
     overdue = {r["labels"]["pool"]: r["for"] for r in rules if r["alert"] == "GpuRemediationOverdue"}
     # 5 min NotReady + 30 min reboot timeout + 10 min healthy delay.
     assert overdue == {"h100-train": "45m", "a100-mig": "45m", "l40s-infer": "45m"}
     radius = {r["labels"].get("pool") or r["labels"]["site"]: r["expr"].rsplit(" > ", 1)[1] for r in rules if r["alert"] == "GpuRemediationBlastRadius"}
     assert radius == {"h100-train": "2", "a100-mig": "1", "l40s-infer": "1", "par1": "4"}
+
+
+def _rules(rendered: Rendered, group: str) -> list[dict]:
+    groups = one(rendered, "PrometheusRule", "ai-factory-gpu-health")["spec"]["groups"]
+    return next(g["rules"] for g in groups if g["name"] == group)
+
+
+def test_every_rendered_expression_is_promql(dev):
+    groups = one(dev, "PrometheusRule", "ai-factory-gpu-health")["spec"]["groups"]
+    exprs = [r["expr"] for g in groups for r in g["rules"]]
+    assert len(exprs) > 10
+    for expr in exprs:
+        promql_parser.parse(expr)  # raises on a syntax error
+
+
+def test_gpu_missing_from_allocatable_per_sharing_mode(dev):
+    counts = {r["labels"]["pool"]: r["expr"].rsplit(" < ", 1)[1] for r in _rules(dev, "ai-factory-gpu-devices") if r["alert"] == "GpuMissingFromAllocatable"}
+    # Whole GPUs: 8 per node; HAMi: 4 GPUs x split count 8; MIG depends on the node's layout.
+    assert counts == {"h100-train": "8", "l40s-infer": "32"}
+
+
+def test_availability_rules_agree_with_the_credit_computation(dev, dev_raw):
+    rules = _rules(dev, "ai-factory-tenant-gpu-availability")
+    entitled = {r["labels"]["tenant"]: float(r["expr"][len("vector("):-1]) for r in rules if r["record"] == health.TENANT_ENTITLED}
+    computed = {c.tenant: c.entitled_gpu_hours for c in credits(plan_for(validate(dev_raw[0])), {t: "high" for t in entitled}, SloTargets(), [], 0, 3600)}
+    assert entitled == pytest.approx(computed) and entitled["search"] == 17.75
+    search = next(r["expr"] for r in rules if r.get("labels", {}).get("tenant") == "search" and r["record"] == health.TENANT_UNAVAILABLE)
+    assert '1.75 * ai_factory:node_gpu_unavailable{node="a100-mig-001"}' in search and "gpu-h100-01" not in search
 
 
 # --------------------------------------------------------------------------- bad input
