@@ -92,11 +92,11 @@ CONDITION_RESET = "GpuXidNeedsReset"
 REASON_INFORMATIONAL = "GpuXidInformational"
 FAULT_CONDITIONS = (CONDITION_FATAL, CONDITION_RESET)
 
-XID_TABLE_SOURCE = (
-    "NVIDIA Xid catalogue, docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html (Ampere and "
-    "newer), column 'Resolution Bucket (Immediate Action)', as cited in shared/reference/"
-    "security-and-reliability.md section 7.1; Xid 48/63/64 from docs.nvidia.com/deploy/dynamic-page-retirement"
-)
+# Source: NVIDIA's Xid catalogue for Ampere and newer (docs.nvidia.com/deploy/xid-errors/
+# analyzing-xid-catalog.html), column "Resolution Bucket (Immediate Action)", as cited in
+# shared/reference/security-and-reliability.md section 7.1; the ECC rows (48, 63, 64) also from
+# docs.nvidia.com/deploy/dynamic-page-retirement. XIDs the catalogue marks unused, and those not
+# listed here, raise nothing; `layers.health.xid_classes` adds or reclassifies them.
 XID_TABLE: dict[int, tuple[str, str, str]] = {
     # xid: (class, catalogue immediate action, meaning). Mapping of buckets to classes:
     # RESTART_APP / IGNORE -> informational (the application failed or nothing is wrong; the GPU is

@@ -20,7 +20,7 @@ from ai_factory.factory.planning.credits import credits
 from ai_factory.factory.planning.from_config import plan_for
 from ai_factory.factory.model.loading import ConfigError, validate
 from ai_factory.factory.rendering.bundle import Manifest, Rendered
-from tests.conftest import REPO, objects, one
+from tests.conftest import REPO, objects, one, render
 from tests.test_scheduling import broken, dropped
 
 NPD = ("HelmRelease", "node-problem-detector")
@@ -88,10 +88,21 @@ def test_rendered_monitor_is_the_one_npd_loads(dev):
 # --------------------------------------------------------------------------- remediation
 
 
-def test_each_pool_has_one_node_health_check_at_its_limit(dev):
-    limits = {o["spec"]["selector"]["matchLabels"]["ai-factory.io/pool"]: o["spec"]["maxUnhealthy"] for o in objects(dev, "NodeHealthCheck")}
-    # Dev: half of h100-train's 4 nodes, the default of one node elsewhere.
-    assert limits == {"h100-train": 2, "a100-mig": 1, "l40s-infer": 1}
+@pytest.fixture(scope="module")
+def tuned(dev_raw) -> Rendered:
+    """Dev with a blast radius of half the training pool and four nodes for the site."""
+    raw = copy.deepcopy(dev_raw[0])
+    raw["layers"]["health"]["remediation"] = {"pools": {"h100-train": {"percent": 50}}, "sites": {"par1": {"nodes": 4}}}
+    return render(raw)
+
+
+def _limits(rendered: Rendered) -> dict[str, int]:
+    return {o["spec"]["selector"]["matchLabels"]["ai-factory.io/pool"]: o["spec"]["maxUnhealthy"] for o in objects(rendered, "NodeHealthCheck")}
+
+
+def test_each_pool_has_one_node_health_check_at_its_limit(dev, tuned):
+    assert _limits(dev) == {"h100-train": 1, "a100-mig": 1, "l40s-infer": 1}  # the default: one node
+    assert _limits(tuned) == {"h100-train": 2, "a100-mig": 1, "l40s-infer": 1}  # half of h100-train's 4
 
 
 def test_remediation_is_bounded_by_a_timeout_and_returns_nodes(dev):
@@ -108,6 +119,10 @@ def test_overdue_alert_fires_after_the_whole_loop(dev):
     overdue = {r["labels"]["pool"]: r["for"] for r in rules if r["alert"] == "GpuRemediationOverdue"}
     # 5 min NotReady + 30 min reboot timeout + 10 min healthy delay.
     assert overdue == {"h100-train": "45m", "a100-mig": "45m", "l40s-infer": "45m"}
+
+
+def test_blast_radius_alerts_carry_the_limits(tuned):
+    rules = _rules(tuned, "ai-factory-gpu-health")
     radius = {r["labels"].get("pool") or r["labels"]["site"]: r["expr"].rsplit(" > ", 1)[1] for r in rules if r["alert"] == "GpuRemediationBlastRadius"}
     assert radius == {"h100-train": "2", "a100-mig": "1", "l40s-infer": "1", "par1": "4"}
 
@@ -144,7 +159,10 @@ def test_availability_rules_agree_with_the_credit_computation(dev, dev_raw):
 
 
 def _health(raw: dict) -> dict:
-    return raw["layers"].setdefault("health", {})
+    health = raw["layers"].setdefault("health", {})
+    health.setdefault("remediation", {}).setdefault("pools", {})
+    health["remediation"].setdefault("sites", {})
+    return health
 
 
 BAD_INPUT = [
@@ -162,8 +180,8 @@ BAD_INPUT = [
      "layers.health.remediation.sites.par1.nodes: must be >= 1"),
     ("site limit above the site", lambda h: h["remediation"]["sites"].update({"par1": {"nodes": 9}}),
      "layers.health.remediation.sites.par1.nodes: 9 is above the 8 nodes of site par1"),
-    ("pools over the site", lambda h: h["remediation"]["sites"].update({"par1": {"nodes": 3}}),
-     "layers.health.remediation.sites.par1: the pools of site par1 may remediate 4 nodes at once"),
+    ("pools over the site", lambda h: h["remediation"]["sites"].update({"par1": {"nodes": 2}}),
+     "layers.health.remediation.sites.par1: the pools of site par1 may remediate 3 nodes at once"),
     ("SLO target 1", lambda h: h.setdefault("slo", {}).update({"high": 1}), "layers.health.slo.high: Input should be less than 1"),
     ("SLO target 0", lambda h: h.setdefault("slo", {}).update({"low": 0}), "layers.health.slo.low: must be > 0"),
     ("unknown XID class", lambda h: h.setdefault("xid_classes", {}).update({79: "reboot"}),
@@ -180,7 +198,8 @@ def test_bad_health_config_names_its_path(raw, change, message):
 
 
 def test_bad_blast_radius_exits_2_without_traceback(tmp_path):
-    text = (REPO / "Pulumi.dev.yaml").read_text().replace("h100-train: {percent: 50}", "h100-train: {nodes: 0}", 1)
+    text = (REPO / "Pulumi.dev.yaml").read_text().replace(
+        "    health:\n      enabled: true\n", "    health:\n      enabled: true\n      remediation: {pools: {h100-train: {nodes: 0}}}\n", 1)
     (tmp_path / "Pulumi.broken.yaml").write_text(text)
     proc = subprocess.run(
         [sys.executable, "-m", "ai_factory.factory", "render", str(tmp_path / "Pulumi.broken.yaml"), "--out", str(tmp_path / "out")],
@@ -235,14 +254,14 @@ def test_detection_coverage(dev, change, expected):
 def _with_site_limit(rendered: Rendered, raw: dict, nodes: int) -> Rendered:
     """The render judged against a config whose site limit is lower than its objects were made for."""
     raw = copy.deepcopy(raw)
-    raw["layers"]["health"]["remediation"] = {"pools": {"h100-train": {"nodes": 1}}, "sites": {"par1": {"nodes": nodes}}}
+    raw["layers"]["health"]["remediation"] = {"sites": {"par1": {"nodes": nodes}}}
     return Rendered(validate(raw), rendered.kubernetes_version, rendered.manifests, rendered.inventory)
 
 
 BLAST_RADIUS = [
     ("accepts dev", lambda r, raw: r, []),
     ("flags maxUnhealthy above the pool's limit", lambda r, raw: broken(r, *nhc("h100-train"), lambda o: o["spec"].update(maxUnhealthy=3)),
-     ["ai-factory-gpu-h100-train: may remediate 3 nodes at once, above the limit of its pools (h100-train 2)"]),
+     ["ai-factory-gpu-h100-train: may remediate 3 nodes at once, above the limit of its pools (h100-train 1)"]),
     ("flags a percentage above the limit", lambda r, raw: broken(r, *nhc("a100-mig"), lambda o: o["spec"].update(maxUnhealthy="100%")),
      ["ai-factory-gpu-a100-mig: may remediate 2 nodes at once"]),
     ("flags minHealthy instead of maxUnhealthy",
@@ -252,7 +271,8 @@ BLAST_RADIUS = [
      ["ai-factory-gpu-a100-mig: sets no maxUnhealthy"]),
     ("flags a selector spanning pools", lambda r, raw: broken(r, *nhc("a100-mig"), lambda o: o["spec"].update(selector={})),
      ["Node/gpu-h100-01: selected by 2 NodeHealthChecks", "Node/l40s-infer-000: selected by 2 NodeHealthChecks"]),
-    ("flags objects above the site's limit", lambda r, raw: _with_site_limit(r, raw, 3),
+    ("flags objects above the site's limit",
+     lambda r, raw: _with_site_limit(broken(r, *nhc("h100-train"), lambda o: o["spec"].update(maxUnhealthy=2)), raw, 3),
      ["site/par1: NodeHealthChecks may remediate 4 nodes of the site at once"]),
 ]
 
