@@ -572,3 +572,27 @@ def test_chart_version_range_or_local_chart_is_reported():
     assert set(found) == {"kubernetes:helm.sh/v3:Release::ranged", "kubernetes:helm.sh/v3:Release::local"}
     assert "version '^2.10' is not an exact chart version" in found["kubernetes:helm.sh/v3:Release::ranged"][0]
     assert "comes from no repository" in found["kubernetes:helm.sh/v3:Release::local"][0]
+
+
+def test_unbounded_node_health_checks_are_reported():
+    pool = {"matchLabels": {POOL_LABEL: "a"}}
+    step = {"order": 0, "timeout": "30m", "remediationTemplate": {"kind": "SelfNodeRemediationTemplate", "name": "r", "namespace": "m"}}
+    api = "remediation.medik8s.io/v1alpha1"
+
+    def program():
+        custom("bounded", "NodeHealthCheck", {"selector": pool, "maxUnhealthy": 1, "escalatingRemediations": [step]}, api_version=api)
+        custom("percent", "NodeHealthCheck", {"selector": pool, "maxUnhealthy": "20%", "escalatingRemediations": [step]}, api_version=api)
+        custom("min-healthy", "NodeHealthCheck", {"selector": pool, "minHealthy": "51%", "escalatingRemediations": [step]}, api_version=api)
+        custom("unlimited", "NodeHealthCheck", {"selector": pool, "escalatingRemediations": [step]}, api_version=api)
+        custom("blocked", "NodeHealthCheck", {"selector": pool, "maxUnhealthy": "0%", "escalatingRemediations": [step]}, api_version=api)
+        custom("everything", "NodeHealthCheck", {"selector": {}, "maxUnhealthy": 1, "escalatingRemediations": [step]}, api_version=api)
+        custom("endless", "NodeHealthCheck", {"selector": pool, "maxUnhealthy": 1, "remediationTemplate": step["remediationTemplate"]}, api_version=api)
+
+    found = violations(stack(program), "remediation-bounded")
+    key = "kubernetes:remediation.medik8s.io/v1alpha1:NodeHealthCheck::nodehealthcheck-"
+    assert set(found) == {key + n for n in ("min-healthy", "unlimited", "blocked", "everything", "endless")}
+    assert "minHealthy bounds the healthy nodes" in found[key + "min-healthy"][0]
+    assert "no maxUnhealthy" in found[key + "unlimited"][0]
+    assert "allows no remediation at all" in found[key + "blocked"][0]
+    assert "selects every node" in found[key + "everything"][0]
+    assert "never ends" in found[key + "endless"][0]

@@ -76,7 +76,7 @@ def selects(selector: Mapping[str, Any] | None, labels: Mapping[str, str]) -> bo
     return True
 
 
-def _tolerates(tolerations: list[dict[str, Any]], taint: Mapping[str, Any]) -> bool:
+def tolerates(tolerations: list[dict[str, Any]], taint: Mapping[str, Any]) -> bool:
     for t in tolerations:
         if t.get("effect") and t.get("effect") != taint.get("effect"):
             continue
@@ -100,7 +100,7 @@ def _reachable(flavor: Manifest, nodes: list[Manifest]) -> list[Manifest]:
         n
         for n in nodes
         if all(_labels(n.obj).get(k) == v for k, v in wanted.items())
-        and all(_tolerates(tolerations, t) for t in (_spec(n).get("taints") or []) if t.get("effect") in ("NoSchedule", "NoExecute"))
+        and all(tolerates(tolerations, t) for t in (_spec(n).get("taints") or []) if t.get("effect") in ("NoSchedule", "NoExecute"))
     ]
 
 

@@ -149,6 +149,14 @@ CHARTS: dict[str, ChartSource] = {
         oracle_dir="trivy-operator/chart",
         crd_groups=("aquasecurity.github.io",),
     ),
+    # deliveryhero/helm-charts stable/node-problem-detector 2.4.1 (NPD v1.35.1); kubernetes/node-problem-detector
+    # ships no chart. No values schema. OCI is the repository the chart's README prefers.
+    "node-problem-detector": ChartSource(
+        name="node-problem-detector",
+        repository="oci://ghcr.io/deliveryhero/helm-charts",
+        version="2.4.1",
+        oracle_dir="node-problem-detector/chart",
+    ),
 }
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from ai_factory.factory.model.catalog import CHARTS, ChartSource
 from ai_factory.factory.model.secrets import SecretValue
@@ -467,6 +467,73 @@ class TrivyLayer(Model):
     namespace: DnsLabel = "trivy-system"
 
 
+XidClass = Literal["fatal", "needs-reset", "informational"]
+"""What an NVIDIA XID error means for its node (`components/health.py` holds the table and its source)."""
+
+
+class RemediationLimit(Model):
+    """At most this many nodes remediating at once: a node count or a percentage of the nodes
+    (rounded down, as the remediation controller counts). Exactly one of the two."""
+
+    nodes: int | None = Field(default=None, ge=1, le=100_000)
+    percent: int | None = Field(default=None, ge=1, le=100)
+
+    @model_validator(mode="after")
+    def _one_of(self) -> RemediationLimit:
+        if (self.nodes is None) == (self.percent is None):
+            raise ValueError("give exactly one of `nodes` or `percent`")
+        return self
+
+    def resolve(self, total: int) -> int:
+        """The limit in nodes, out of `total`."""
+        return self.nodes if self.nodes is not None else total * (self.percent or 0) // 100
+
+
+class HealthRemediation(Model):
+    """The remediation loop (medik8s Node Healthcheck + Self Node Remediation): how long a fault
+    holds before a node is remediated, how long remediation may take before a person is paged, and
+    the blast radius, per pool and per site."""
+
+    namespace: DnsLabel = "medik8s"
+    """Namespace of the medik8s operators (installed through OLM; no Helm chart exists upstream)."""
+    pool_limit: RemediationLimit = RemediationLimit(nodes=1)
+    """Default blast radius of every GPU pool."""
+    pools: dict[DnsLabel, RemediationLimit] = Field(default={}, max_length=1000)
+    """Per-pool blast radius overriding `pool_limit`."""
+    sites: dict[DnsLabel, RemediationLimit] = Field(default={}, max_length=1000)
+    """Per-site blast radius: the pools of a site together never remediate more nodes at once."""
+    fault_minutes: int = Field(default=1, ge=0, le=60)
+    """How long a GPU fault condition holds before the node is remediated."""
+    not_ready_minutes: int = Field(default=5, ge=1, le=60)
+    """How long a node may be NotReady/Unknown before it is remediated."""
+    reboot_timeout_minutes: int = Field(default=30, ge=5, le=240)
+    """How long a reboot may take to bring the node back healthy; then remediation has failed and
+    a person is paged."""
+    healthy_delay_minutes: int = Field(default=10, ge=0, le=120)
+    """How long a remediated node must stay healthy before it is returned to service."""
+
+
+class SloTargets(Model):
+    """GPU availability promised to tenants, per trust level (a fraction in (0, 1))."""
+
+    high: float = Field(default=0.99, gt=0, lt=1)
+    medium: float = Field(default=0.995, gt=0, lt=1)
+    low: float = Field(default=0.995, gt=0, lt=1)
+
+
+class HealthLayer(Model):
+    """GPU health: Node Problem Detector on every GPU node raising conditions for NVIDIA XID errors,
+    and a bounded remediation loop (`components/health.py`)."""
+
+    enabled: bool = False
+    chart: Chart = Chart.pinned("node-problem-detector")
+    namespace: DnsLabel = "node-problem-detector"
+    xid_classes: dict[Annotated[int, Field(ge=1, le=999)], XidClass] = Field(default={}, max_length=999)
+    """Overrides of the built-in XID table (`components.health.XID_TABLE`), e.g. `{31: needs-reset}`."""
+    remediation: HealthRemediation = HealthRemediation()
+    slo: SloTargets = SloTargets()
+
+
 class Layers(Model):
     gpu_operator: GpuOperatorLayer = GpuOperatorLayer()
     kueue: KueueLayer = KueueLayer()
@@ -482,6 +549,7 @@ class Layers(Model):
     kyverno: KyvernoLayer = KyvernoLayer()
     falco: FalcoLayer = FalcoLayer()
     trivy: TrivyLayer = TrivyLayer()
+    health: HealthLayer = HealthLayer()
 
 
 # --------------------------------------------------------------------------- identity

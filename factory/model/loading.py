@@ -392,6 +392,7 @@ def cross_check(raw: dict[str, Any]) -> list[str]:
     problems += _check_hami_memory_scaling(pools_by_name, tenants)
     problems += _check_tenancy(raw, tenants)
     problems += _check_security_layers(raw)
+    problems += _check_health(raw, pools, site_names)
     problems += _check_scheduling(raw, pools, tenants)
     for i, pool in enumerate(_as_list(_as_dict(raw.get("self_service")).get("pools"))):
         if isinstance(pool, str) and pool not in pools_by_name:
@@ -694,6 +695,69 @@ def _duplicates(path: str, items: list) -> list[str]:
 
 def _first_index(items: list, name: str) -> int:
     return next(i for i, item in enumerate(map(_as_dict, items)) if item.get("name") == name)
+
+
+def _check_health(raw: dict[str, Any], pools: list, site_names: set[str]) -> list[str]:
+    """Blast-radius limits name real pools and sites, allow at least one node and at most the nodes
+    there are; a site's pools together stay within the site's limit (one Node Healthcheck per pool
+    counts only its own pool, so a site's limit holds only if its pools' limits add up under it)."""
+    problems: list[str] = []
+    remediation = _as_dict(_as_dict(_as_dict(raw.get("layers")).get("health")).get("remediation"))
+    path = "layers.health.remediation"
+    sizes: dict[str, tuple[str, int]] = {}
+    for pool in map(_as_dict, pools):
+        name, site = pool.get("name"), pool.get("site")
+        count = pool.get("nodes") if pool.get("node_list") is None else len(_as_list(pool.get("node_list")))
+        if isinstance(name, str) and isinstance(site, str) and isinstance(count, int) and count >= 1:
+            sizes.setdefault(name, (site, count))
+    overrides = _as_dict(remediation.get("pools"))
+    for name in overrides:
+        if name not in sizes:
+            problems.append(f"{path}.pools.{name}: unknown pool{_did_you_mean(name, sizes)}")
+    for name in _as_dict(remediation.get("sites")):
+        if name not in site_names:
+            problems.append(f"{path}.sites.{name}: unknown site{_did_you_mean(name, site_names)}")
+    default = remediation.get("pool_limit", {"nodes": 1})
+    per_site: dict[str, list[tuple[str, int]]] = {}
+    for name, (site, count) in sorted(sizes.items()):
+        limit_path, limit = (f"{path}.pools.{name}", overrides[name]) if name in overrides else (f"{path}.pool_limit", default)
+        resolved, problem = _resolve_limit(limit_path, limit, count, f"pool {name}")
+        if problem:
+            problems.append(problem)
+        if resolved is not None:
+            per_site.setdefault(site, []).append((name, resolved))
+    for site, limit in sorted(_as_dict(remediation.get("sites")).items()):
+        members = per_site.get(site, [])
+        total = sum(sizes[name][1] for name, _ in members)
+        if not members:
+            continue
+        resolved, problem = _resolve_limit(f"{path}.sites.{site}", limit, total, f"site {site}")
+        if problem:
+            problems.append(problem)
+        elif resolved is not None and sum(n for _, n in members) > resolved:
+            listed = ", ".join(f"{name} {n}" for name, n in members)
+            problems.append(
+                f"{path}.sites.{site}: the pools of site {site} may remediate {sum(n for _, n in members)} nodes at once "
+                f"({listed}), more than the site's limit of {resolved}; lower a pool's limit or raise the site's"
+            )
+    return problems
+
+
+def _resolve_limit(path: str, limit: Any, total: int, where: str) -> tuple[int | None, str | None]:
+    """A well-formed limit in nodes out of `total` and the problem with it, if any (malformed
+    limits are the field validation's to report)."""
+    limit = _as_dict(limit)
+    nodes, percent = limit.get("nodes"), limit.get("percent")
+    if isinstance(nodes, int) and not isinstance(nodes, bool) and nodes >= 1 and percent is None:
+        if nodes > total:
+            return None, f"{path}.nodes: {nodes} is above the {total} node{'s' if total != 1 else ''} of {where}"
+        return nodes, None
+    if isinstance(percent, int) and not isinstance(percent, bool) and 1 <= percent <= 100 and nodes is None:
+        resolved = total * percent // 100
+        if resolved == 0:
+            return None, f"{path}.percent: {percent}% of the {total} node{'s' if total != 1 else ''} of {where} is 0 nodes: nothing could ever be remediated"
+        return resolved, None
+    return None, None
 
 
 def _as_dict(value: Any) -> dict:

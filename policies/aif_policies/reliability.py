@@ -224,6 +224,37 @@ def check_charts_pinned(resource_type: str, props: Mapping[str, Any], config: Ma
         )
 
 
+# --------------------------------------------------------------------------- remediation-bounded
+
+NODE_HEALTH_CHECK = "NodeHealthCheck"
+NHC_GROUP = "remediation.medik8s.io"
+LIMIT = re.compile(r"^(100|[1-9][0-9]?)%$")
+
+
+def check_remediation_bounded(resource_type: str, props: Mapping[str, Any], config: Mapping[str, Any]) -> Iterator[str]:
+    """A NodeHealthCheck bounds how many nodes remediate at once and how long a remediation may
+    take, on a selector of its own (components/health.py)."""
+    if not resource_type.endswith(f":{NODE_HEALTH_CHECK}") or group_of(resource_type) != NHC_GROUP:
+        return
+    spec = as_map(props.get("spec"))
+    name = describe(resource_type, props)
+    limit = spec.get("maxUnhealthy")
+    if spec.get("minHealthy") is not None:
+        yield f"{name}: minHealthy bounds the healthy nodes, not the remediating ones; set maxUnhealthy to the pool's blast radius instead."
+    elif limit is None:
+        yield f"{name}: no maxUnhealthy: the controller then lets up to half the selected nodes remediate at once; set the pool's blast radius."
+    elif not ((isinstance(limit, int) and not isinstance(limit, bool) and limit >= 1) or (isinstance(limit, str) and LIMIT.match(limit))):
+        yield f"{name}: maxUnhealthy {limit!r} allows no remediation at all (or is not a count or percentage); a faulty node would stay unremediated."
+    if not as_map(spec.get("selector")).get("matchLabels") and not as_list(as_map(spec.get("selector")).get("matchExpressions")):
+        yield f"{name}: its selector selects every node (control plane included); select one pool."
+    steps = as_list(spec.get("escalatingRemediations"))
+    if not steps or any(not as_map(step).get("timeout") for step in steps):
+        yield (
+            f"{name}: a remediation without escalatingRemediations timeouts never ends; give each step a timeout so a "
+            "failed remediation stops and a person is paged."
+        )
+
+
 POLICIES = [
     stack_policy(
         "stateful-resources-protected",
@@ -234,6 +265,11 @@ POLICIES = [
         "stateful-high-availability",
         "OpenBao runs 3 Raft replicas with its disruption budget and keeps its volumes; Keycloak runs at least 2 replicas.",
         check_stateful_high_availability,
+    ),
+    resource_policy(
+        "remediation-bounded",
+        "Every NodeHealthCheck bounds concurrent remediations (maxUnhealthy), selects a pool, and times out each remediation step.",
+        check_remediation_bounded,
     ),
     resource_policy(
         "charts-pinned",

@@ -46,6 +46,8 @@ PRIVILEGED_NAMESPACES: dict[str, str] = {
     "dra-driver-nvidia-gpu": "NVIDIA DRA kubelet plugin: prepares GPUs on the host through kubelet's plugin socket",
     "falco": "Falco: its eBPF probe reads every syscall of the node (privileged, host PID and /proc)",
     "trivy-system": "Trivy Operator's node collector: reads kubelet and API-server files on the host (hostPath, host PID)",
+    "node-problem-detector": "Node Problem Detector: reads the kernel log (/dev/kmsg) and the host's /var/log",
+    "medik8s": "Self Node Remediation agents: reboot their node through its watchdog device",
 }
 PRIVILEGED_SETTINGS = {
     "privilegedNamespaces": {

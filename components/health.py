@@ -1,0 +1,503 @@
+"""GPU health: faults become node conditions, faulty nodes are remediated within a blast radius,
+and a remediation that does not bring a node back pages a person.
+
+Detection: Node Problem Detector (deliveryhero chart) on every GPU node (node affinity on the
+fleet's pool label, tolerating every taint the platform puts on GPU nodes), with a kernel-log
+monitor (`/dev/kmsg`) for NVIDIA XID errors. Each XID is classified by `XID_TABLE` (overridable in
+`layers.health.xid_classes`):
+- `fatal`: permanent condition `GpuXidFatal=True` (reason `GpuXidFatal`) and a node event;
+- `needs-reset`: permanent condition `GpuXidNeedsReset=True` and a node event;
+- `informational`: a node event only (reason `GpuXidInformational`), no condition.
+
+Remediation (default and only engine: medik8s Node Healthcheck with Self Node Remediation). Chosen
+over NVSentinel because the blast radius must hold per pool and per site: a `NodeHealthCheck`
+stops remediating when more than its `maxUnhealthy` nodes are unhealthy, so one per pool (with
+`maxUnhealthy` resolved from config) bounds each pool, and the config refuses pool limits whose sum
+exceeds their site's limit; NVSentinel's circuit breaker is one cluster-wide percentage of GPU
+nodes. NVSentinel also needs its own datastore (MongoDB or PostgreSQL). The medik8s operators are
+installed through OLM (no Helm chart exists upstream); this layer renders their custom resources.
+
+The loop, per node (a bounded state machine; every state has an exit):
+1. healthy -> a GPU fault condition holds `fault_minutes` (or Ready is False/Unknown for
+   `not_ready_minutes`) -> unhealthy;
+2. unhealthy -> if at most `maxUnhealthy` nodes of the pool are unhealthy, NHC creates a
+   `SelfNodeRemediation` (remediating); otherwise nothing starts and `GpuRemediationBlastRadius`
+   fires (a person decides);
+3. remediating: SNR taints the node `medik8s.io/remediation=self-node-remediation:NoExecute` (no new
+   pod lands, running pods are evicted), reboots it (watchdog, software reboot as fallback), and
+   once it is safe adds `node.kubernetes.io/out-of-service`, so pods stuck on it are deleted and
+   their volumes detached; the reboot resets every GPU of the node;
+4. after the reboot NPD starts with its conditions False; NHC waits `healthy_delay_minutes`,
+   deletes the SNR object, SNR removes its taints: back in service;
+5. remediating longer than `reboot_timeout_minutes` -> NHC marks the remediation failed and stops;
+   the node keeps its taints and `GpuRemediationOverdue` pages a person. A GPU node cordoned or
+   faulty for longer than the whole loop may take raises the same alert whatever did it.
+
+Drain: SNR does not go through the eviction API, so PodDisruptionBudgets are not consulted: the
+node is presumed failed (its GPU already killed the pods using it) and its pods are deleted once
+it has rebooted. A PDB-respecting drain before remediation needs NVSentinel's node-drainer, not
+rendered here.
+
+Per sharing mode, what the stack allows (conditions and remediation are per node):
+- exclusive (device plugin): the device plugin itself marks a GPU with a critical XID unhealthy and
+  withdraws it from allocatable, so new pods avoid that GPU before the node is remediated; it does
+  not give it back when the fault clears (NVIDIA/gpu-operator#1065): the reboot does.
+- mig: the device plugin withdraws the MIG devices of the faulted GPU; an XID names the GPU's PCI
+  address, not an instance, and a reset or reboot takes every instance of the GPU (of the node)
+  down. Quarantining one instance alone is not possible.
+- time-slicing, hami: every replica or slice shares the faulted GPU; per node as exclusive.
+- dra: the DRA driver (0.4.1) publishes no device health, so a faulted GPU stays allocatable until
+  the node is remediated (per-device taints, KEP-5055 `DeviceTaintRule`, are alpha and not used;
+  XID classification under DRA is open upstream, kubernetes-sigs/dra-driver-nvidia-gpu#904).
+
+One `PrometheusRule` (prometheus-operator's CRD) holds three groups: the loop's alerts (node
+conditions, cordons and taints through kube-state-metrics); device alerts on the DCGM exporter's
+default counters and on GPUs missing from a node's allocatable; and recording rules of each
+tenant's unavailable GPU-equivalents (the plan's shares on unavailable nodes), the series form of
+`factory/planning/credits.py`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from ai_factory.components._common import POOL_LABEL, FactoryComponent, helm_release, labels, namespace
+from ai_factory.components.gpu_operator import tolerations as gpu_node_tolerations
+from ai_factory.components.registry import Layer
+from ai_factory.factory.checking import health as health_checks
+from ai_factory.factory.model.catalog import ChartSource
+from ai_factory.factory.model.config import FactoryConfig, Pool
+from ai_factory.factory.model.gpus import GPU_MODELS
+from ai_factory.factory.planning.credits import tenant_shares
+from ai_factory.factory.planning.model import Plan
+
+TOKEN = "ai-factory:health:Health"
+RELEASE = "node-problem-detector"
+MONITOR_FILE = "gpu-xid-monitor.json"
+NHC_API = "remediation.medik8s.io/v1alpha1"
+SNR_API = "self-node-remediation.medik8s.io/v1alpha1"
+PROMETHEUS_API = "monitoring.coreos.com/v1"
+SNR_TEMPLATE = "ai-factory-gpu-reboot"
+SNR_CONFIG = "self-node-remediation-config"
+"""The one SelfNodeRemediationConfig the operator reads (it creates it with defaults otherwise)."""
+NHC_PREFIX = "ai-factory-gpu-"
+
+CONDITION_FATAL = "GpuXidFatal"
+CONDITION_RESET = "GpuXidNeedsReset"
+REASON_INFORMATIONAL = "GpuXidInformational"
+FAULT_CONDITIONS = (CONDITION_FATAL, CONDITION_RESET)
+
+# Source: NVIDIA's Xid catalogue for Ampere and newer (docs.nvidia.com/deploy/xid-errors/
+# analyzing-xid-catalog.html), column "Resolution Bucket (Immediate Action)", as cited in
+# shared/reference/security-and-reliability.md section 7.1; the ECC rows (48, 63, 64) also from
+# docs.nvidia.com/deploy/dynamic-page-retirement. XIDs the catalogue marks unused, and those not
+# listed here, raise nothing; `layers.health.xid_classes` adds or reclassifies them.
+XID_TABLE: dict[int, tuple[str, str, str]] = {
+    # xid: (class, catalogue immediate action, meaning). Mapping of buckets to classes:
+    # RESTART_APP / IGNORE -> informational (the application failed or nothing is wrong; the GPU is
+    # fine); RESET_GPU -> needs-reset; RESTART_BM (node reboot) and CONTACT_SUPPORT -> fatal.
+    8: ("informational", "RESTART_APP", "GPU stopped processing (channel idle timeout)"),
+    13: ("informational", "RESTART_APP", "graphics engine exception"),
+    31: ("informational", "RESTART_APP", "GPU memory page fault"),
+    43: ("informational", "RESTART_APP", "GPU stopped processing after an application error"),
+    45: ("informational", "IGNORE", "preemptive cleanup after a previous error"),
+    48: ("needs-reset", "RESET_GPU", "double-bit ECC error"),
+    63: ("needs-reset", "RESET_GPU", "ECC page retirement or row remapping recorded (takes effect at reset)"),
+    64: ("fatal", "CONTACT_SUPPORT", "ECC page retirement or row remapping failed"),
+    74: ("needs-reset", "RESET_GPU", "NVLink error"),
+    79: ("fatal", "RESTART_BM", "GPU has fallen off the bus"),
+    92: ("informational", "IGNORE", "high single-bit ECC error rate"),
+    94: ("informational", "RESTART_APP", "contained ECC error"),
+    95: ("needs-reset", "RESET_GPU", "uncontained ECC error"),
+    119: ("needs-reset", "RESET_GPU", "GSP RPC timeout"),
+    120: ("needs-reset", "RESET_GPU", "GSP error"),
+    140: ("needs-reset", "RESET_GPU", "unrecovered ECC error"),
+}
+XID_LINE = r"NVRM: Xid \((PCI:)?[0-9a-fA-F:.]+\): ({codes}),.*"
+"""A driver XID line, e.g. `NVRM: Xid (PCI:0000:c6:00): 79, pid=1101, name=python, GPU has fallen
+off the bus.` NPD anchors a rule's pattern to the whole message, hence the trailing `.*`."""
+XID_154_LINE = r"NVRM: Xid \((PCI:)?[0-9a-fA-F:.]+\): 154, .*{action}.*"
+"""Xid 154 states the recovery the driver requires, e.g. `GPU recovery action changed from 0x0 (None)
+to 0x2 (Node Reboot Required)`: the action decides the class."""
+XID_154_ACTIONS = (("Node Reboot Required", "fatal"), ("GPU Reset Required", "needs-reset"), ("Drain and Reset", "needs-reset"))
+KMSG_LOOKBACK = "720h"
+"""NPD replays the kernel log this far back when it starts: a restarted NPD re-raises a fault the
+node has not been rebooted out of (the kernel log starts empty at boot)."""
+
+
+def xid_classes(overrides: dict[int, str]) -> dict[int, str]:
+    """The class of every XID the monitor knows: the table, overridden by the config."""
+    return {**{xid: row[0] for xid, row in XID_TABLE.items()}, **overrides}
+
+
+def xid_monitor(classes: dict[int, str]) -> dict[str, Any]:
+    """The NPD system-log monitor (kmsg plugin) for XID errors, as NPD reads it."""
+    by_class: dict[str, list[int]] = {}
+    for xid, cls in sorted(classes.items()):
+        by_class.setdefault(cls, []).append(xid)
+    condition_of = {"fatal": CONDITION_FATAL, "needs-reset": CONDITION_RESET}
+    rules: list[dict[str, Any]] = []
+    for cls in ("fatal", "needs-reset", "informational"):
+        codes = "|".join(str(x) for x in by_class.get(cls, []))
+        patterns = [XID_LINE.format(codes=codes)] if codes else []
+        patterns += [XID_154_LINE.format(action=a) for a, c in XID_154_ACTIONS if c == cls]
+        for pattern in patterns:
+            if cls in condition_of:
+                rules.append({"type": "permanent", "condition": condition_of[cls], "reason": condition_of[cls], "pattern": pattern})
+            else:
+                rules.append({"type": "temporary", "reason": REASON_INFORMATIONAL, "pattern": pattern})
+    return {
+        "plugin": "kmsg",
+        "logPath": "/dev/kmsg",
+        "lookback": KMSG_LOOKBACK,
+        "bufferSize": 10,
+        "source": "gpu-xid-monitor",
+        "metricsReporting": True,
+        "conditions": [
+            {"type": CONDITION_FATAL, "reason": "NoGpuXidFatal", "message": "no fatal GPU XID error since boot"},
+            {"type": CONDITION_RESET, "reason": "NoGpuXidNeedsReset", "message": "no GPU XID error requiring a reset since boot"},
+        ],
+        "rules": rules,
+    }
+
+
+@dataclass(frozen=True)
+class PoolRemediation:
+    pool: str
+    site: str
+    nodes: tuple[str, ...]
+    max_unhealthy: int
+    allocatable: tuple[str, int] | None
+    """The GPU resource (kube-state-metrics spelling) and count every node should advertise; None
+    where it depends on the node's MIG layout (mig) or nothing is advertised (dra)."""
+
+
+def expected_allocatable(pool: Pool) -> tuple[str, int] | None:
+    per_node = pool.gpu.per_node
+    if pool.sharing == "exclusive":
+        return "nvidia_com_gpu", per_node
+    if pool.sharing == "time-slicing":
+        return "nvidia_com_gpu_shared", per_node * pool.time_slicing.replicas
+    if pool.sharing == "hami":
+        return "nvidia_com_gpu", per_node * pool.hami.split_count
+    return None
+
+
+@dataclass(frozen=True)
+class HealthArgs:
+    chart: ChartSource
+    namespace: str
+    remediation_namespace: str
+    classes: dict[int, str]
+    pools: tuple[PoolRemediation, ...]
+    site_limits: dict[str, int]
+    fault_minutes: int
+    not_ready_minutes: int
+    reboot_timeout_minutes: int
+    healthy_delay_minutes: int
+    dcgm: bool
+    """The GPU Operator's DCGM exporter runs: its default counters feed the DCGM alerts."""
+    tenant_nodes: dict[str, dict[str, float]]
+    """GPU-equivalents each tenant holds per node (from the plan), for the availability rules."""
+
+    @classmethod
+    def from_config(cls, cfg: FactoryConfig, plan: Plan) -> HealthArgs:
+        health = cfg.layers.health
+        rem = health.remediation
+        limits = health_checks.pool_limits(cfg)
+        pools = tuple(
+            PoolRemediation(
+                pool=p.name,
+                site=p.site,
+                nodes=tuple(n.name for n in p.node_specs()),
+                max_unhealthy=limits[p.name],
+                allocatable=expected_allocatable(p),
+            )
+            for p in cfg.fleet.pools
+        )
+        return cls(
+            chart=health.chart.source("node-problem-detector"),
+            namespace=health.namespace,
+            remediation_namespace=rem.namespace,
+            classes=xid_classes(dict(health.xid_classes)),
+            pools=pools,
+            site_limits=health_checks.site_limits(cfg),
+            fault_minutes=rem.fault_minutes,
+            not_ready_minutes=rem.not_ready_minutes,
+            reboot_timeout_minutes=rem.reboot_timeout_minutes,
+            healthy_delay_minutes=rem.healthy_delay_minutes,
+            dcgm=cfg.layers.gpu_operator.enabled and cfg.layers.gpu_operator.dcgm_exporter,
+            tenant_nodes=tenant_node_shares(plan),
+        )
+
+    @property
+    def loop_minutes(self) -> int:
+        """The longest a node can legitimately be faulty or cordoned by the loop."""
+        return max(self.fault_minutes, self.not_ready_minutes) + self.reboot_timeout_minutes + self.healthy_delay_minutes
+
+
+def chart_values(args: HealthArgs) -> dict[str, Any]:
+    return {
+        "settings": {
+            "custom_monitor_definitions": {MONITOR_FILE: json.dumps(xid_monitor(args.classes), indent=2, sort_keys=True)},
+            # The image's kernel monitor (OOM, hung tasks, kernel oops) next to the XID monitor; the
+            # chart's docker and read-only monitors are left out: nodes run containerd.
+            "log_monitors": ["/config/kernel-monitor.json", f"/custom-config/{MONITOR_FILE}"],
+        },
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {"matchExpressions": [{"key": POOL_LABEL, "operator": "In", "values": sorted(p.pool for p in args.pools)}]}
+                    ]
+                }
+            }
+        },
+        "tolerations": gpu_node_tolerations(),
+        "metrics": {"enabled": True},
+    }
+
+
+def node_health_check_spec(args: HealthArgs, pool: PoolRemediation) -> dict[str, Any]:
+    fault = f"{args.fault_minutes}m" if args.fault_minutes else "0s"
+    not_ready = f"{args.not_ready_minutes}m"
+    return {
+        "selector": {"matchLabels": {POOL_LABEL: pool.pool}},
+        "maxUnhealthy": pool.max_unhealthy,
+        "unhealthyConditions": [
+            *({"type": c, "status": "True", "duration": fault} for c in FAULT_CONDITIONS),
+            {"type": "Ready", "status": "False", "duration": not_ready},
+            {"type": "Ready", "status": "Unknown", "duration": not_ready},
+        ],
+        # One step with a timeout rather than a bare template: the timeout is what ends the loop.
+        "escalatingRemediations": [
+            {
+                "order": 0,
+                "remediationTemplate": {
+                    "apiVersion": SNR_API,
+                    "kind": "SelfNodeRemediationTemplate",
+                    "name": SNR_TEMPLATE,
+                    "namespace": args.remediation_namespace,
+                },
+                "timeout": f"{args.reboot_timeout_minutes}m",
+            }
+        ],
+        "healthyDelay": f"{args.healthy_delay_minutes}m",
+    }
+
+
+def _node_regex(nodes: Iterable[str]) -> str:
+    return "|".join(n.replace(".", "\\\\.") for n in sorted(nodes))
+
+
+def alert_rules(args: HealthArgs) -> list[dict[str, Any]]:
+    """Alerts of the loop. Node sets are spelled out per pool (node names come from the fleet), so
+    the rules need no node-label join in kube-state-metrics."""
+    faults = "|".join(FAULT_CONDITIONS)
+    loop = args.loop_minutes
+    rules: list[dict[str, Any]] = [
+        {
+            "alert": "GpuXidFault",
+            "expr": f'max by (node, condition) (kube_node_status_condition{{condition=~"{faults}",status="true"}}) == 1',
+            "labels": {"severity": "warning"},
+            "annotations": {"summary": "GPU XID fault on {{ $labels.node }} ({{ $labels.condition }}); remediation starts within the pool's blast radius"},
+        }
+    ]
+    for pool in args.pools:
+        nodes = _node_regex(pool.nodes)
+        rules.append({
+            "alert": "GpuRemediationOverdue",
+            "expr": (
+                f'(max by (node) (kube_node_status_condition{{condition=~"{faults}",status="true",node=~"{nodes}"}}) == 1)'
+                f' or (max by (node) (kube_node_spec_unschedulable{{node=~"{nodes}"}}) == 1)'
+            ),
+            "for": f"{loop}m",
+            "labels": {"severity": "critical", "pool": pool.pool},
+            "annotations": {"summary": f"{{{{ $labels.node }}}} (pool {pool.pool}) has been faulty or cordoned for over {loop} minutes, longer than remediation may take: a person must act"},
+        })
+        rules.append({
+            "alert": "GpuRemediationBlastRadius",
+            "expr": _unhealthy_count(pool.nodes) + f" > {pool.max_unhealthy}",
+            "labels": {"severity": "critical", "pool": pool.pool},
+            "annotations": {"summary": f"more than {pool.max_unhealthy} nodes of pool {pool.pool} are unhealthy: automatic remediation has stopped"},
+        })
+    for site, limit in sorted(args.site_limits.items()):
+        nodes = [n for p in args.pools if p.site == site for n in p.nodes]
+        rules.append({
+            "alert": "GpuRemediationBlastRadius",
+            "expr": _unhealthy_count(nodes) + f" > {limit}",
+            "labels": {"severity": "critical", "site": site},
+            "annotations": {"summary": f"more than {limit} GPU nodes of site {site} are unhealthy: automatic remediation is at its limit"},
+        })
+    return rules
+
+
+def _unhealthy_count(nodes: Iterable[str]) -> str:
+    """Nodes of the set with a GPU fault or not Ready, each counted once."""
+    selector = f'node=~"{_node_regex(nodes)}"'
+    faults = "|".join(FAULT_CONDITIONS)
+    return (
+        f'count((max by (node) (kube_node_status_condition{{condition=~"{faults}",status="true",{selector}}}) == 1)'
+        f' or (max by (node) (kube_node_status_condition{{condition="Ready",status!="true",{selector}}}) == 1))'
+    )
+
+
+def tenant_node_shares(plan: Plan) -> dict[str, dict[str, float]]:
+    """GPU-equivalents per tenant per node (`credits.tenant_shares` summed over the node's GPUs)."""
+    shares: dict[str, dict[str, float]] = {}
+    for pool in plan.pools:
+        model = GPU_MODELS[pool.gpu_model]
+        for node in pool.nodes:
+            for gpu in node.gpus:
+                for tenant, share in tenant_shares(model, pool, gpu).items():
+                    per_node = shares.setdefault(tenant, {})
+                    per_node[node.name] = round(per_node.get(node.name, 0.0) + share, 6)
+    return {t: dict(sorted(n.items())) for t, n in sorted(shares.items())}
+
+
+UNAVAILABLE = "ai_factory:node_gpu_unavailable"
+TENANT_UNAVAILABLE = "ai_factory:tenant_gpu_equivalents_unavailable"
+TENANT_ENTITLED = "ai_factory:tenant_gpu_equivalents_entitled"
+
+
+def availability_rules(args: HealthArgs) -> list[dict[str, Any]]:
+    """Recording rules tying node health to tenants: a node is unavailable (1) while a GPU fault
+    condition is True, it is not Ready, or remediation taints it; a tenant loses its GPU-equivalents
+    on every such node. `sum_over_time` of the tenant series over a period, in hours, is the lost
+    GPU-hours `factory/planning/credits.py` computes from the same inputs."""
+    faults = "|".join(FAULT_CONDITIONS)
+    rules: list[dict[str, Any]] = [{
+        "record": UNAVAILABLE,
+        "expr": (
+            f'(max by (node) (kube_node_status_condition{{condition=~"{faults}",status="true"}}) == 1)'
+            ' or (max by (node) (kube_node_status_condition{condition="Ready",status!="true"}) == 1)'
+            ' or (max by (node) (kube_node_spec_taint{key=~"medik8s.io/remediation|node.kubernetes.io/out-of-service"}) == 1)'
+        ),
+    }]
+    for tenant, nodes in args.tenant_nodes.items():
+        terms = " or ".join(f'({share} * {UNAVAILABLE}{{node="{node}"}})' for node, share in nodes.items())
+        rules.append({"record": TENANT_UNAVAILABLE, "expr": f"sum({terms}) or vector(0)", "labels": {"tenant": tenant}})
+        rules.append({"record": TENANT_ENTITLED, "expr": f"vector({round(sum(nodes.values()), 6)})", "labels": {"tenant": tenant}})
+    return rules
+
+
+def dcgm_rules(args: HealthArgs) -> list[dict[str, Any]]:
+    """Alerts on the DCGM exporter's default counters (the GPU Operator's): XIDs, uncorrectable
+    ECC errors remapped into spare rows, a failed row remap; and a node advertising fewer GPUs than
+    its pool has. ECC double-bit, thermal/power violation and NVLink CRC counters are not in the
+    default counters, so no alert is written against them."""
+    rules: list[dict[str, Any]] = []
+    if args.dcgm:
+        rules += [
+            {
+                "alert": "GpuXidReported",
+                "expr": "DCGM_FI_DEV_XID_ERRORS > 0 and changes(DCGM_FI_DEV_XID_ERRORS[10m]) > 0",
+                "labels": {"severity": "warning"},
+                "annotations": {"summary": "GPU {{ $labels.gpu }} of {{ $labels.Hostname }} reported XID {{ $value }}"},
+            },
+            {
+                "alert": "GpuUncorrectableEccRowsRemapped",
+                "expr": "increase(DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS[1h]) > 0",
+                "labels": {"severity": "warning"},
+                "annotations": {"summary": "GPU {{ $labels.gpu }} of {{ $labels.Hostname }} remapped rows after uncorrectable ECC errors; a reset applies the remap"},
+            },
+            {
+                "alert": "GpuRowRemapFailed",
+                "expr": "DCGM_FI_DEV_ROW_REMAP_FAILURE > 0",
+                "labels": {"severity": "critical"},
+                "annotations": {"summary": "GPU {{ $labels.gpu }} of {{ $labels.Hostname }} could not remap a failing memory row: replace it"},
+            },
+        ]
+    for pool in args.pools:
+        if pool.allocatable is None:
+            continue
+        resource, count = pool.allocatable
+        nodes = _node_regex(pool.nodes)
+        rules.append({
+            "alert": "GpuMissingFromAllocatable",
+            # A node whose device plugin advertises nothing has no series: count it as 0.
+            "expr": (
+                f'(max by (node) (kube_node_status_allocatable{{resource="{resource}",node=~"{nodes}"}})'
+                f' or on (node) (0 * max by (node) (kube_node_info{{node=~"{nodes}"}}))) < {count}'
+            ),
+            "for": "15m",
+            "labels": {"severity": "warning", "pool": pool.pool},
+            "annotations": {"summary": f"{{{{ $labels.node }}}} (pool {pool.pool}) advertises {{{{ $value }}}} {resource}, fewer than {count}: a GPU is unhealthy or lost"},
+        })
+    return rules
+
+
+class Health(FactoryComponent):
+    namespace: pulumi.Output[str]
+
+    def __init__(self, name: str, args: HealthArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__(TOKEN, name, layer="health", opts=opts)
+        object_labels = labels("health")
+        # NPD reads the kernel log and the host's /var/log: privileged by nature.
+        ns = namespace(self, args.namespace, pod_security="privileged")
+        helm_release(self, RELEASE, args.chart, namespace=ns.metadata.name, values=chart_values(args), depends_on=[ns])
+        # SNR agents reboot their node through its watchdog: privileged as well.
+        remediation_ns = k8s.core.v1.Namespace(
+            self.child_name("remediation-namespace"),
+            metadata=k8s.meta.v1.ObjectMetaArgs(
+                name=args.remediation_namespace,
+                labels={**object_labels, **{f"pod-security.kubernetes.io/{m}": "privileged" for m in ("enforce", "audit", "warn")}},
+            ),
+            opts=self.child(),
+        )
+        k8s.apiextensions.CustomResource(
+            self.child_name("snr-config"),
+            api_version=SNR_API,
+            kind="SelfNodeRemediationConfig",
+            metadata={"name": SNR_CONFIG, "namespace": args.remediation_namespace, "labels": object_labels},
+            # The agents must run on every GPU node, whatever the plan tainted it with.
+            spec={"customDsTolerations": gpu_node_tolerations()},
+            opts=self.child(depends_on=[remediation_ns]),
+        )
+        template = k8s.apiextensions.CustomResource(
+            self.child_name("snr-template"),
+            api_version=SNR_API,
+            kind="SelfNodeRemediationTemplate",
+            metadata={"name": SNR_TEMPLATE, "namespace": args.remediation_namespace, "labels": object_labels},
+            spec={"template": {"spec": {"remediationStrategy": "OutOfServiceTaint"}}},
+            opts=self.child(depends_on=[remediation_ns]),
+        )
+        for pool in args.pools:
+            k8s.apiextensions.CustomResource(
+                self.child_name(f"nhc-{pool.pool}"),
+                api_version=NHC_API,
+                kind="NodeHealthCheck",
+                metadata={"name": f"{NHC_PREFIX}{pool.pool}", "labels": {**object_labels, POOL_LABEL: pool.pool}},
+                spec=node_health_check_spec(args, pool),
+                opts=self.child(depends_on=[template]),
+            )
+        k8s.apiextensions.CustomResource(
+            self.child_name("alerts"),
+            api_version=PROMETHEUS_API,
+            kind="PrometheusRule",
+            metadata={"name": "ai-factory-gpu-health", "namespace": args.namespace, "labels": object_labels},
+            spec={"groups": [
+                {"name": "ai-factory-gpu-health", "rules": alert_rules(args)},
+                {"name": "ai-factory-gpu-devices", "rules": dcgm_rules(args)},
+                {"name": "ai-factory-tenant-gpu-availability", "rules": availability_rules(args)},
+            ]},
+            opts=self.child(depends_on=[ns]),
+        )
+        self.namespace = ns.metadata.name
+        self.register_outputs({"namespace": self.namespace})
+
+
+LAYER = Layer(
+    name="health",
+    section="health",
+    chart="node-problem-detector",
+    component=Health,
+    args=HealthArgs.from_config,
+    requires=("fleet",),
+    checks=(health_checks.detection_coverage, health_checks.remediation_blast_radius),
+)

@@ -1,0 +1,160 @@
+"""Offline checks of the health layer (`components/health.py`): every GPU node is watched and can be
+remediated, and no remediation object can act on more nodes at once than the blast radius allows.
+
+GPU nodes are the rendered `Node` objects (the fleet layer labels every GPU node it knows). The
+limits come from the render's config when there is one (`factory check <env>`); a render read back
+from a directory has none, and then only what the objects say by themselves is checked.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any, Iterable, Mapping
+
+from ai_factory.factory.checking.findings import Finding
+from ai_factory.factory.checking.oracles import Oracles
+from ai_factory.factory.checking.scheduling import selects, tolerates
+from ai_factory.factory.model.config import FactoryConfig
+from ai_factory.factory.model.tenancy import LABEL_PREFIX
+from ai_factory.factory.rendering.bundle import Manifest, Rendered
+
+POOL_LABEL = f"{LABEL_PREFIX}/pool"
+SITE_LABEL = f"{LABEL_PREFIX}/site"
+NPD_CHART = "node-problem-detector"
+NHC = ("remediation.medik8s.io/", "NodeHealthCheck")
+SNR_CONFIG = ("self-node-remediation.medik8s.io/", "SelfNodeRemediationConfig")
+SCHEDULING_EFFECTS = ("NoSchedule", "NoExecute")
+
+
+def pool_limits(cfg: FactoryConfig) -> dict[str, int]:
+    """Nodes each pool may have remediating at once (`layers.health.remediation`)."""
+    rem = cfg.layers.health.remediation
+    return {p.name: rem.pools.get(p.name, rem.pool_limit).resolve(len(p.node_specs())) for p in cfg.fleet.pools}
+
+
+def site_limits(cfg: FactoryConfig) -> dict[str, int]:
+    """Nodes each site with a limit may have remediating at once."""
+    sizes: dict[str, int] = defaultdict(int)
+    for p in cfg.fleet.pools:
+        sizes[p.site] += len(p.node_specs())
+    return {site: limit.resolve(sizes[site]) for site, limit in sorted(cfg.layers.health.remediation.sites.items()) if site in sizes}
+
+
+def detection_coverage(rendered: Rendered, oracles: Oracles | None) -> Iterable[Finding]:
+    """Every GPU node runs Node Problem Detector (the release's node affinity and node selector pick
+    it, its tolerations cover the node's taints), is selected by a NodeHealthCheck, and runs a Self
+    Node Remediation agent (the SelfNodeRemediationConfig tolerates its taints)."""
+    nodes = _nodes(rendered)
+    releases = [m for m in rendered.manifests if m.kind == "HelmRelease" and _chart(m, rendered) == NPD_CHART]
+    checks = _of(rendered, *NHC)
+    snr_configs = _of(rendered, *SNR_CONFIG)
+    for node in nodes:
+        labels, taints = _labels(node.obj), _taints(node.obj)
+        if not any(_schedules(_values(r), labels, taints) for r in releases):
+            yield Finding("health-coverage", node.ref, "no Node Problem Detector runs on this GPU node (node affinity, node selector or tolerations leave it out)")
+        if not any(selects(_spec(c).get("selector"), labels) for c in checks):
+            yield Finding("health-coverage", node.ref, "no NodeHealthCheck selects this GPU node: its faults would never be remediated")
+        if checks and not any(all(tolerates(_spec(c).get("customDsTolerations") or [], t) for t in taints) for c in snr_configs):
+            yield Finding("health-coverage", node.ref, "no Self Node Remediation agent can run on this GPU node (SelfNodeRemediationConfig does not tolerate its taints)")
+
+
+def remediation_blast_radius(rendered: Rendered, oracles: Oracles | None) -> Iterable[Finding]:
+    """Every NodeHealthCheck bounds concurrent remediations with `maxUnhealthy` (not `minHealthy`,
+    which bounds healthy nodes), no node is counted by two of them, and - against the config - each
+    allows at most the smallest limit of the pools it selects, and those selecting a site's nodes
+    together at most the site's limit."""
+    nodes = _nodes(rendered)
+    checks = _of(rendered, *NHC)
+    cfg = rendered.config
+    pools = pool_limits(cfg) if cfg and cfg.layers.health.enabled else None
+    sites = site_limits(cfg) if cfg and cfg.layers.health.enabled else None
+    selected_by: dict[str, list[str]] = defaultdict(list)
+    per_site: dict[str, list[tuple[Manifest, int]]] = defaultdict(list)
+    for check in checks:
+        spec = _spec(check)
+        selected = [n for n in nodes if selects(spec.get("selector"), _labels(n.obj))]
+        for n in selected:
+            selected_by[n.name].append(check.name)
+        allowed = _resolve(spec.get("maxUnhealthy"), len(selected))
+        if spec.get("maxUnhealthy") is None:
+            reason = "bounds healthy nodes (minHealthy), not remediating ones" if spec.get("minHealthy") is not None else "sets no maxUnhealthy (the controller then defaults to minHealthy 51%: half the pool at once)"
+            yield Finding("remediation-blast-radius", check.ref, f"{reason}: set maxUnhealthy to the pool's limit")
+            allowed = len(selected)
+        elif allowed is None:
+            yield Finding("remediation-blast-radius", check.ref, f"maxUnhealthy {spec.get('maxUnhealthy')!r} is not a node count or a percentage")
+            allowed = len(selected)
+        if pools is not None:
+            selected_pools = sorted({p for n in selected if (p := _labels(n.obj).get(POOL_LABEL))})
+            limit = min((pools[p] for p in selected_pools if p in pools), default=None)
+            if limit is not None and allowed > limit:
+                names = ", ".join(f"{p} {pools[p]}" for p in selected_pools if p in pools)
+                yield Finding("remediation-blast-radius", check.ref, f"may remediate {allowed} nodes at once, above the limit of its pools ({names})")
+        for site in sorted({s for n in selected if (s := _labels(n.obj).get(SITE_LABEL))}):
+            in_site = sum(1 for n in selected if _labels(n.obj).get(SITE_LABEL) == site)
+            per_site[site].append((check, min(allowed, in_site)))
+    for node, names in sorted(selected_by.items()):
+        if len(names) > 1:
+            yield Finding("remediation-blast-radius", f"Node/{node}", f"selected by {len(names)} NodeHealthChecks ({', '.join(sorted(names))}): each counts it, so their limits add up")
+    for site, members in sorted(per_site.items()):
+        limit = (sites or {}).get(site)
+        total = sum(n for _, n in members)
+        if limit is not None and total > limit:
+            listed = ", ".join(f"{c.name} {n}" for c, n in members)
+            yield Finding("remediation-blast-radius", f"site/{site}", f"NodeHealthChecks may remediate {total} nodes of the site at once ({listed}), above its limit of {limit}")
+
+
+def _resolve(value: Any, total: int) -> int | None:
+    """`maxUnhealthy` in nodes, as the controller scales it (a percentage rounds down)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, str) and value.endswith("%") and value[:-1].isdigit():
+        return total * min(int(value[:-1]), 100) // 100
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
+    return None
+
+
+def _schedules(values: Mapping[str, Any], labels: Mapping[str, str], taints: list[Mapping[str, Any]]) -> bool:
+    """Whether a DaemonSet with the chart's `nodeSelector`, `affinity` and `tolerations` values runs
+    on a node with these labels and taints."""
+    if any(labels.get(k) != v for k, v in (values.get("nodeSelector") or {}).items()):
+        return False
+    required = (((values.get("affinity") or {}).get("nodeAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+    terms = required.get("nodeSelectorTerms")
+    if terms is not None and not any(selects({"matchExpressions": t.get("matchExpressions") or []}, labels) for t in terms):
+        return False
+    return all(tolerates(values.get("tolerations") or [], t) for t in taints)
+
+
+def _chart(release: Manifest, rendered: Rendered) -> str | None:
+    spec = _spec(release)
+    if "chartRef" in spec:
+        sources = {m.name: m for m in rendered.manifests if m.kind == "OCIRepository" and m.namespace == release.namespace}
+        source = sources.get((spec.get("chartRef") or {}).get("name"))
+        return str(_spec(source).get("url", "")).rstrip("/").rsplit("/", 1)[-1] if source else None
+    return ((spec.get("chart") or {}).get("spec") or {}).get("chart")
+
+
+def _values(release: Manifest) -> Mapping[str, Any]:
+    return _spec(release).get("values") or {}
+
+
+def _nodes(rendered: Rendered) -> list[Manifest]:
+    return sorted((m for m in rendered.manifests if m.kind == "Node"), key=lambda m: m.name)
+
+
+def _of(rendered: Rendered, api_prefix: str, kind: str) -> list[Manifest]:
+    return [m for m in rendered.manifests if m.kind == kind and str(m.obj.get("apiVersion", "")).startswith(api_prefix)]
+
+
+def _labels(obj: Mapping[str, Any]) -> dict[str, str]:
+    return dict(((obj.get("metadata") or {}).get("labels")) or {})
+
+
+def _taints(obj: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    return [t for t in ((obj.get("spec") or {}).get("taints") or []) if t.get("effect") in SCHEDULING_EFFECTS]
+
+
+def _spec(m: Manifest | None) -> dict[str, Any]:
+    spec = m.obj.get("spec") if m else None
+    return spec if isinstance(spec, dict) else {}

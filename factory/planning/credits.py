@@ -1,0 +1,165 @@
+"""SLO credits: GPU-hours each tenant lost to GPU faults and their remediation, and what it is owed.
+
+Pure functions of the plan (which share of which GPU each tenant holds), node health over a period
+and the SLO targets of `layers.health.slo` (availability per trust level):
+
+- a tenant's *entitled* GPU-hours are its GPU-equivalents (`tenant_shares`) times the period;
+- an *outage* makes GPUs unavailable: one GPU, or every GPU of the node (remediation is per node,
+  see `components/health.py`); overlapping outages of a GPU count once, clipped to the period;
+- *lost* GPU-hours are the tenant's share of each GPU times the hours that GPU was out;
+- the SLO allows `(1 - target) * entitled` hours of loss; the *credit* is the loss beyond it, in
+  GPU-hours: `max(0, lost - (1 - target) * entitled)`.
+
+Outages come from node conditions (`outages_from_conditions`): a node is out from the moment a GPU
+fault condition is True or Ready is not True until it is healthy again plus the healthy delay
+during which remediation keeps it tainted.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Sequence
+
+from ai_factory.factory.model.config import SloTargets
+from ai_factory.factory.model.gpus import COMPUTE_SLICES, GPU_MODELS, MEMORY_SLICES, GpuModel
+from ai_factory.factory.planning.model import GpuAssignment, Plan, PoolPlan
+
+FAULT_CONDITIONS = ("GpuXidFatal", "GpuXidNeedsReset")
+SECONDS_PER_HOUR = 3600.0
+
+
+@dataclass(frozen=True)
+class Outage:
+    node: str
+    start: float
+    """Seconds (any epoch, the same as the period's)."""
+    end: float
+    gpu: int | None = None
+    """The GPU index; None: every GPU of the node."""
+
+
+@dataclass(frozen=True)
+class ConditionEvent:
+    """A node condition observed at `time` (seconds), as kube-state-metrics or a watch reports it."""
+
+    time: float
+    node: str
+    condition: str
+    status: str
+    """`True`, `False` or `Unknown`."""
+
+
+@dataclass(frozen=True)
+class TenantCredit:
+    tenant: str
+    trust: str
+    target: float
+    entitled_gpu_hours: float
+    lost_gpu_hours: float
+    availability: float
+    credit_gpu_hours: float
+
+
+def tenant_shares(model: GpuModel, pool: PoolPlan, gpu: GpuAssignment) -> dict[str, float]:
+    """Each tenant's GPU-equivalents on one GPU: its dominant share of what it holds there (MIG:
+    max(compute/7, memory/8) of its instances; HAMi: max(memory, cores) share, at most 1;
+    time-slicing: its replicas over the GPU's). Unlike the planner's utilisation figure, which
+    takes the dominant share of the GPU's total, this is per tenant."""
+    shares: dict[str, float] = defaultdict(float)
+    if gpu.mode == "whole" and gpu.owner:
+        shares[gpu.owner] = 1.0
+    elif gpu.mode == "mig":
+        compute: dict[str, int] = defaultdict(int)
+        memory: dict[str, int] = defaultdict(int)
+        for i in gpu.mig:
+            compute[i.tenant] += model.profile(i.profile).compute_slices
+            memory[i.tenant] += model.profile(i.profile).memory_slices
+        for tenant in compute:
+            shares[tenant] = max(compute[tenant] / COMPUTE_SLICES, memory[tenant] / MEMORY_SLICES)
+    elif gpu.mode == "hami":
+        for tenant in sorted({a.tenant for a in gpu.hami}):
+            mine = [a for a in gpu.hami if a.tenant == tenant]
+            shares[tenant] = min(1.0, max(sum(a.memory_mib for a in mine) / model.memory_mib, sum(a.cores_percent for a in mine) / 100))
+    elif gpu.mode == "time-sliced":
+        for s in gpu.time_slices:
+            shares[s.tenant] += s.replicas / pool.time_slicing_replicas
+    return dict(shares)
+
+
+def outages_from_conditions(events: Iterable[ConditionEvent], healthy_delay: float, end: float) -> list[Outage]:
+    """Whole-node outages from a sequence of condition observations: out while a fault condition
+    is True or Ready is not True, and `healthy_delay` seconds after; still out at `end` if never
+    healthy again."""
+    state: dict[str, dict[str, str]] = defaultdict(dict)
+    opened: dict[str, float] = {}
+    outages: list[Outage] = []
+    for event in sorted(events, key=lambda e: (e.time, e.node, e.condition)):
+        state[event.node][event.condition] = event.status
+        bad = _unhealthy(state[event.node])
+        if bad and event.node not in opened:
+            opened[event.node] = event.time
+        elif not bad and event.node in opened:
+            outages.append(Outage(event.node, opened.pop(event.node), event.time + healthy_delay))
+    outages += [Outage(node, start, end) for node, start in sorted(opened.items())]
+    return outages
+
+
+def _unhealthy(conditions: Mapping[str, str]) -> bool:
+    return any(conditions.get(c) == "True" for c in FAULT_CONDITIONS) or conditions.get("Ready", "True") != "True"
+
+
+def credits(plan: Plan, trust: Mapping[str, str], slo: SloTargets, outages: Sequence[Outage], start: float, end: float) -> list[TenantCredit]:
+    """Per tenant of `trust` (tenant -> trust level), sorted by name: entitled and lost GPU-hours
+    over [start, end), availability and credit."""
+    if end <= start:
+        raise ValueError("the period must end after it starts")
+    hours = (end - start) / SECONDS_PER_HOUR
+    down = _down_hours(plan, outages, start, end)
+    entitled: dict[str, float] = defaultdict(float)
+    lost: dict[str, float] = defaultdict(float)
+    for pool in plan.pools:
+        model = GPU_MODELS[pool.gpu_model]
+        for node in pool.nodes:
+            for gpu in node.gpus:
+                for tenant, share in tenant_shares(model, pool, gpu).items():
+                    entitled[tenant] += share * hours
+                    lost[tenant] += share * down.get((node.name, gpu.index), 0.0)
+    result = []
+    for tenant, level in sorted(trust.items()):
+        target = getattr(slo, level)
+        mine, gone = entitled.get(tenant, 0.0), lost.get(tenant, 0.0)
+        result.append(TenantCredit(
+            tenant=tenant,
+            trust=level,
+            target=target,
+            entitled_gpu_hours=round(mine, 6),
+            lost_gpu_hours=round(gone, 6),
+            availability=round(1 - gone / mine, 6) if mine else 1.0,
+            credit_gpu_hours=round(max(0.0, gone - (1 - target) * mine), 6),
+        ))
+    return result
+
+
+def _down_hours(plan: Plan, outages: Sequence[Outage], start: float, end: float) -> dict[tuple[str, int], float]:
+    """Hours each (node, GPU index) was out within the period, overlapping outages merged."""
+    gpus = {node.name: [g.index for g in node.gpus] for pool in plan.pools for node in pool.nodes}
+    intervals: dict[tuple[str, int], list[tuple[float, float]]] = defaultdict(list)
+    for o in outages:
+        lo, hi = max(o.start, start), min(o.end, end)
+        if hi <= lo or o.node not in gpus:
+            continue
+        for index in gpus[o.node] if o.gpu is None else [o.gpu]:
+            intervals[o.node, index].append((lo, hi))
+    down = {}
+    for key, spans in intervals.items():
+        total, reach = 0.0, None
+        for lo, hi in sorted(spans):
+            if reach is None or lo > reach:
+                total += hi - lo
+                reach = hi
+            elif hi > reach:
+                total += hi - reach
+                reach = hi
+        down[key] = total / SECONDS_PER_HOUR
+    return down

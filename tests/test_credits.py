@@ -1,0 +1,84 @@
+"""SLO credits over the dev plan, against figures worked out by hand from it:
+partner-acme (low, 99.5 %) holds the 8 whole H100s of gpu-h100-01; search (high, 99 %) the 16 of
+gpu-h100-02/03 plus two MIG GPUs of a100-mig-001 (4x1g.10gb+3g.40gb = 1 GPU, 2x1g.10gb+3g.40gb =
+max(5/7, 6/8) = 0.75); gpu-h100-04 is idle."""
+
+from __future__ import annotations
+
+import pytest
+
+from ai_factory.factory.model.config import SloTargets
+from ai_factory.factory.model.loading import validate
+from ai_factory.factory.planning.credits import ConditionEvent, Outage, credits, outages_from_conditions
+from ai_factory.factory.planning.from_config import plan_for
+
+H = 3600.0
+PERIOD = (0.0, 100 * H)
+TRUST = {"partner-acme": "low", "search": "high"}
+
+
+@pytest.fixture(scope="module")
+def plan(dev_raw):
+    return plan_for(validate(dev_raw[0]))
+
+
+def by_tenant(plan, outages, slo=SloTargets()):
+    return {c.tenant: c for c in credits(plan, TRUST, slo, outages, *PERIOD)}
+
+
+def test_no_outage_no_credit(plan):
+    result = by_tenant(plan, [])
+    assert result["partner-acme"].entitled_gpu_hours == 800 and result["search"].entitled_gpu_hours == 1775
+    assert all(c.lost_gpu_hours == 0 and c.credit_gpu_hours == 0 and c.availability == 1 for c in result.values())
+
+
+def test_node_outage_beyond_the_slo_is_credited(plan):
+    acme = by_tenant(plan, [Outage("gpu-h100-01", 0, 10 * H)])["partner-acme"]
+    # 8 GPUs x 10 h lost; the 99.5 % SLO allows 0.5 % of 800 GPU-hours.
+    assert (acme.lost_gpu_hours, acme.availability, acme.credit_gpu_hours) == (80, 0.9, 76)
+
+
+def test_loss_within_the_slo_earns_nothing(plan):
+    search = by_tenant(plan, [Outage("a100-mig-001", 0, 10 * H)])["search"]
+    assert search.lost_gpu_hours == 17.5 and search.credit_gpu_hours == 0  # allowance 17.75
+
+
+def test_mig_and_whole_losses_add_up(plan):
+    search = by_tenant(plan, [Outage("a100-mig-001", 0, 10 * H), Outage("gpu-h100-02", 50 * H, 60 * H)])["search"]
+    assert search.lost_gpu_hours == 97.5 and search.credit_gpu_hours == 79.75
+
+
+def test_overlapping_outages_count_once_and_are_clipped_to_the_period(plan):
+    acme = by_tenant(plan, [Outage("gpu-h100-01", -5 * H, 5 * H), Outage("gpu-h100-01", 2 * H, 8 * H)])["partner-acme"]
+    assert acme.lost_gpu_hours == 64  # [0, 8 h) x 8 GPUs
+
+
+def test_one_gpu_outage_costs_one_gpu(plan):
+    acme = by_tenant(plan, [Outage("gpu-h100-01", 0, 10 * H, gpu=3)])["partner-acme"]
+    assert acme.lost_gpu_hours == 10 and acme.credit_gpu_hours == 6
+
+
+def test_an_idle_node_costs_nobody(plan):
+    assert all(c.lost_gpu_hours == 0 for c in by_tenant(plan, [Outage("gpu-h100-04", 0, 50 * H)]).values())
+
+
+def test_target_comes_from_the_tenants_trust_level(plan):
+    acme = by_tenant(plan, [Outage("gpu-h100-01", 0, 10 * H)], SloTargets(low=0.9))["partner-acme"]
+    assert acme.target == 0.9 and acme.credit_gpu_hours == 0
+
+
+def test_conditions_become_outages_until_healthy_plus_delay():
+    events = [
+        ConditionEvent(10, "n1", "GpuXidFatal", "True"),
+        ConditionEvent(20, "n1", "Ready", "Unknown"),
+        ConditionEvent(30, "n1", "GpuXidFatal", "False"),  # still not Ready
+        ConditionEvent(40, "n1", "Ready", "True"),
+        ConditionEvent(50, "n2", "GpuXidNeedsReset", "True"),  # never recovers
+        ConditionEvent(60, "n3", "GpuXidFatal", "False"),  # healthy all along
+    ]
+    assert outages_from_conditions(events, healthy_delay=5, end=100) == [Outage("n1", 10, 45), Outage("n2", 50, 100)]
+
+
+def test_empty_period_is_refused(plan):
+    with pytest.raises(ValueError, match="must end after it starts"):
+        credits(plan, TRUST, SloTargets(), [], 10, 10)
