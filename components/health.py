@@ -500,4 +500,6 @@ LAYER = Layer(
     args=HealthArgs.from_config,
     requires=("fleet",),
     checks=(health_checks.detection_coverage, health_checks.remediation_blast_radius),
+    # The medik8s operators come from OLM; prometheus-operator from the metrics layer or the cluster.
+    external_crds=("remediation.medik8s.io", "self-node-remediation.medik8s.io", "monitoring.coreos.com"),
 )

@@ -58,6 +58,9 @@ class Layer:
     """What the layer adds to every tenant's environment; None when it has nothing to add yet."""
     checks: tuple[Check, ...] = ()
     """Offline checks over a render; `factory check` runs them when the render holds the layer."""
+    external_crds: tuple[str, ...] = ()
+    """CRD groups the layer's objects need that no chart of the bundle installs (operators the
+    cluster gets from OLM or its add-ons): a prerequisite of the cluster, named in the README."""
 
     def enabled(self, cfg: FactoryConfig) -> bool:
         settings = getattr(cfg.layers, self.section) if self.section else None
@@ -125,6 +128,12 @@ def tenant_hooks(cfg: FactoryConfig, plan: Plan) -> list[TenantHook]:
     plan: a tenant stack run on its own (`stacks/tenants.py`) rebuilds the same list from the
     platform contract."""
     return [hook for l in layers() if (hook := l.hook(cfg, plan)) is not None]
+
+
+def external_crds(layer_names: Iterable[str]) -> set[str]:
+    """The CRD groups the named layers expect the cluster to have already."""
+    present = set(layer_names)
+    return {group for l in layers() if l.name in present for group in l.external_crds}
 
 
 def checks_for(layer_names: Iterable[str]) -> list[Check]:

@@ -40,3 +40,12 @@ def test_a_layer_switched_on_brings_its_component_hook_and_checks(raw):
     assert {m.tenant for m in with_kai.manifests if m.kind == "Queue" and m.tenant} == {t["name"] for t in raw["tenants"]}
     assert scheduling.kai_queue_shares in checks(with_kai)
     assert layer("kai-scheduler").checks == (scheduling.kai_queue_shares,)
+
+
+def test_crd_groups_a_layer_expects_from_the_cluster_are_the_only_ones_without_an_installing_release(dev, monkeypatch):
+    from ai_factory.factory.checking import ordering
+
+    assert layer("health").external_crds and not [f for f in ordering.bundle_order(dev, None) if "medik8s" in f.message]
+    monkeypatch.setattr(ordering, "external_crds", lambda names: set())
+    flagged = {f.ref for f in ordering.bundle_order(dev, None) if "remediation.medik8s.io" in f.message}
+    assert {"NodeHealthCheck/ai-factory-gpu-h100-train"} <= flagged

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
+from ai_factory.components.registry import external_crds
 from ai_factory.factory.checking.findings import Finding
 from ai_factory.factory.checking.oracles import Oracles, is_core_api
 from ai_factory.factory.rendering.bundle import PATCH_ANNOTATIONS, Manifest, Rendered
@@ -63,6 +64,7 @@ def _crd_owners(rendered: Rendered) -> dict[str, list[Manifest]]:
 def bundle_order(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
     bundle = _Bundle(rendered)
     owners = _crd_owners(rendered)
+    prerequisites = external_crds({m.layer for m in rendered.manifests})
     for m in rendered.manifests:
         if not m.stage:  # what a chart installs: its release's stage applies it
             continue
@@ -75,7 +77,7 @@ def bundle_order(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
         if is_core_api(api_version) or group.endswith(FLUX_GROUP_SUFFIX):
             continue
         name = applier["metadata"]["name"]
-        if not owners.get(group):
+        if not owners.get(group) and group not in prerequisites:
             yield Finding("bundle-order", m.ref, f"no release of the bundle installs the CRDs of {group} (catalog crd_groups)", _tenants(m))
         for release in owners.get(group, []):
             installer = bundle.applier(release)
