@@ -923,8 +923,9 @@ def vcluster_hardening(rendered: Rendered, oracles: Oracles) -> Iterable[Finding
     audiences: dict[str, list[str]] = {}
     for release, home in _vcluster_releases(view):
         for arg in _get((release.obj.get("spec") or {}).get("values") or {}, "controlPlane.distro.k8s.apiServer.extraArgs", []) or []:
-            if str(arg).startswith("--oidc-client-id="):
-                audiences.setdefault(str(arg), []).append(home.tenant if home else release.namespace or "")
+            # Only tenants' clients: a release outside every tenant namespace is reported as such.
+            if str(arg).startswith("--oidc-client-id=") and home:
+                audiences.setdefault(str(arg), []).append(home.tenant)
     for release, home in _vcluster_releases(view):
         tenant = home.tenant if home else None
         values = (release.obj.get("spec") or {}).get("values") or {}
