@@ -562,6 +562,210 @@ def test_tenant_protection_needs_the_namespace_and_vcluster_protected_and_retain
     assert findings(isolation.tenant_protection, tenant_ns("a"), inventory=inventory) == [f"tenant-protection: Namespace/tenant-a: {e} [tenants: a]" for e in expected]
 
 
+def placement_rule(namespace: str = "tenant-a", pairs: tuple = ("ai-factory.io/trust-domain=a",), kinds_per_entry: tuple = (["Pod"],), action: str = "Enforce",
+                   guarded: tuple = ("", "ai-factory.io/trust-domain", "ai-factory.io/dedicated"), only_equal: bool = True) -> dict:
+    """A tenant's Kyverno rule as components/kyverno.py writes it: pods' tolerations of placement keys are Equal and listed."""
+    from ai_factory.components.kyverno import TOLERATION_KEY, TOLERATION_OPERATOR, TOLERATION_PAIR
+
+    denied = [{"key": TOLERATION_PAIR, "operator": "AnyNotIn", "value": list(pairs)}]
+    if only_equal:
+        denied.insert(0, {"key": TOLERATION_OPERATOR, "operator": "NotEquals", "value": "Equal"})
+    return {
+        "name": "placement-tolerations",
+        "match": {"any": [{"resources": {"kinds": kinds, "namespaces": [namespace]}} for kinds in kinds_per_entry]},
+        "validate": {"failureAction": action, "foreach": [{
+            "list": "request.object.spec.tolerations || `[]`",
+            "preconditions": {"any": [{"key": TOLERATION_KEY, "operator": "AnyIn", "value": list(guarded)}]},
+            "deny": {"conditions": {"any": denied}},
+        }]},
+    }
+
+
+def pinning_rule(tenant: str = "a", namespace: str = "tenant-a") -> dict:
+    from ai_factory.components.kyverno import DEDICATED_SELECTOR
+
+    return {
+        "name": "dedicated-nodes",
+        "match": {"any": [{"resources": {"kinds": ["Pod"], "namespaces": [namespace]}}]},
+        "validate": {"failureAction": "Enforce", "deny": {"conditions": {"any": [{"key": DEDICATED_SELECTOR, "operator": "NotEquals", "value": tenant}]}}},
+    }
+
+
+def kyverno(*rules: dict) -> dict:
+    return {"apiVersion": "kyverno.io/v1", "kind": "ClusterPolicy", "metadata": {"name": "tenant-a-admission"}, "spec": {"rules": list(rules)}}
+
+
+TD, DED = "ai-factory.io/trust-domain", "ai-factory.io/dedicated"
+
+
+def whitelisted(*tolerations: dict, trust: str = "high", selector: str | None = None, defaults: list | None = None) -> dict:
+    annotations = {TOLERATIONS_WHITELIST_ANNOTATION: json.dumps(list(tolerations or [{"key": DED, "operator": "Equal", "value": "a"}]))}
+    if selector is not None:
+        annotations[NODE_SELECTOR_ANNOTATION] = selector
+    if defaults is not None:
+        annotations[DEFAULT_TOLERATIONS_ANNOTATION] = json.dumps(defaults)
+    return tenant_ns("a", trust=trust, annotations=annotations)
+
+
+B_PLACED = tenant_ns("b", annotations={TOLERATIONS_WHITELIST_ANNOTATION: json.dumps([{"key": "ai-factory.io/trust-domain", "operator": "Equal", "value": "b"}])})
+PLACE = "gpu-placement: Namespace/tenant-a:"
+NO_WHITELIST = (f"{PLACE} no toleration whitelist (scheduler.alpha.kubernetes.io/tolerationsWhitelist or a Kyverno rule): tenant a's pods may "
+                "tolerate any node's taints [tenants: a]")
+NOT_PINNED = f"{PLACE} untrusted tenant a's pods are not pinned to its dedicated nodes (scheduler.alpha.kubernetes.io/node-selector or a Kyverno rule) [tenants: a]"
+UNTRUSTED_SHARED = f"{PLACE} untrusted tenant a may tolerate shared-GPU nodes (ai-factory.io/trust-domain) [tenants: a]"
+
+
+@pytest.mark.parametrize(
+    "objs, expected",
+    [
+        pytest.param([whitelisted({"key": TD, "operator": "Equal", "value": "a"})], [], id="own-trust-domain"),
+        pytest.param([whitelisted({"key": DED, "operator": "Equal", "value": "a"}, {"key": "gpu", "operator": "Exists"})], [], id="own-dedicated-nodes-and-other-keys"),
+        pytest.param([whitelisted({"operator": "Exists"})], [f"{PLACE} tenant a's pods may tolerate every taint [tenants: a]"], id="every-taint"),
+        pytest.param([whitelisted({"key": TD, "operator": "Exists"})], [f"{PLACE} tenant a (domain a) may tolerate the shared-GPU nodes of every trust domain [tenants: a]"], id="every-trust-domain"),
+        pytest.param([whitelisted({"key": TD, "operator": "Exists", "value": "a"})], [f"{PLACE} tenant a (domain a) may tolerate the shared-GPU nodes of trust domain a [tenants: a]"], id="exists-ignores-the-value"),
+        pytest.param([whitelisted({"key": TD, "operator": "Equal", "value": "b"})], [f"{PLACE} tenant a (domain a) may tolerate the shared-GPU nodes of trust domain b [tenants: a, b]"], id="another-trust-domain"),
+        pytest.param([whitelisted({"key": DED, "operator": "Equal", "value": "b"})], [f"{PLACE} tenant a may tolerate the nodes dedicated to tenant b [tenants: a, b]"], id="another-tenants-nodes"),
+        pytest.param([whitelisted({"key": DED, "operator": "Exists"})], [f"{PLACE} tenant a may tolerate the nodes dedicated to every tenant [tenants: a]"], id="every-tenants-nodes"),
+        pytest.param([whitelisted(defaults=[{"key": TD, "operator": "Equal", "value": "b"}])], [f"{PLACE} tenant a (domain a) may tolerate the shared-GPU nodes of trust domain b [tenants: a, b]"], id="default-tolerations"),
+        pytest.param([tenant_ns("a")], [NO_WHITELIST], id="no-whitelist"),
+        pytest.param([tenant_ns("a", annotations={TOLERATIONS_WHITELIST_ANNOTATION: "not json"})], [NO_WHITELIST], id="unreadable-whitelist"),
+        pytest.param([tenant_ns("a", annotations={TOLERATIONS_WHITELIST_ANNOTATION: "[1]"})], [NO_WHITELIST], id="whitelist-of-non-tolerations"),
+        pytest.param([tenant_ns("a"), kyverno(placement_rule())], [], id="kyverno-rule"),
+        pytest.param([tenant_ns("a"), kyverno(placement_rule(kinds_per_entry=(["Deployment"], ["Pod"])))], [], id="kyverno-rule-with-several-match-entries"),
+        pytest.param([tenant_ns("a"), kyverno(placement_rule(kinds_per_entry=(["Deployment"],)))], [NO_WHITELIST], id="kyverno-rule-not-on-pods"),
+        pytest.param([tenant_ns("a"), kyverno(placement_rule(namespace="tenant-b", pairs=("ai-factory.io/trust-domain=b",)))], [NO_WHITELIST], id="kyverno-rule-of-another-namespace"),
+        pytest.param([tenant_ns("a"), kyverno(placement_rule(action="Audit"))], [NO_WHITELIST], id="kyverno-rule-in-audit"),
+        pytest.param([tenant_ns("a"), kyverno(placement_rule(guarded=("", TD)))], [NO_WHITELIST], id="kyverno-rule-missing-a-placement-key"),
+        pytest.param([tenant_ns("a"), kyverno(placement_rule(guarded=(TD, DED)))], [NO_WHITELIST], id="kyverno-rule-missing-the-empty-key"),
+        pytest.param([tenant_ns("a"), kyverno(placement_rule(only_equal=False))], [NO_WHITELIST], id="kyverno-rule-allowing-exists"),
+        pytest.param([tenant_ns("a"), kyverno(placement_rule(pairs=("ai-factory.io/trust-domain=b",)))], [f"{PLACE} tenant a (domain a) may tolerate the shared-GPU nodes of trust domain b [tenants: a, b]"], id="kyverno-rule-allowing-another-domain"),
+        pytest.param([whitelisted({"key": DED, "operator": "Equal", "value": "a"}, trust="low", selector="ai-factory.io/dedicated=a")], [], id="untrusted-pinned"),
+        pytest.param([whitelisted(trust="low", selector="zone=z1, ai-factory.io/dedicated=a")], [], id="untrusted-pinned-among-other-labels"),
+        pytest.param([whitelisted(trust="low", selector="ai-factory.io/dedicated=b")], [NOT_PINNED], id="untrusted-pinned-elsewhere"),
+        pytest.param([whitelisted(trust="low")], [NOT_PINNED], id="untrusted-not-pinned"),
+        pytest.param([tenant_ns("a", trust="low"), kyverno(placement_rule(pairs=()), pinning_rule())], [], id="untrusted-pinned-by-kyverno"),
+        pytest.param([tenant_ns("a", trust="low"), kyverno(placement_rule(pairs=()), pinning_rule("b"))], [NOT_PINNED], id="untrusted-pinned-by-kyverno-elsewhere"),
+        pytest.param([whitelisted({"key": TD, "operator": "Equal", "value": "a"}, trust="low", selector="ai-factory.io/dedicated=a")], [UNTRUSTED_SHARED], id="untrusted-tolerating-shared-gpus"),
+    ],
+)
+def test_gpu_placement_flags_tolerations_beyond_the_tenants_own_nodes(objs, expected):
+    assert findings(isolation.gpu_placement, B_PLACED, *objs) == expected
+
+
+def gpu_node(name: str, labels: dict, taints: list | None = None) -> dict:
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}, "spec": {"taints": taints or []}}
+
+
+def taint(key: str, value: str, effect: str = "NoSchedule") -> dict:
+    return {"key": key, "value": value, "effect": effect}
+
+
+@pytest.mark.parametrize(
+    "node, expected",
+    [
+        pytest.param(gpu_node("n", {DED: "a"}, [taint(DED, "a")]), [], id="dedicated-and-tainted"),
+        pytest.param(gpu_node("n", {DED: "a"}), ["node dedicated to tenant a is not tainted for it: other tenants' pods can land there [tenants: a]"], id="dedicated-untainted"),
+        pytest.param(gpu_node("n", {DED: "a"}, [taint(DED, "b")]), ["node dedicated to tenant a is not tainted for it: other tenants' pods can land there [tenants: a]"], id="tainted-for-another"),
+        pytest.param(gpu_node("n", {DED: "a", TD: "b"}, [taint(DED, "a")]), ["node dedicated to tenant a also serves trust domain b [tenants: a, b]"], id="dedicated-and-shared"),
+        pytest.param(gpu_node("n", {DED: "a", TD: "a"}, [taint(DED, "a")]), [], id="dedicated-in-its-own-domain"),
+        pytest.param(gpu_node("n", {DED: "a", "nvidia.com/mig.config": "all-1g.10gb"}, [taint(DED, "a")]),
+                     ["untrusted tenant a is placed on a shared-GPU node (MIG, HAMi or time-slicing) [tenants: a]"], id="untrusted-on-mig"),
+        pytest.param(gpu_node("n", {DED: "a", "nvidia.com/mig.config": "all-disabled"}, [taint(DED, "a")]), [], id="untrusted-mig-disabled"),
+        pytest.param(gpu_node("n", {TD: "a", "ai-factory.io/hami": "enabled"}), ["untrusted tenant a is placed on a shared-GPU node (MIG, HAMi or time-slicing) [tenants: a]"], id="untrusted-domain-on-hami"),
+        pytest.param(gpu_node("n", {TD: "a", "ai-factory.io/hami": "disabled"}), [], id="hami-disabled"),
+        pytest.param(gpu_node("n", {TD: "a", "nvidia.com/device-plugin.config": "sliced"}), ["untrusted tenant a is placed on a shared-GPU node (MIG, HAMi or time-slicing) [tenants: a]"], id="untrusted-on-time-slices"),
+        pytest.param(gpu_node("n", {TD: "b", "ai-factory.io/hami": "enabled"}), [], id="trusted-on-hami"),
+        pytest.param(gpu_node("n", {"ai-factory.io/hami": "enabled"}), [], id="shared-node-of-no-domain"),
+    ],
+)
+def test_gpu_placement_flags_nodes_that_mix_tenants(node, expected):
+    objs = (whitelisted(trust="low", selector="ai-factory.io/dedicated=a"), B_PLACED, node)
+    assert findings(isolation.gpu_placement, *objs) == [f"gpu-placement: Node/n: {e}" for e in expected]
+
+
+SUBJECTS = "rbac-subjects:"
+
+
+@pytest.mark.parametrize(
+    "binding_obj, expected",
+    [
+        pytest.param(a_binds(), [], id="own-owners-in-own-namespace"),
+        pytest.param(a_binds(subject="oidc:b-admins"), ["RoleBinding/tenant-a/rb: binds Group oidc:b-admins of tenant b into tenant a's environment [tenants: a, b]"], id="another-tenants-owners"),
+        pytest.param(a_binds(subject="oidc:stranger"), ["RoleBinding/tenant-a/rb: binds Group oidc:stranger, which belongs to no tenant, into tenant a's environment [tenants: a]"], id="nobodys-group"),
+        pytest.param(a_binds(subject="system:masters"), ["RoleBinding/tenant-a/rb: binds system group system:masters [tenants: a]"], id="system-masters"),
+        pytest.param(a_binds(subject="system:unauthenticated", namespace=None), ["ClusterRoleBinding/rb: binds system group system:unauthenticated"], id="system-group-cluster-wide"),
+        pytest.param(a_binds(subject="system:serviceaccounts:tenant-a", namespace=None), ["ClusterRoleBinding/rb: binds Group system:serviceaccounts:tenant-a of tenant a cluster-wide [tenants: a]"], id="tenant-accounts-cluster-wide"),
+        pytest.param(a_binds(subject="oidc:a-admins", namespace="kube-system"), ["RoleBinding/kube-system/rb: binds Group oidc:a-admins of tenant a in a platform namespace kube-system [tenants: a]"], id="owners-in-a-platform-namespace"),
+        pytest.param(a_binds(subject="oidc:a-admins", namespace="tenant-b"), ["RoleBinding/tenant-b/rb: binds Group oidc:a-admins of tenant a into tenant b's environment [tenants: a, b]"], id="owners-in-another-tenant"),
+        pytest.param(a_binds(subject="oidc:platform-admins", namespace=None), [], id="platform-group-cluster-wide"),
+        pytest.param(a_binds(("ClusterRole", "cluster-admin"), namespace=None, subject="oidc:platform-admins"), ["ClusterRoleBinding/rb: binds ClusterRole cluster-admin"], id="cluster-admin"),
+        pytest.param(a_binds(("ClusterRole", "cluster-admin")), ["RoleBinding/tenant-a/rb: binds ClusterRole cluster-admin [tenants: a]"], id="cluster-admin-in-a-tenant"),
+    ],
+)
+def test_rbac_subjects_bind_tenants_only_into_their_own_namespace(binding_obj, expected):
+    objs = (tenant_ns("a"), tenant_ns("b"), platform_ns("kube-system"), binding_obj)
+    assert findings(isolation.rbac_subjects, *objs) == [f"{SUBJECTS} {e}" for e in expected]
+
+
+def test_rbac_subjects_accept_platform_accounts_and_flag_tenant_accounts_elsewhere():
+    def account_binding(namespace, account_namespace):
+        rb = a_binds(namespace=namespace)
+        rb["subjects"] = [{"kind": "ServiceAccount", "name": "runner", **({"namespace": account_namespace} if account_namespace else {})}]
+        return rb
+
+    objs = (tenant_ns("a"), tenant_ns("b"), platform_ns("kueue-system"))
+    assert findings(isolation.rbac_subjects, *objs, account_binding("tenant-a", "kueue-system")) == []
+    assert findings(isolation.rbac_subjects, *objs, account_binding("tenant-a", None)) == []
+    assert findings(isolation.rbac_subjects, *objs, account_binding("kueue-system", "tenant-b")) == [
+        "rbac-subjects: RoleBinding/kueue-system/rb: binds ServiceAccount tenant-b/runner of tenant b in a platform namespace kueue-system [tenants: b]"
+    ]
+
+
+def test_rbac_subjects_flag_unreadable_unprefixed_and_shared_owners():
+    unreadable = tenant_ns("c")
+    unreadable["metadata"]["annotations"][OWNERS_ANNOTATION] = "[{\"name\": \"x\"}]"
+    objs = (tenant_ns("a", owners=("shared",)), tenant_ns("b", owners=("shared",)), unreadable)
+    unprefixed = tenant_ns("d")
+    unprefixed["metadata"]["annotations"][OWNERS_ANNOTATION] = json.dumps([{"kind": "User", "name": "d@example.com"}, {"kind": "ServiceAccount", "name": "tenant-d/ci"}])
+    assert findings(isolation.rbac_subjects, *objs, unprefixed) == [
+        "rbac-subjects: Namespace/tenant-a: owner Group oidc:shared is shared by tenants a, b [tenants: a, b]",
+        "rbac-subjects: Namespace/tenant-b: owner Group oidc:shared is shared by tenants a, b [tenants: a, b]",
+        "rbac-subjects: Namespace/tenant-c: ai-factory.io/owners is not a JSON list of {kind, name} subjects [tenants: c]",
+        "rbac-subjects: Namespace/tenant-d: owner User d@example.com lacks the 'oidc:' prefix of the API servers' OIDC settings [tenants: d]",
+    ]
+
+
+@pytest.mark.parametrize(
+    "account, expected",
+    [
+        pytest.param({"automountServiceAccountToken": False}, [], id="token-not-mounted"),
+        pytest.param({"automountServiceAccountToken": True}, ["the default service account of tenant-a mounts its API token into every pod"], id="token-mounted"),
+        pytest.param({}, ["the default service account of tenant-a mounts its API token into every pod"], id="token-mounted-by-default"),
+        pytest.param(None, ["the default service account of tenant-a mounts its API token into every pod"], id="no-default-account"),
+    ],
+)
+def test_service_account_token_of_the_default_account_stays_unmounted(account, expected):
+    objs = [tenant_ns("a"), obj("ServiceAccount", "default", "kube-system", automountServiceAccountToken=True), obj("ServiceAccount", "other", "tenant-a")]
+    if account is not None:
+        objs.append(obj("ServiceAccount", "default", "tenant-a", **account))
+    assert findings(isolation.service_account_token, *objs) == [f"service-account-token: Namespace/tenant-a: {e} [tenants: a]" for e in expected]
+
+
+@pytest.mark.parametrize(
+    "extra, expected",
+    [
+        pytest.param(obj("ConfigMap", "c", "tenant-a"), [], id="labelled-in-its-namespace"),
+        pytest.param({**obj("ConfigMap", "c", "tenant-a"), "metadata": meta("c", "tenant-a", "b")}, ["ConfigMap/tenant-a/c: in tenant a's namespace but carries tenant label 'b' [tenants: a, b]"], id="another-tenants-label"),
+        pytest.param({**obj("ConfigMap", "c", "tenant-a"), "metadata": meta("c", "tenant-a")}, ["ConfigMap/tenant-a/c: in tenant a's namespace but has no tenant label [tenants: a]"], id="unlabelled"),
+        pytest.param({**obj("ConfigMap", "c", "kube-system"), "metadata": meta("c", "kube-system", "a")}, ["ConfigMap/kube-system/c: tenant a's object lives in platform namespace kube-system [tenants: a]"], id="in-a-platform-namespace"),
+        pytest.param({**obj("ClusterRole", "c"), "metadata": meta("c", None, "a")}, [], id="cluster-scoped"),
+        pytest.param(obj("ConfigMap", "c", "kube-system"), [], id="platform-object"),
+    ],
+)
+def test_tenant_labels_keep_each_object_with_its_tenant(extra, expected):
+    assert findings(isolation.tenant_labels, tenant_ns("a"), platform_ns("kube-system"), extra) == [f"tenant-labels: {e}" for e in expected]
+
+
 # --------------------------------------------------------------------------- clean environments
 
 
