@@ -5,9 +5,12 @@ stack also holds a compliant resource that must not be reported."""
 
 from __future__ import annotations
 
+import json
+
 import pulumi
 import pulumi_kubernetes as k8s
 import pytest
+from pulumi_policy import PolicyResource
 
 import ai_factory.components.fleet
 import ai_factory.components.gpu_operator
@@ -19,6 +22,8 @@ from ai_factory.factory.planning.placement import DEDICATED_LABEL, DEVICE_PLUGIN
 from ai_factory.factory.planning.quotas import SUPPLY_ANNOTATION
 from ai_factory.factory.model.tenancy import TENANT_LABEL, TRUST_DOMAIN_LABEL
 from ai_factory.policies.aif_policies import POLICIES
+from ai_factory.policies.aif_policies import gpu as gpu_policies
+from ai_factory.policies.aif_policies import security as security_policies
 from tests.conftest import render
 from tests.policy_stacks import (
     all_violations,
@@ -376,6 +381,323 @@ def test_queue_quotas_above_a_flavors_supply_are_reported():
         "kubernetes:kueue.x-k8s.io/v1beta2:ResourceFlavor::resourceflavor-mig"][0]
     assert "ResourceQuota tenant-c/quota of tenant 'c' allows 6 nvidia.com/gpu but the flavors of its trust domain 'inference' supply 4" in found[
         "kubernetes:core/v1:ResourceQuota::c-quota"][0]
+
+
+# --------------------------------------------------------------------------- GPU sharing, table-driven
+# Rows are small sets of PolicyResources (what CrossGuard hands a stack policy) and the resources
+# a policy reports, each with a phrase of its message.
+
+def res(kind: str, name: str, api: str = "core/v1", namespace: str | None = None, labels: dict | None = None, spec: dict | None = None,
+        annotations: dict | None = None, **props) -> PolicyResource:
+    metadata: dict = {"name": name, "labels": dict(labels or {})}
+    if namespace:
+        metadata["namespace"] = namespace
+    if annotations:
+        metadata["annotations"] = annotations
+    body = {"metadata": metadata, **({"spec": spec} if spec is not None else {}), **props}
+    return PolicyResource(f"kubernetes:{api}:{kind}", body, f"urn:pulumi:t::p::{kind}::{name}", name, None, None, None, [], {})
+
+
+def chart(name: str, chart_name: str, values: dict, namespace: str | None = None, version: str = "1.0.0") -> PolicyResource:
+    props = {"name": name, "chart": chart_name, "namespace": namespace or name, "version": version, "values": values}
+    return PolicyResource("kubernetes:helm.sh/v3:Release", props, f"urn:pulumi:t::p::Release::{name}", name, None, None, None, [], {})
+
+
+def tenant_space(tenant: str, trust: str = "high", domain: str | None = None) -> PolicyResource:
+    return res("Namespace", f"tenant-{tenant}", labels=tenant_labels(tenant, trust, domain))
+
+
+def gpu_node(name: str, labels: dict, *taints: tuple[str, str, str]) -> PolicyResource:
+    return res("NodePatch", name, labels=labels, spec={"taints": [{"key": k, "value": v, "effect": e} for k, v, e in taints]})
+
+
+def flavor_res(name: str, node_labels: dict, supply: dict | None = None, domain: str | None = None) -> PolicyResource:
+    return res("ResourceFlavor", name, "kueue.x-k8s.io/v1beta2", labels={TRUST_DOMAIN_LABEL: domain} if domain else {}, spec={"nodeLabels": node_labels},
+               annotations={SUPPLY_ANNOTATION: json.dumps(supply)} if supply is not None else None)
+
+
+def queue_res(tenant: str, groups: list[tuple[list[str], str, dict]], kind: str = "ClusterQueue") -> PolicyResource:
+    """groups: (covered resources, flavor, {resource: nominal quota})."""
+    spec: dict = {"resourceGroups": [{"coveredResources": covered, "flavors": [{"name": f, "resources": [{"name": r, "nominalQuota": q} for r, q in quotas.items()]}]}
+                                     for covered, f, quotas in groups]}
+    if kind == "ClusterQueue":
+        spec["namespaceSelector"] = {"matchLabels": {TENANT_LABEL: tenant}}
+    return res(kind, f"q-{tenant}", "kueue.x-k8s.io/v1beta2", spec=spec)
+
+
+def quota_res(tenant: str, hard: dict) -> PolicyResource:
+    return res("ResourceQuota", f"quota-{tenant}", namespace=f"tenant-{tenant}", labels={TENANT_LABEL: tenant}, spec={"hard": hard})
+
+
+def reported(check, *resources: PolicyResource) -> list[tuple[str, str]]:
+    return sorted((r.name if r is not None else "stack", m) for r, m in check(list(resources), {}))
+
+
+def assert_reports(found: list[tuple[str, str]], expected: list[tuple[str, str]]) -> None:
+    """Exactly the expected resources are reported, each message holding its phrase."""
+    assert [name for name, _ in found] == [name for name, _ in expected], found
+    for (name, message), (_, phrase) in zip(found, expected):
+        assert phrase in message, (name, message)
+
+
+DOMAIN_TAINT = (TRUST_DOMAIN_LABEL, "red", "NoSchedule")
+SLICED = "version: v1\nsharing:\n  timeSlicing:\n    resources: [{name: nvidia.com/gpu, replicas: 4}]\n"
+SINGLE = "version: v1\nsharing:\n  timeSlicing:\n    resources: [{name: nvidia.com/gpu, replicas: 1}]\n"
+MPS = "version: v1\nsharing:\n  mps:\n    resources: [{name: nvidia.com/gpu, replicas: 2}]\n"
+MIG_PARTED = "version: v1\nmig-configs:\n  halves:\n    - devices: [0]\n      mig-enabled: true\n      mig-devices: {3g.40gb: 2}\n  whole:\n    - devices: all\n      mig-enabled: false\n"
+OPERATOR = chart("gpu-operator", "gpu-operator", {"devicePlugin": {"config": {"data": {"sliced": SLICED, "single": SINGLE, "mps": MPS}}}, "migManager": {"config": {"data": {"config.yaml": MIG_PARTED}}}})
+
+
+@pytest.mark.parametrize(
+    "labels, taints, expected",
+    [
+        pytest.param({}, [], [], id="whole-gpus"),
+        pytest.param({MIG_CONFIG_LABEL: "halves", TRUST_DOMAIN_LABEL: "red"}, [DOMAIN_TAINT], [], id="mig-labelled-and-tainted"),
+        pytest.param({MIG_CONFIG_LABEL: "halves", TRUST_DOMAIN_LABEL: "red"}, [(TRUST_DOMAIN_LABEL, "red", "NoExecute")], [], id="noexecute-taint"),
+        pytest.param({MIG_CONFIG_LABEL: "halves", TRUST_DOMAIN_LABEL: "red"}, [(TRUST_DOMAIN_LABEL, "red", "PreferNoSchedule")], ["is not tainted ai-factory.io/trust-domain=red"], id="preference-taint"),
+        pytest.param({MIG_CONFIG_LABEL: "halves", TRUST_DOMAIN_LABEL: "red"}, [(TRUST_DOMAIN_LABEL, "blue", "NoSchedule")], ["is not tainted ai-factory.io/trust-domain=red"], id="tainted-for-another-domain"),
+        pytest.param({MIG_CONFIG_LABEL: "halves"}, [], ["shares its GPUs (MIG config halves) but has no ai-factory.io/trust-domain label"], id="mig-without-domain"),
+        pytest.param({MIG_CONFIG_LABEL: "unknown"}, [], ["shares its GPUs (MIG config unknown)"], id="unknown-mig-config"),
+        pytest.param({MIG_CONFIG_LABEL: "whole"}, [], [], id="mig-config-enabling-nothing"),
+        pytest.param({MIG_CONFIG_LABEL: "all-disabled"}, [], [], id="mig-disabled"),
+        pytest.param({"ai-factory.io/hami": "enabled"}, [], ["shares its GPUs (HAMi)"], id="hami-label"),
+        pytest.param({"gpu": "on"}, [], ["shares its GPUs (HAMi)"], id="hami-default-node-selector"),
+        pytest.param({DEVICE_PLUGIN_CONFIG_LABEL: "sliced"}, [], ["shares its GPUs (time-slicing config sliced)"], id="time-slices"),
+        pytest.param({DEVICE_PLUGIN_CONFIG_LABEL: "mps"}, [], ["shares its GPUs (time-slicing config mps)"], id="mps"),
+        pytest.param({DEVICE_PLUGIN_CONFIG_LABEL: "missing"}, [], ["shares its GPUs (time-slicing config missing)"], id="unknown-plugin-config"),
+        pytest.param({DEVICE_PLUGIN_CONFIG_LABEL: "single"}, [], [], id="one-replica"),
+    ],
+)
+def test_gpu_no_cross_domain_sharing_labels_and_taints_every_shared_node(labels, taints, expected):
+    resources = (OPERATOR, chart("hami", "hami", {}), gpu_node("n", labels, *taints))
+    assert_reports(reported(gpu_policies.check_gpu_no_cross_domain_sharing, *resources), [("n", e) for e in expected])
+
+
+def test_gpu_no_cross_domain_sharing_keeps_flavors_and_queues_to_one_domain():
+    resources = (
+        OPERATOR, tenant_space("a", domain="red"), tenant_space("b", domain="blue"),
+        gpu_node("red-1", {"pool": "mig", MIG_CONFIG_LABEL: "halves", TRUST_DOMAIN_LABEL: "red"}, DOMAIN_TAINT),
+        gpu_node("blue-1", {"pool": "mig", MIG_CONFIG_LABEL: "halves", TRUST_DOMAIN_LABEL: "blue"}, (TRUST_DOMAIN_LABEL, "blue", "NoSchedule")),
+        gpu_node("whole", {"pool": "h100"}),
+        flavor_res("mig-red", {"pool": "mig", TRUST_DOMAIN_LABEL: "red"}), flavor_res("mig-any", {"pool": "mig"}), flavor_res("cpu", {}), flavor_res("h100", {"pool": "h100"}),
+        queue_res("a", [(["cpu", "nvidia.com/mig-3g.40gb"], "mig-red", {"nvidia.com/mig-3g.40gb": 1}), (["cpu"], "cpu", {"cpu": 1})]),
+        queue_res("b", [(["nvidia.com/mig-3g.40gb"], "mig-red", {"nvidia.com/mig-3g.40gb": 1}), (["nvidia.com/gpu"], "h100", {"nvidia.com/gpu": 1})]),
+        queue_res("c", [(["cpu"], "mig-any", {"cpu": 1})]),
+    )
+    assert_reports(reported(gpu_policies.check_gpu_no_cross_domain_sharing, *resources), [
+        ("q-b", "admits tenant 'b' (trust domain 'blue') to ResourceFlavor mig-red, whose shared GPUs serve trust domain(s) red"),
+    ])
+    resources += (queue_res("d", [(["nvidia.com/mig-3g.40gb"], "mig-any", {"nvidia.com/mig-3g.40gb": 1})], kind="Cohort"),)
+    assert_reports(reported(gpu_policies.check_gpu_no_cross_domain_sharing, *resources), [
+        ("mig-any", "selects shared-GPU nodes of trust domains blue, red"),
+        ("q-b", "admits tenant 'b'"),
+    ])
+
+
+@pytest.mark.parametrize(
+    "hard, expected",
+    [
+        pytest.param({"requests.nvidia.com/gpu": "8", "requests.cpu": "4"}, [], id="whole-gpus"),
+        pytest.param({"requests.nvidia.com/mig-1g.10gb": "2"}, ["gives low-trust tenant 'x' 2 of nvidia.com/mig-1g.10gb"], id="mig"),
+        pytest.param({"requests.nvidia.com/gpumem": "4096"}, ["4096 of nvidia.com/gpumem"], id="hami-memory"),
+        pytest.param({"requests.nvidia.com/gpucores": "30"}, ["30 of nvidia.com/gpucores"], id="hami-cores"),
+        pytest.param({"requests.nvidia.com/gpu.shared": "1"}, ["1 of nvidia.com/gpu.shared"], id="time-slices"),
+        pytest.param({"requests.nvidia.com/gpumem": "0", "requests.nvidia.com/mig-1g.10gb": 0}, [], id="shares-capped-at-zero"),
+    ],
+)
+def test_low_trust_whole_gpus_flags_quotas_for_shares_of_a_gpu(hard, expected):
+    resources = (tenant_space("x", "low"), tenant_space("y"), quota_res("x", hard), quota_res("y", {"requests.nvidia.com/gpumem": "4096"}))
+    assert_reports(reported(gpu_policies.check_low_trust_whole_gpus, *resources), [("quota-x", e) for e in expected])
+
+
+@pytest.mark.parametrize(
+    "covered, flavor_name, expected",
+    [
+        pytest.param(["nvidia.com/gpu"], "own", [], id="own-dedicated-nodes"),
+        pytest.param(["cpu", "nvidia.com/gpu"], "own", [], id="mixed-group-on-own-nodes"),
+        pytest.param(["cpu", "nvidia.com/gpu"], "all-h100", ["selects nodes not dedicated to it (h100-other)"], id="mixed-group-on-foreign-nodes"),
+        pytest.param(["nvidia.com/gpu"], "mig", ["on shared-GPU nodes (mig-1)"], id="shared-nodes"),
+        pytest.param(["cpu"], "all-h100", [], id="cpu-only-group"),
+        pytest.param(["nvidia.com/gpu"], "gone", [], id="flavor-not-rendered"),
+    ],
+)
+def test_low_trust_whole_gpus_flags_queues_on_shared_or_foreign_nodes(covered, flavor_name, expected):
+    resources = (
+        OPERATOR, tenant_space("x", "low"), tenant_space("y"),
+        gpu_node("h100-own", {"pool": "h100", DEDICATED_LABEL: "x"}, (DEDICATED_LABEL, "x", "NoSchedule")),
+        gpu_node("h100-other", {"pool": "h100"}),
+        gpu_node("mig-1", {"pool": "mig", MIG_CONFIG_LABEL: "halves", DEDICATED_LABEL: "y"}),
+        flavor_res("own", {"pool": "h100", DEDICATED_LABEL: "x"}), flavor_res("all-h100", {"pool": "h100"}), flavor_res("mig", {"pool": "mig"}),
+        queue_res("x", [(covered, flavor_name, {r: 1 for r in covered})]),
+        queue_res("y", [(["nvidia.com/gpu"], "all-h100", {"nvidia.com/gpu": 1})]),
+    )
+    assert_reports(reported(gpu_policies.check_low_trust_whole_gpus, *resources), [("q-x", e) for e in expected])
+
+
+@pytest.mark.parametrize(
+    "node_obj, expected",
+    [
+        pytest.param(gpu_node("n", {DEDICATED_LABEL: "x"}, (DEDICATED_LABEL, "x", "NoSchedule")), [], id="dedicated-and-tainted"),
+        pytest.param(gpu_node("n", {DEDICATED_LABEL: "x"}, (DEDICATED_LABEL, "x", "NoExecute")), [], id="noexecute-taint"),
+        pytest.param(gpu_node("n", {DEDICATED_LABEL: "x"}), ["is dedicated to low-trust tenant 'x' but is not tainted ai-factory.io/dedicated=x"], id="untainted"),
+        pytest.param(gpu_node("n", {DEDICATED_LABEL: "y"}), [], id="dedicated-to-a-trusted-tenant"),
+        pytest.param(gpu_node("n", {DEDICATED_LABEL: "x", MIG_CONFIG_LABEL: "halves"}, (DEDICATED_LABEL, "x", "NoSchedule")), ["serves low-trust tenant 'x' but shares its GPUs (MIG config halves)"], id="dedicated-and-shared"),
+        pytest.param(gpu_node("n", {TRUST_DOMAIN_LABEL: "x", "ai-factory.io/hami": "enabled"}), ["serves low-trust tenant 'x' but shares its GPUs (HAMi)"], id="domain-node-shared"),
+        pytest.param(gpu_node("n", {TRUST_DOMAIN_LABEL: "y", "ai-factory.io/hami": "enabled"}), [], id="trusted-domain-shared"),
+    ],
+)
+def test_low_trust_whole_gpus_flags_shared_or_untainted_nodes_of_low_trust_tenants(node_obj, expected):
+    resources = (OPERATOR, tenant_space("x", "low"), tenant_space("y"), node_obj)
+    assert_reports(reported(gpu_policies.check_low_trust_whole_gpus, *resources), [("n", e) for e in expected])
+
+
+@pytest.mark.parametrize(
+    "entry, expected",
+    [
+        pytest.param({"devices": "all", "mig-enabled": False}, [], id="all-devices"),
+        pytest.param({"devices": [0, 1], "mig-enabled": False}, [], id="gpu-indexes"),
+        pytest.param({"devices": [], "mig-enabled": False}, ["devices [] is neither `all` nor a list of GPU indexes"], id="no-devices"),
+        pytest.param({"devices": "0", "mig-enabled": False}, ["devices '0' is neither `all` nor a list of GPU indexes"], id="index-as-text"),
+        pytest.param({"devices": [True], "mig-enabled": False}, ["devices [True] is neither `all` nor a list of GPU indexes"], id="boolean-index"),
+        pytest.param({"devices": [0, "1"], "mig-enabled": False}, ["devices [0, '1'] is neither `all` nor a list of GPU indexes"], id="one-index-as-text"),
+        pytest.param({"devices": [0], "mig-enabled": True, "device-filter": "0x20B210DE", "mig-devices": {"1g.10gb": 7}}, [], id="filter-as-one-string"),
+        pytest.param({"devices": [0], "mig-enabled": True, "device-filter": ["0x20b210de"], "mig-devices": {"7g.80gb": 1}}, [], id="filter-in-lower-case"),
+        pytest.param({"devices": [0], "mig-enabled": True, "mig-devices": {"1g.10gb": 1}}, ["has no device-filter"], id="no-filter"),
+        pytest.param({"devices": [0], "mig-enabled": True, "device-filter": ["0xFFFF10DE"], "mig-devices": {"1g.10gb": 1}}, ["device-filter 0XFFFF10DE is no GPU model of the catalog"], id="unknown-model"),
+        pytest.param({"devices": [0], "mig-enabled": True, "device-filter": ["0x20B210DE"], "mig-devices": {"1g.10gb": -1}}, ["count -1 of 1g.10gb is not a whole number"], id="negative-count"),
+        pytest.param({"devices": [0], "mig-enabled": True, "device-filter": ["0x20B210DE"], "mig-devices": {"1g.10gb": True}}, ["count True of 1g.10gb is not a whole number"], id="boolean-count"),
+        pytest.param({"devices": [0], "mig-enabled": True, "device-filter": ["0x20B210DE"], "mig-devices": {"1g.10gb": 0}}, [], id="zero-count"),
+        pytest.param({"devices": [0], "mig-enabled": True, "device-filter": ["0x20B210DE"], "mig-devices": {"1g.10gb": 8}}, ["1g.10gb x8 does not fit on one A100-80GB (compute 8/7, memory 8/8"], id="one-too-many"),
+        pytest.param({"devices": [0], "mig-enabled": True, "device-filter": ["0x20B210DE"], "mig-devices": {"9g.99gb": 1}}, ["no MIG profile '9g.99gb'"], id="unknown-profile"),
+    ],
+)
+def test_mig_layouts_legal_checks_each_entry(entry, expected):
+    found = list(gpu_policies.mig_entry_problems(entry))
+    assert len(found) == len(expected), found
+    for problem, phrase in zip(found, expected):
+        assert phrase in problem
+
+
+def test_mig_layouts_legal_gives_each_gpu_one_layout_and_reads_only_mig_parted_files():
+    text = "version: v1\nmig-configs:\n  twice:\n    - devices: [0, 1]\n      mig-enabled: false\n    - devices: [1]\n      mig-enabled: false\n"
+    config_map = {"metadata": {"name": "m", "namespace": "gpu-operator"}, "data": {"config.yaml": text}}
+    assert [m for m in gpu_policies.check_mig_layouts_legal("kubernetes:core/v1:ConfigMap", config_map, {}) if "GPU 1 is in entries 0 and 1" in m]
+    assert len(list(gpu_policies.check_mig_layouts_legal("kubernetes:core/v1:ConfigMap", config_map, {}))) == 1
+    other = {"metadata": {"name": "c"}, "data": {"config.yaml": "key: value\n"}}
+    assert list(gpu_policies.check_mig_layouts_legal("kubernetes:core/v1:ConfigMap", other, {})) == []
+    broken = {"name": "gpu-operator", "chart": "gpu-operator", "values": {"migManager": {"config": {"data": {"config.yaml": "mig-configs: [1]"}}}}}
+    assert ["is not a mig-parted file" in m for m in gpu_policies.check_mig_layouts_legal("kubernetes:helm.sh/v3:Release", broken, {})] == [True]
+
+
+@pytest.mark.parametrize(
+    "operator_values, node_labels, hami_values, expected",
+    [
+        pytest.param({}, {"ai-factory.io/hami": "enabled", DEVICE_PLUGIN_DEPLOY_LABEL: "false"}, {"devicePlugin": {"nvidiaNodeSelector": {"ai-factory.io/hami": "enabled"}}}, [], id="disjoint"),
+        pytest.param({}, {"ai-factory.io/hami": "enabled"}, {"devicePlugin": {"nvidiaNodeSelector": {"ai-factory.io/hami": "enabled"}}}, [("n", "label it nvidia.com/gpu.deploy.device-plugin=false")], id="both-plugins"),
+        pytest.param(None, {"ai-factory.io/hami": "enabled"}, {"devicePlugin": {"nvidiaNodeSelector": {"ai-factory.io/hami": "enabled"}}}, [], id="hami-without-the-gpu-operator"),
+        pytest.param({"devicePlugin": {"enabled": False}}, {"ai-factory.io/hami": "enabled"}, {"devicePlugin": {"nvidiaNodeSelector": {"ai-factory.io/hami": "enabled"}}}, [], id="operator-plugin-off"),
+        pytest.param({}, {"gpu": "on"}, {}, [("n", "runs HAMi's device plugin and the GPU Operator's")], id="hami-default-selector"),
+        pytest.param({}, {"ai-factory.io/hami": "enabled", DEVICE_PLUGIN_DEPLOY_LABEL: "false", MIG_CONFIG_LABEL: "halves"}, {"devicePlugin": {"nvidiaNodeSelector": {"ai-factory.io/hami": "enabled"}}},
+                     [("n", "MIG Manager applies MIG config halves")], id="hami-and-mig"),
+        pytest.param({}, {"ai-factory.io/hami": "enabled", DEVICE_PLUGIN_DEPLOY_LABEL: "false", MIG_CONFIG_LABEL: "all-disabled"}, {"devicePlugin": {"nvidiaNodeSelector": {"ai-factory.io/hami": "enabled"}}}, [], id="hami-and-mig-disabled"),
+        pytest.param({}, {}, {"devicePlugin": {"nvidiaNodeSelector": {}}}, [("hami", "runs HAMi's device plugin on every node")], id="hami-everywhere"),
+        pytest.param({}, {"other": "node"}, {"devicePlugin": {"nvidiaNodeSelector": {"ai-factory.io/hami": "enabled"}}}, [], id="node-not-selected"),
+    ],
+)
+def test_hami_device_plugin_disjoint_from_the_nvidia_plugin_and_mig(operator_values, node_labels, hami_values, expected):
+    resources = [chart("hami", "hami", hami_values), gpu_node("n", node_labels)]
+    if operator_values is not None:
+        resources.append(chart("gpu-operator", "gpu-operator", operator_values))
+    assert_reports(reported(gpu_policies.check_hami_device_plugin_disjoint, *resources), expected)
+
+
+@pytest.mark.parametrize(
+    "extra, expected",
+    [
+        pytest.param([res("LocalQueue", "default", "kueue.x-k8s.io/v1beta2", "tenant-a", spec={"clusterQueue": "q-a"})], [], id="queued"),
+        pytest.param([], [("tenant-a", "may use GPUs but has no Kueue LocalQueue")], id="no-local-queue"),
+        pytest.param([quota_res("a", {"requests.nvidia.com/gpu": "0", "requests.nvidia.com/mig-1g.10gb": "0", "requests.cpu": "4"})], [], id="gpus-capped-at-zero"),
+        pytest.param([quota_res("a", {"requests.nvidia.com/gpu": "0", "requests.nvidia.com/mig-1g.10gb": "1"})], [("tenant-a", "has no Kueue LocalQueue")], id="one-gpu-line-open"),
+        pytest.param([res("LocalQueue", "default", "kueue.x-k8s.io/v1beta2", "tenant-a", spec={"clusterQueue": "gone"})], [("default", "points at ClusterQueue 'gone', which this stack does not define")], id="queue-not-defined"),
+        pytest.param([res("LocalQueue", "default", "kueue.x-k8s.io/v1beta2", "tenant-a", spec={"clusterQueue": "open"})], [("default", "points at ClusterQueue open, which admits every namespace")], id="queue-admits-all"),
+        pytest.param([res("LocalQueue", "default", "kueue.x-k8s.io/v1beta2", "tenant-a", spec={"clusterQueue": "closed"})], [("default", "which has no namespaceSelector and so admits nothing")], id="queue-admits-nothing"),
+        pytest.param([res("LocalQueue", "default", "kueue.x-k8s.io/v1beta2", "tenant-a", spec={"clusterQueue": "q-b"})], [("default", "whose namespaceSelector does not select tenant-a")], id="queue-of-another-tenant"),
+    ],
+)
+def test_gpu_namespaces_queued_through_their_own_cluster_queue(extra, expected):
+    manager = "manageJobsWithoutQueueName: true\n"
+    resources = (
+        tenant_space("a"), res("Namespace", "kube-system"), chart("kueue", "kueue", {"managerConfig": {"controllerManagerConfigYaml": manager}}),
+        queue_res("a", []), queue_res("b", []), res("ClusterQueue", "open", "kueue.x-k8s.io/v1beta2", spec={"namespaceSelector": {}}),
+        res("ClusterQueue", "closed", "kueue.x-k8s.io/v1beta2", spec={}), *extra,
+    )
+    assert_reports(reported(gpu_policies.check_gpu_namespaces_queued, *resources), expected)
+
+
+@pytest.mark.parametrize(
+    "resources, expected",
+    [
+        pytest.param([res("Queue", "tenant-a", "scheduling.run.ai/v2", labels={TENANT_LABEL: "a"})], [], id="kai-queue"),
+        pytest.param([res("Queue", "tenant-a", "scheduling.volcano.sh/v1beta1", labels={TENANT_LABEL: "a"})], [], id="volcano-queue"),
+        pytest.param([res("Queue", "tenant-b", "scheduling.run.ai/v2", labels={TENANT_LABEL: "b"})], [("tenant-a", "has no queue (Kueue LocalQueue, KAI Scheduler or Volcano Queue)")], id="another-tenants-queue"),
+        pytest.param([res("Queue", "tenant-a", "example.com/v1", labels={TENANT_LABEL: "a"})], [("tenant-a", "has no queue (Kueue LocalQueue")], id="queue-of-another-api"),
+        pytest.param([res("Queue", "tenant-a", "scheduling.run.ai/v2", labels={TENANT_LABEL: "a"}), chart("kueue", "kueue", {})],
+                     [("kueue", "does not set manageJobsWithoutQueueName: true"), ("tenant-a", "has no Kueue LocalQueue")], id="kueue-installed"),
+        pytest.param([chart("kueue", "kueue", {"managerConfig": {"controllerManagerConfigYaml": "manageJobsWithoutQueueName: false"}}),
+                      res("LocalQueue", "default", "kueue.x-k8s.io/v1beta2", "tenant-a", spec={"clusterQueue": "q-a"}), queue_res("a", [])],
+                     [("kueue", "does not set manageJobsWithoutQueueName: true")], id="kueue-without-default-queueing"),
+    ],
+)
+def test_gpu_namespaces_queued_by_kai_or_volcano_without_kueue(resources, expected):
+    assert_reports(reported(gpu_policies.check_gpu_namespaces_queued, tenant_space("a"), *resources), expected)
+
+
+H100 = {"pool": "h100"}
+
+
+@pytest.mark.parametrize(
+    "objects, expected",
+    [
+        pytest.param([queue_res("a", [(["nvidia.com/gpu"], "h100", {"nvidia.com/gpu": 8})])], [], id="at-the-supply"),
+        pytest.param([queue_res("a", [(["nvidia.com/gpu"], "h100", {"nvidia.com/gpu": 5})]), queue_res("b", [(["nvidia.com/gpu"], "h100", {"nvidia.com/gpu": 4})], kind="Cohort")],
+                     [("h100", "queues promise 9 nvidia.com/gpu (ClusterQueue q-a: 5, Cohort q-b: 4) but its nodes supply 8")], id="queue-and-cohort-above"),
+        pytest.param([queue_res("a", [(["nvidia.com/gpu"], "h100", {"nvidia.com/gpu": "8500m"})])], [("h100", "promise 8.5 nvidia.com/gpu (ClusterQueue q-a: 8.5)")], id="fractional"),
+        pytest.param([queue_res("a", [(["cpu"], "cpu", {"cpu": 1000})])], [], id="cpu-is-not-counted"),
+        pytest.param([queue_res("a", [(["nvidia.com/gpu"], "bare", {"nvidia.com/gpu": 100})])], [], id="flavor-without-a-supply"),
+        pytest.param([queue_res("a", [(["nvidia.com/gpu"], "gone", {"nvidia.com/gpu": 100})])], [], id="flavor-not-rendered"),
+        pytest.param([quota_res("a", {"requests.nvidia.com/gpu": "8"})], [], id="tenant-at-its-domains-supply"),
+        pytest.param([quota_res("a", {"requests.nvidia.com/gpu": "9", "requests.cpu": "100"})], [("quota-a", "allows 9 nvidia.com/gpu but the flavors of its trust domain 'red' supply 8")], id="tenant-above"),
+        pytest.param([quota_res("a", {"requests.nvidia.com/gpu": "8500m"})], [("quota-a", "allows 8.5 nvidia.com/gpu")], id="tenant-fractional"),
+        pytest.param([quota_res("a", {"requests.nvidia.com/mig-1g.10gb": "1"})], [("quota-a", "allows 1 nvidia.com/mig-1g.10gb but the flavors of its trust domain 'red' supply 0")], id="tenant-unsupplied-resource"),
+        pytest.param([tenant_space("c", domain="green"), quota_res("c", {"requests.nvidia.com/gpu": "1"})], [("quota-c", "its trust domain 'green' supply 0")], id="domain-without-flavors"),
+        pytest.param([tenant_space("c", domain="green"), quota_res("c", {"requests.nvidia.com/gpu": "0"})], [], id="domain-without-flavors-capped-at-zero"),
+        pytest.param([tenant_space("d", domain="white"), quota_res("d", {"requests.nvidia.com/gpu": "100"})], [], id="domain-flavor-without-a-supply"),
+        pytest.param([quota_res("b", {"requests.nvidia.com/gpu": "12"})], [], id="domain-by-node-labels-summed"),
+    ],
+)
+def test_gpu_quota_within_supply_of_flavors_and_trust_domains(objects, expected):
+    resources = (
+        tenant_space("a", domain="red"), tenant_space("b", domain="blue"),
+        flavor_res("h100", H100, {"nvidia.com/gpu": 8}, domain="red"), flavor_res("cpu", {}, None),
+        flavor_res("blue-1", {TRUST_DOMAIN_LABEL: "blue"}, {"nvidia.com/gpu": 4}), flavor_res("blue-2", {TRUST_DOMAIN_LABEL: "blue"}, {"nvidia.com/gpu": 8}),
+        flavor_res("bare", {"pool": "x"}, None), flavor_res("white", {}, None, domain="white"),
+        *objects,
+    )
+    assert_reports(reported(gpu_policies.check_gpu_quota_within_supply, *resources), expected)
+
+
+def test_gpu_quota_within_supply_is_silent_when_no_flavor_carries_a_supply():
+    resources = (tenant_space("a"), flavor_res("cpu", {}, None), quota_res("a", {"requests.nvidia.com/gpu": "8"}))
+    assert reported(gpu_policies.check_gpu_quota_within_supply, *resources) == []
+
+
+def test_gpu_quota_within_supply_counts_mig_instances_from_the_node_layouts():
+    resources = (
+        OPERATOR, gpu_node("m1", {"pool": "mig", MIG_CONFIG_LABEL: "halves"}), gpu_node("m2", {"pool": "mig", MIG_CONFIG_LABEL: "halves"}),
+        flavor_res("mig", {"pool": "mig"}, {"nvidia.com/mig-3g.40gb": 100, "nvidia.com/gpu": 1}),
+        queue_res("a", [(["nvidia.com/mig-3g.40gb"], "mig", {"nvidia.com/mig-3g.40gb": 5})]),
+    )
+    assert_reports(reported(gpu_policies.check_gpu_quota_within_supply, *resources), [("mig", "promise 5 nvidia.com/mig-3g.40gb (ClusterQueue q-a: 5) but its nodes supply 4")])
 
 
 # --------------------------------------------------------------------------- security
