@@ -838,6 +838,316 @@ def test_plaintext_credentials_are_reported():
     assert "(env API_TOKEN of container env)" in found["kubernetes:apps/v1:Deployment::env"][0]
 
 
+# --------------------------------------------------------------------------- security, table-driven
+
+DEPLOYMENT = "kubernetes:apps/v1:Deployment"
+RELEASE = "kubernetes:helm.sh/v3:Release"
+CONFIG_MAP = "kubernetes:core/v1:ConfigMap"
+NAMESPACE = "kubernetes:core/v1:Namespace"
+
+
+def settings(*groups: dict) -> dict:
+    return {k: v["default"] for group in groups for k, v in group.items()}
+
+
+def workload(pod: dict, namespace: str = "apps", containers: list | None = None) -> dict:
+    spec = {"containers": containers if containers is not None else [{"name": "main", "image": "app:1.0"}], **pod}
+    return {"metadata": {"name": "w", "namespace": namespace}, "spec": {"template": {"spec": spec}}}
+
+
+def one_container(**fields) -> dict:
+    return workload({}, containers=[{"name": "main", "image": "app:1.0", **fields}])
+
+
+def ns_props(name: str, level: str | None, tenant: str | None = None, exception: str | None = None) -> dict:
+    labels = {"pod-security.kubernetes.io/enforce": level} if level else {}
+    if tenant:
+        labels[TENANT_LABEL] = tenant
+    annotations = {POD_SECURITY_EXCEPTION_ANNOTATION: exception} if exception else {}
+    return {"metadata": {"name": name, "labels": labels, "annotations": annotations}}
+
+
+@pytest.mark.parametrize(
+    "resource_type, props, config, expected",
+    [
+        pytest.param(NAMESPACE, ns_props("apps", "restricted"), {}, [], id="restricted"),
+        pytest.param(NAMESPACE, ns_props("apps", "baseline"), {}, [], id="platform-baseline"),
+        pytest.param(NAMESPACE, ns_props("apps", None), {}, ["label pod-security.kubernetes.io/enforce is missing"], id="missing"),
+        pytest.param(NAMESPACE, ns_props("apps", "strict"), {}, ["label pod-security.kubernetes.io/enforce is 'strict'"], id="unknown-level"),
+        pytest.param(NAMESPACE, ns_props("gpu-operator", "privileged"), {}, [], id="privileged-reviewed"),
+        pytest.param(NAMESPACE, ns_props("apps", "privileged"), {}, ["Namespace apps outside the reviewed allow-list enforces Pod Security 'privileged'"], id="privileged-unreviewed"),
+        pytest.param(NAMESPACE, ns_props("apps", "privileged"), {"privilegedNamespaces": ["apps"]}, [], id="privileged-by-setting"),
+        pytest.param(NAMESPACE, ns_props("falco", "privileged", tenant="a"), {}, ["Namespace falco of tenant 'a' enforces Pod Security 'privileged'"], id="privileged-tenant"),
+        pytest.param(NAMESPACE, ns_props("tenant-a", "baseline", tenant="a"), {}, ["Namespace tenant-a of tenant 'a' enforces Pod Security 'baseline' without a reviewed exception"], id="tenant-baseline"),
+        pytest.param(NAMESPACE, ns_props("tenant-a", "baseline", tenant="a", exception="CUDA IPC"), {}, [], id="tenant-baseline-by-exception"),
+        pytest.param(NAMESPACE, ns_props("tenant-a", "restricted", tenant="a"), {}, [], id="tenant-restricted"),
+        pytest.param(RELEASE, {"name": "app", "chart": "app", "namespace": "apps", "createNamespace": True}, {}, ["creates its namespace apps (createNamespace)"], id="chart-creating-its-namespace"),
+        pytest.param(RELEASE, {"name": "app", "chart": "app", "namespace": "apps"}, {}, [], id="chart-in-an-existing-namespace"),
+        pytest.param("kubernetes:helm.sh/v4:Chart", {"name": "app", "chart": "app", "namespace": "apps", "createNamespace": True}, {}, [], id="chart-v4-creates-nothing"),
+        pytest.param(CONFIG_MAP, ns_props("apps", None), {}, [], id="not-a-namespace"),
+    ],
+)
+def test_namespace_pod_security_levels(resource_type, props, config, expected):
+    found = list(security_policies.check_namespace_pod_security(resource_type, props, {**settings(security_policies.PRIVILEGED_SETTINGS), **config}))
+    assert len(found) == len(expected), found
+    for message, phrase in zip(found, expected):
+        assert phrase in message
+
+
+@pytest.mark.parametrize(
+    "props, expected",
+    [
+        pytest.param(workload({}), [], id="plain"),
+        *[pytest.param(workload({key: True}), [key], id=key) for key in ("hostNetwork", "hostPID", "hostIPC")],
+        pytest.param(workload({"hostNetwork": False, "hostPID": False}), [], id="host-namespaces-off"),
+        pytest.param(workload({"volumes": [{"name": "logs", "hostPath": {"path": "/var/log"}}, {"name": "tmp", "emptyDir": {}}]}), ["hostPath volume logs (/var/log)"], id="host-path"),
+        pytest.param(one_container(securityContext={"privileged": True}), ["privileged container main"], id="privileged"),
+        pytest.param(one_container(securityContext={"privileged": False}), [], id="unprivileged"),
+        pytest.param(one_container(securityContext={"windowsOptions": {"hostProcess": True}}), ["host-process container main"], id="host-process"),
+        *[pytest.param(one_container(securityContext={"capabilities": {"add": [cap]}}), [], id=f"baseline-{cap}") for cap in sorted(security_policies.BASELINE_CAPABILITIES)],
+        pytest.param(one_container(securityContext={"capabilities": {"add": ["cap_chown", "NET_ADMIN"]}}), ["capabilities NET_ADMIN added to container main"], id="net-admin"),
+        pytest.param(one_container(securityContext={"capabilities": {"add": ["CAP_SYS_ADMIN"]}}), ["capabilities SYS_ADMIN added to container main"], id="sys-admin"),
+        pytest.param(one_container(ports=[{"containerPort": 80, "hostPort": 8080}, {"containerPort": 81}]), ["hostPort 8080 on container main"], id="host-port"),
+        pytest.param(workload({}, "gpu-operator", [{"name": "driver", "securityContext": {"privileged": True}}]), [], id="reviewed-namespace"),
+    ],
+)
+def test_no_privileged_outside_allowlist_for_workloads(props, expected):
+    found = list(security_policies.check_no_privileged_outside_allowlist(DEPLOYMENT, props, settings(security_policies.PRIVILEGED_SETTINGS)))
+    if not expected:
+        assert found == []
+    else:
+        (message,) = found
+        assert f"({'; '.join(expected)}) in namespace apps" in message
+
+
+@pytest.mark.parametrize(
+    "namespace, values, expected",
+    [
+        pytest.param("apps", {"securityContext": {"privileged": True}}, "values.securityContext.privileged: true", id="privileged-value"),
+        pytest.param("apps", {"agents": [{"hostNetwork": True}]}, "values.agents[0].hostNetwork: true", id="host-network-in-a-list"),
+        pytest.param("apps", {"hostPID": "true", "privileged": False}, None, id="not-literally-true"),
+        pytest.param("falco", {"driver": {"privileged": True}}, None, id="reviewed-namespace"),
+        pytest.param("apps", {"hostIPC": True}, "values.hostIPC: true", id="host-ipc"),
+    ],
+)
+def test_no_privileged_outside_allowlist_for_chart_values(namespace, values, expected):
+    found = list(security_policies.check_no_privileged_outside_allowlist(RELEASE, {"name": "x", "chart": "x", "namespace": namespace, "values": values}, settings(security_policies.PRIVILEGED_SETTINGS)))
+    assert [expected in m for m in found] == ([True] if expected else [])
+
+
+@pytest.mark.parametrize(
+    "variable, escapes",
+    [*[pytest.param(v, True, id=v) for v in sorted(security_policies.ESCAPE_VARIABLES)],
+     pytest.param("CUDA_DEVICE_MEMORY_LIMIT_0", True, id="memory-limit-of-one-device"),
+     pytest.param("CUDA_VISIBLE_DEVICES", False, id="cuda-visible-devices"),
+     pytest.param("NVIDIA_VISIBLE", False, id="prefix-of-an-escape")],
+)
+def test_gpu_escape_variables_in_env_config_maps_and_values(variable, escapes):
+    allowed = settings(security_policies.PRIVILEGED_SETTINGS)
+    check = security_policies.check_no_gpu_escape_variables
+    cases = [
+        (DEPLOYMENT, one_container(env=[{"name": variable, "value": "x"}])),
+        (CONFIG_MAP, {"metadata": {"name": "c", "namespace": "apps"}, "data": {variable: "x"}}),
+        ("kubernetes:core/v1:Secret", {"metadata": {"name": "s", "namespace": "apps"}, "stringData": {variable: "x"}}),
+        (RELEASE, {"name": "x", "chart": "x", "namespace": "apps", "values": {"extraEnv": [{"name": variable, "value": "x"}]}}),
+        (RELEASE, {"name": "x", "chart": "x", "namespace": "apps", "values": {"worker": {"ENV": {variable: "x"}}}}),
+    ]
+    assert [bool(list(check(t, props, allowed))) for t, props in cases] == [escapes] * len(cases)
+    reviewed = [(CONFIG_MAP, {"metadata": {"name": "c", "namespace": "hami-system"}, "data": {variable: "x"}}),
+                (RELEASE, {"name": "x", "chart": "x", "namespace": "hami-system", "values": {"env": [{"name": variable}]}}),
+                (DEPLOYMENT, {**one_container(env=[{"name": variable, "value": "x"}]), "metadata": {"name": "w", "namespace": "gpu-operator"}})]
+    assert [list(check(t, props, allowed)) for t, props in reviewed] == [[], [], []]
+
+
+@pytest.mark.parametrize(
+    "path, escapes",
+    [*[pytest.param(p, True, id=p) for p in security_policies.ESCAPE_MOUNTS],
+     pytest.param("/run/nvidia/driver", True, id="under-run-nvidia"),
+     pytest.param("/run/nvidia/", True, id="trailing-slash"),
+     pytest.param("/dev/nvidia0", True, id="a-device-node"),
+     pytest.param("/var/run/nvidia-container-devices/all", True, id="device-list"),
+     pytest.param("/run/nvidia-persistenced", False, id="sibling-of-run-nvidia"),
+     pytest.param("/usr/local/vgpu-tools", False, id="sibling-of-the-shim"),
+     pytest.param("/", False, id="root"),
+     pytest.param("/data", False, id="data")],
+)
+def test_gpu_escape_mounts(path, escapes):
+    props = one_container(volumeMounts=[{"name": "v", "mountPath": path}])
+    found = list(security_policies.check_no_gpu_escape_variables(DEPLOYMENT, props, settings(security_policies.PRIVILEGED_SETTINGS)))
+    assert [f"mount {path} in container main" in m for m in found] == ([True] if escapes else [])
+
+
+def test_admission_rules_patterns_are_not_workloads():
+    pattern = {"metadata": {"name": "p"}, "spec": {"rules": [{"validate": {"pattern": {"spec": {"containers": [{"name": "*", "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "x"}, {"name": "PASSWORD", "value": "hunter2"}], "securityContext": {"privileged": True}}]}}}}]}}
+    allowed = settings(security_policies.PRIVILEGED_SETTINGS)
+    for check in (security_policies.check_no_gpu_escape_variables, security_policies.check_no_privileged_outside_allowlist):
+        assert list(check("kubernetes:kyverno.io/v1:ClusterPolicy", pattern, allowed)) == []
+    assert list(security_policies.check_no_plaintext_secrets("kubernetes:kyverno.io/v1:ClusterPolicy", pattern, {})) == []
+    assert list(security_policies.check_no_plaintext_secrets("kubernetes:example.com/v1:Runner", pattern["spec"]["rules"][0]["validate"]["pattern"], {}))
+
+
+SECURE_TOOLKIT = {
+    "ACCEPT_NVIDIA_VISIBLE_DEVICES_ENVVAR_WHEN_UNPRIVILEGED": "false",
+    "ACCEPT_NVIDIA_VISIBLE_DEVICES_AS_VOLUME_MOUNTS": "true",
+    "NVIDIA_CONTAINER_TOOLKIT_OPT_IN_FEATURES": "other,disable-cuda-compat-lib-hook",
+}
+
+
+def operator_props(strategy: str | None = "volume-mounts", toolkit_env: dict | None = None, version: str = "v25.10.0", **toolkit) -> dict:
+    """The GPU Operator's release; `toolkit` sets keys of its `toolkit` values (`toolkit_version` is `toolkit.version`)."""
+    toolkit = {("version" if k == "toolkit_version" else k): v for k, v in toolkit.items()}
+    env = toolkit_env if toolkit_env is not None else SECURE_TOOLKIT
+    plugin_env = [{"name": "DEVICE_LIST_STRATEGY", "value": strategy}] if strategy is not None else []
+    values = {"toolkit": {"env": [{"name": k, "value": v} for k, v in env.items()], **toolkit}, "devicePlugin": {"env": plugin_env}}
+    return {"name": "gpu-operator", "chart": "gpu-operator", "namespace": "gpu-operator", "version": version, "values": values}
+
+
+@pytest.mark.parametrize(
+    "props, config, expected",
+    [
+        pytest.param(operator_props(), {}, [], id="secure"),
+        pytest.param(operator_props("cdi-cri"), {}, [], id="cdi-cri"),
+        pytest.param(operator_props("cdi-annotations"), {}, [], id="cdi-annotations"),
+        pytest.param(operator_props("cdi-cri, cdi-annotations"), {}, [], id="two-safe-strategies"),
+        pytest.param(operator_props("volume-mounts,envvar"), {}, ["DEVICE_LIST_STRATEGY is volume-mounts,envvar"], id="one-unsafe-strategy"),
+        pytest.param(operator_props("envvar"), {}, ["DEVICE_LIST_STRATEGY is envvar"], id="envvar"),
+        pytest.param(operator_props(None), {}, ["DEVICE_LIST_STRATEGY is unset (envvar)"], id="strategy-unset"),
+        pytest.param(operator_props(toolkit_env={**SECURE_TOOLKIT, "ACCEPT_NVIDIA_VISIBLE_DEVICES_AS_VOLUME_MOUNTS": "false"}), {}, ["must set ACCEPT_NVIDIA_VISIBLE_DEVICES_AS_VOLUME_MOUNTS=true"], id="volume-mounts-not-accepted"),
+        pytest.param(operator_props("cdi-cri", toolkit_env={k: v for k, v in SECURE_TOOLKIT.items() if "VOLUME" not in k}), {}, [], id="cdi-needs-no-volume-mounts"),
+        pytest.param(operator_props(toolkit_env={k: v for k, v in SECURE_TOOLKIT.items() if "UNPRIVILEGED" not in k}), {}, ["must set ACCEPT_NVIDIA_VISIBLE_DEVICES_ENVVAR_WHEN_UNPRIVILEGED=false"], id="envvar-accepted"),
+        pytest.param(operator_props(toolkit_env={k: v for k, v in SECURE_TOOLKIT.items() if "OPT_IN" not in k}), {}, ["must include disable-cuda-compat-lib-hook"], id="compat-hook-on"),
+        pytest.param(operator_props(toolkit_env={k: v for k, v in SECURE_TOOLKIT.items() if "OPT_IN" not in k}), {"allowCudaCompatLibHook": True}, [], id="compat-hook-allowed"),
+        pytest.param(operator_props(version="v25.3.0"), {}, ["chart version 'v25.3.0' is older than v25.3.1"], id="old-chart"),
+        pytest.param(operator_props(version="v25.3.1"), {}, [], id="chart-at-the-floor"),
+        pytest.param(operator_props(version="v24.9.0"), {"minOperatorVersion": "v24.1.0"}, [], id="floor-by-setting"),
+        pytest.param(operator_props(version="latest"), {}, ["chart version 'latest' is older than"], id="unreadable-chart-version"),
+        pytest.param(operator_props(version="=v26.3.0"), {}, ["chart version '=v26.3.0'"], id="chart-version-not-exact"),
+        pytest.param(operator_props(version="v26.3.0-rc.1"), {}, [], id="prerelease"),
+        pytest.param(operator_props(toolkit_version="v1.17.7"), {}, ["toolkit.version 'v1.17.7' is older than v1.17.8"], id="old-toolkit"),
+        pytest.param(operator_props(toolkit_version="v1.17.8"), {}, [], id="toolkit-at-the-floor"),
+        pytest.param(operator_props(enabled=False), {}, ["toolkit.enabled is false"], id="toolkit-off"),
+        pytest.param({**operator_props(), "chart": "other"}, {}, [], id="another-chart"),
+    ],
+)
+def test_gpu_operator_secure_toolkit(props, config, expected):
+    found = list(security_policies.check_gpu_operator_secure_toolkit(RELEASE, props, {**settings(security_policies.TOOLKIT_SETTINGS), **config}))
+    assert len(found) == len(expected), found
+    for message, phrase in zip(found, expected):
+        assert phrase in message
+
+
+@pytest.mark.parametrize(
+    "image, require_digest, problem",
+    [
+        pytest.param("registry.example.com:5000/team/app:1.2.3", False, None, id="tagged-behind-a-port"),
+        pytest.param("registry.example.com:5000/team/app", False, "has no tag (it means latest)", id="port-is-no-tag"),
+        pytest.param("app:latest", False, "uses the tag latest", id="latest"),
+        pytest.param("app", False, "has no tag (it means latest)", id="untagged"),
+        pytest.param("app:1.0", True, "is not pinned by digest", id="tag-when-a-digest-is-required"),
+        pytest.param("app@sha256:" + "a" * 64, True, None, id="digest"),
+        pytest.param("app@sha256:" + "a" * 63, True, "is not pinned by digest", id="short-digest"),
+    ],
+)
+def test_images_pinned_to_a_version_or_digest(image, require_digest, problem):
+    assert security_policies.image_problem(image, require_digest) == problem
+
+
+@pytest.mark.parametrize(
+    "values, expected",
+    [
+        pytest.param({"image": {"repository": "org/app", "tag": "1.0"}}, [], id="repository-and-tag"),
+        pytest.param({"image": {"repository": "org/app", "tag": "latest"}}, ["image 'org/app:latest' (values.image.tag) uses the tag latest"], id="repository-latest"),
+        pytest.param({"image": {"repository": "org/app", "tag": ""}}, [], id="chart-default-tag"),
+        pytest.param({"image": {"repository": "org/app", "digest": "sha256:" + "b" * 64}}, [], id="repository-and-digest"),
+        pytest.param({"image": {"repository": "org/app", "tag": "sha256:" + "c" * 64}}, [], id="digest-as-tag"),
+        pytest.param({"sidecar": {"image": "org/side"}}, ["image 'org/side' (values.sidecar.image) has no tag"], id="full-reference"),
+        pytest.param({"podSecurity": {"version": "latest"}}, [], id="a-lone-version"),
+        pytest.param({"tool": {"tag": "latest"}}, ["image ':latest' (values.tool.tag) uses the tag latest"], id="a-lone-latest-tag"),
+        pytest.param({"images": [{"image": "org/a", "version": "2.0"}]}, [], id="image-and-version-in-a-list"),
+    ],
+)
+def test_images_pinned_in_chart_values(values, expected):
+    found = list(security_policies.check_images_pinned(RELEASE, {"name": "x", "chart": "x", "values": values}, settings(security_policies.IMAGE_SETTINGS)))
+    assert len(found) == len(expected), found
+    for message, phrase in zip(found, expected):
+        assert phrase in message
+
+
+def test_images_pinned_in_workloads_and_nothing_else():
+    props = workload({}, containers=[{"name": "a", "image": "app:1.0"}, {"name": "b", "image": "app"}])
+    assert [m.endswith("image 'app' (spec.template.spec.containers[1].image) has no tag (it means latest); pin an exact version or a digest.") for m in security_policies.check_images_pinned(DEPLOYMENT, props, {"requireDigest": False})] == [True]
+    deny_latest = {"metadata": {"name": "p"}, "spec": {"rules": [{"validate": {"pattern": {"spec": {"containers": [{"image": "!*:latest"}]}}}}]}}
+    assert list(security_policies.check_images_pinned("kubernetes:kyverno.io/v1:ClusterPolicy", deny_latest, {"requireDigest": False})) == []
+
+
+@pytest.mark.parametrize(
+    "key, holds",
+    [
+        *[pytest.param(k, True, id=k) for k in ("password", "dbPassword", "admin_passwd", "passphrase", "apiToken", "API_KEY", "accessKey", "aws_secret_access_key",
+                                                  "secretKey", "privateKey", "clientSecret", "sharedSecret", "credentials", "awsCredential", ".dockerconfigjson")],
+        *[pytest.param(k, False, id=k) for k in ("passwordSecretKey", "tokenSecretName", "existingSecret", "createCredentials", "useToken", "enablePassword",
+                                                   "generatePassword", "autoToken", "requireToken", "allowToken", "skipPassword", "tokenTTL", "username",
+                                                   "secretKeyRef", "credentialsSecretKey")],
+    ],
+)
+def test_credential_keys(key, holds):
+    assert security_policies.credential_key(key) is holds
+
+
+@pytest.mark.parametrize(
+    "value, what",
+    [
+        pytest.param("-----BEGIN EC PRIVATE KEY-----\nMHc\n", "a private key", id="private-key"),
+        pytest.param("id AKIAABCDEFGHIJKLMNOP", "an AWS access key", id="aws-key"),
+        pytest.param("ghp_" + "a" * 36, "a GitHub token", id="github-token"),
+        pytest.param("nvapi-" + "b" * 20, "an NGC API key", id="ngc-key"),
+        pytest.param("xoxb-1234567890-abc", "a Slack token", id="slack-token"),
+        pytest.param("eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.sig", "a JSON web token", id="jwt"),
+        pytest.param("https://user:hunter2@example.com/x", "a password in a URL", id="url-password"),
+        pytest.param("https://user:${PASSWORD}@example.com/x", None, id="url-placeholder"),
+        pytest.param("https://example.com/a@b", None, id="url-without-password"),
+        pytest.param("xoxb-short", None, id="short-slack-like"),
+        pytest.param("AKIAABCDEFGHIJKLMNO", None, id="short-aws-like"),
+        pytest.param("plain text", None, id="plain"),
+    ],
+)
+def test_credential_patterns_in_values(value, what):
+    found = list(security_policies.secrets_in({"note": value}, "data"))
+    assert found == ([f"data.note ({what})"] if what else [])
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        pytest.param({"password": "hunter2"}, ["values.password"], id="credential-key"),
+        pytest.param({"password": ""}, [], id="empty"),
+        pytest.param({"password": "${DB_PASSWORD}"}, [], id="placeholder"),
+        pytest.param({"password": "{{ .Values.x }}"}, [], id="template"),
+        pytest.param({"password": "$(DB_PASSWORD)"}, [], id="variable"),
+        pytest.param({"password": 1234}, [], id="not-text"),
+        pytest.param({"env": [{"name": "DB_PASSWORD", "value": "hunter2"}]}, ["values.env[0] (DB_PASSWORD)"], id="env-entry"),
+        pytest.param({"env": [{"name": "DB_PASSWORD", "valueFrom": {"secretKeyRef": {"name": "db"}}}]}, [], id="env-reference"),
+        pytest.param({"env": [{"name": "LOG_LEVEL", "value": "debug"}]}, [], id="env-harmless"),
+        pytest.param({"url": "[secret]"}, ["values.url (a Pulumi secret)"], id="pulumi-secret"),
+        pytest.param({"config": "auth:\n  token: abc123\n"}, ["values.config.auth.token"], id="embedded-yaml"),
+        pytest.param({"config": '{"apiKey": "abc"}'}, ["values.config.apiKey"], id="embedded-json"),
+        pytest.param({"list": ["ghp_" + "a" * 36]}, ["values.list[0] (a GitHub token)"], id="in-a-list"),
+    ],
+)
+def test_plaintext_secrets_in_values(value, expected):
+    assert list(security_policies.secrets_in(value, "values")) == expected
+
+
+def test_plaintext_secrets_checked_in_charts_config_maps_and_env_but_not_secrets():
+    check = security_policies.check_no_plaintext_secrets
+    env = one_container(env=[{"name": "API_TOKEN", "value": "s3cr3t"}, {"name": "MODE", "value": "fast"}])
+    assert ["(env API_TOKEN of container main)" in m for m in check(DEPLOYMENT, env, {})] == [True]
+    assert list(check("kubernetes:core/v1:Secret", {"metadata": {"name": "s"}, "stringData": {"password": "x"}}, {})) == []
+    assert ["(binaryData.password)" in m for m in check(CONFIG_MAP, {"metadata": {"name": "c"}, "binaryData": {"password": "eA=="}}, {})] == [True]
+    assert ["(values.auth.password)" in m for m in check(RELEASE, {"name": "x", "chart": "x", "values": {"auth": {"password": "x"}}}, {})] == [True]
+    assert list(check(NAMESPACE, {"metadata": {"name": "n", "annotations": {"password": "x"}}}, {})) == []
+
+
 # --------------------------------------------------------------------------- reliability
 
 
