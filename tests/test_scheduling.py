@@ -322,12 +322,61 @@ def kai_queue(name: str, parent: str | None = None, tenant: str | None = None, *
         pytest.param([kai_queue("a", "root", "a"), kai_queue("b", "root", "b", gpu={**FULL, "quota": 5})],
                      ["Queue/root: gpu: children's quotas add up to 9, more than its 8 [tenants: a, b]"], id="children-above-the-parent"),
         pytest.param([kai_queue("a", "open", "a", gpu={**FULL, "quota": 100})], [], id="unlimited-parent"),
+        pytest.param([kai_queue("a", "root", "a", gpu={**FULL, "quota": 9}), kai_queue("b", "root", "b", gpu={"overQuotaWeight": 1, "limit": 8})],
+                     ["Queue/b: gpu: quota not set (an unset limit is 0 to KAI) [tenants: b]", "Queue/root: gpu: children's quotas add up to 9, more than its 8 [tenants: a, b]"],
+                     id="a-child-without-quota-counts-nothing"),
     ],
 )
 def test_kai_queue_shares_are_complete_and_fit_their_parent(queues, expected):
     unlimited = {**FULL, "quota": -1}
     objs = (kai_queue("root", gpu={**FULL, "quota": 8}, cpu=unlimited, memory=unlimited), kai_queue("open", gpu=unlimited, cpu=unlimited, memory=unlimited), *queues, kobj("Queue", "volcano", {}, api="scheduling.volcano.sh/v1beta1"))
     assert check(checks_scheduling.kai_queue_shares, *objs) == [f"kai-queue-shares: {e}" for e in expected]
+
+
+def test_flavor_nodes_reports_every_flavor_in_turn():
+    objs = (
+        node("n1", {POOL: "p", "rack": "r1"}, {"key": "k", "value": "v", "effect": "NoSchedule"}),
+        flavor("cpu"), flavor("no-pool", {"zone": "z"}), flavor("empty-pool", {POOL: "q"}), flavor("no-label", {POOL: "p", "rack": "r9"}), flavor("repelled", {POOL: "p"}),
+    )
+    assert check(checks_scheduling.flavor_nodes, *objs) == [
+        "flavor-nodes: ResourceFlavor/empty-pool: pool 'q' has no rendered node",
+        "flavor-nodes: ResourceFlavor/no-label: node label(s) rack=r9 on no node of pool 'p'",
+        "flavor-nodes: ResourceFlavor/no-pool: its node labels name no pool (ai-factory.io/pool)",
+        "flavor-nodes: ResourceFlavor/repelled: every node of pool 'p' with its labels has a taint it does not tolerate",
+    ]
+
+
+def test_a_toleration_of_another_effect_does_not_hide_a_matching_one():
+    tolerations = [{"key": "k", "value": "v", "effect": "NoExecute"}, {"key": "k", "value": "v", "effect": "NoSchedule"}]
+    objs = (node("n1", {POOL: "p"}, {"key": "k", "value": "v", "effect": "NoSchedule"}), flavor("f", {POOL: "p"}, tolerations))
+    assert check(checks_scheduling.flavor_nodes, *objs) == []
+
+
+def test_flavor_trust_domains_reports_every_flavor_in_turn():
+    objs = (flavor("cpu"), flavor("no-domain", {POOL: "p"}), flavor("foreign", {POOL: "p"}, [{"key": TD, "value": "b"}], domain="a"))
+    assert check(checks_scheduling.flavor_trust_domains, *objs) == [
+        "flavor-trust-domain: ResourceFlavor/foreign: trust domain 'a', but tolerates trust domain 'b'",
+        "flavor-trust-domain: ResourceFlavor/no-domain: a GPU flavor without a trust domain (ai-factory.io/trust-domain label)",
+    ]
+
+
+def test_tenant_local_queues_reports_every_tenant_namespace_in_turn():
+    objs = (
+        kobj("Namespace", "kube-system", {}, api="v1"), tenant_namespace("a"), tenant_namespace("b"), tenant_namespace("c"),
+        cluster_queue("a", []), local_queue("tenant-b", "batch", "tenant-b"), local_queue("tenant-c", target="gone"),
+    )
+    assert check(checks_scheduling.tenant_local_queues, *objs) == [
+        "tenant-local-queue: LocalQueue/tenant-b/batch: points to ClusterQueue 'tenant-b', which is not rendered [tenants: b]",
+        "tenant-local-queue: LocalQueue/tenant-c/default: points to ClusterQueue 'gone', which is not rendered [tenants: c]",
+        "tenant-local-queue: Namespace/tenant-a: tenant namespace has no LocalQueue: its workloads are never admitted [tenants: a]",
+        "tenant-local-queue: Namespace/tenant-b: no LocalQueue named `default`: jobs that name no queue wait forever [tenants: b]",
+    ]
+
+
+def test_findings_name_the_tenant_whose_stack_rendered_an_unlabelled_object():
+    queue = kobj("ClusterQueue", "tenant-a", {"resourceGroups": [{"flavors": [{"name": "gone", "resources": [{"name": GPU, "nominalQuota": 1}]}]}]})
+    rendered = Rendered(None, "1.33", [Manifest(queue, "test", "a", "test")], [])
+    assert [f.tenants for f in checks_scheduling.flavor_supply(rendered, None)] == [("a",)]
 
 
 # --------------------------------------------------------------------------- choosing the schedulers
