@@ -325,11 +325,13 @@ def kai_queue(name: str, parent: str | None = None, tenant: str | None = None, *
         pytest.param([kai_queue("a", "root", "a", gpu={**FULL, "quota": 9}), kai_queue("b", "root", "b", gpu={"overQuotaWeight": 1, "limit": 8})],
                      ["Queue/b: gpu: quota not set (an unset limit is 0 to KAI) [tenants: b]", "Queue/root: gpu: children's quotas add up to 9, more than its 8 [tenants: a, b]"],
                      id="a-child-without-quota-counts-nothing"),
+        pytest.param([kai_queue("a", "closed", "a", gpu={**FULL, "quota": 1})], ["Queue/closed: gpu: children's quotas add up to 1, more than its 0 [tenants: a]"], id="parent-of-no-gpu"),
     ],
 )
 def test_kai_queue_shares_are_complete_and_fit_their_parent(queues, expected):
     unlimited = {**FULL, "quota": -1}
-    objs = (kai_queue("root", gpu={**FULL, "quota": 8}, cpu=unlimited, memory=unlimited), kai_queue("open", gpu=unlimited, cpu=unlimited, memory=unlimited), *queues, kobj("Queue", "volcano", {}, api="scheduling.volcano.sh/v1beta1"))
+    objs = (kai_queue("root", gpu={**FULL, "quota": 8}, cpu=unlimited, memory=unlimited), kai_queue("open", gpu=unlimited, cpu=unlimited, memory=unlimited),
+            kai_queue("closed", gpu={**FULL, "quota": 0}, cpu=unlimited, memory=unlimited), *queues, kobj("Queue", "volcano", {}, api="scheduling.volcano.sh/v1beta1"))
     assert check(checks_scheduling.kai_queue_shares, *objs) == [f"kai-queue-shares: {e}" for e in expected]
 
 
