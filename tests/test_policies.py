@@ -444,7 +444,7 @@ DOMAIN_TAINT = (TRUST_DOMAIN_LABEL, "red", "NoSchedule")
 SLICED = "version: v1\nsharing:\n  timeSlicing:\n    resources: [{name: nvidia.com/gpu, replicas: 4}]\n"
 SINGLE = "version: v1\nsharing:\n  timeSlicing:\n    resources: [{name: nvidia.com/gpu, replicas: 1}]\n"
 MPS = "version: v1\nsharing:\n  mps:\n    resources: [{name: nvidia.com/gpu, replicas: 2}]\n"
-MIG_PARTED = "version: v1\nmig-configs:\n  halves:\n    - devices: [0]\n      mig-enabled: true\n      mig-devices: {3g.40gb: 2}\n  whole:\n    - devices: all\n      mig-enabled: false\n"
+MIG_PARTED = "version: v1\nmig-configs:\n  halves:\n    - devices: [1]\n      mig-enabled: false\n    - devices: [0]\n      mig-enabled: true\n      mig-devices: {3g.40gb: 2}\n  whole:\n    - devices: all\n      mig-enabled: false\n"
 OPERATOR = chart("gpu-operator", "gpu-operator", {"devicePlugin": {"config": {"data": {"sliced": SLICED, "single": SINGLE, "mps": MPS}}}, "migManager": {"config": {"data": {"config.yaml": MIG_PARTED}}}})
 
 
@@ -469,7 +469,7 @@ OPERATOR = chart("gpu-operator", "gpu-operator", {"devicePlugin": {"config": {"d
     ],
 )
 def test_gpu_no_cross_domain_sharing_labels_and_taints_every_shared_node(labels, taints, expected):
-    resources = (OPERATOR, chart("hami", "hami", {}), gpu_node("n", labels, *taints))
+    resources = (OPERATOR, chart("hami", "hami", {}), gpu_node("a-whole", {}), gpu_node("n", labels, *taints))
     assert_reports(reported(gpu_policies.check_gpu_no_cross_domain_sharing, *resources), [("n", e) for e in expected])
 
 
@@ -479,7 +479,7 @@ def test_gpu_no_cross_domain_sharing_keeps_flavors_and_queues_to_one_domain():
         gpu_node("red-1", {"pool": "mig", MIG_CONFIG_LABEL: "halves", TRUST_DOMAIN_LABEL: "red"}, DOMAIN_TAINT),
         gpu_node("blue-1", {"pool": "mig", MIG_CONFIG_LABEL: "halves", TRUST_DOMAIN_LABEL: "blue"}, (TRUST_DOMAIN_LABEL, "blue", "NoSchedule")),
         gpu_node("whole", {"pool": "h100"}),
-        flavor_res("mig-red", {"pool": "mig", TRUST_DOMAIN_LABEL: "red"}), flavor_res("mig-any", {"pool": "mig"}), flavor_res("cpu", {}), flavor_res("h100", {"pool": "h100"}),
+        flavor_res("cpu", {}), flavor_res("mig-red", {"pool": "mig", TRUST_DOMAIN_LABEL: "red"}), flavor_res("mig-any", {"pool": "mig"}), flavor_res("h100", {"pool": "h100"}),
         queue_res("a", [(["cpu", "nvidia.com/mig-3g.40gb"], "mig-red", {"nvidia.com/mig-3g.40gb": 1}), (["cpu"], "cpu", {"cpu": 1})]),
         queue_res("b", [(["nvidia.com/mig-3g.40gb"], "mig-red", {"nvidia.com/mig-3g.40gb": 1}), (["nvidia.com/gpu"], "h100", {"nvidia.com/gpu": 1})]),
         queue_res("c", [(["cpu"], "mig-any", {"cpu": 1})]),
@@ -506,7 +506,7 @@ def test_gpu_no_cross_domain_sharing_keeps_flavors_and_queues_to_one_domain():
     ],
 )
 def test_low_trust_whole_gpus_flags_quotas_for_shares_of_a_gpu(hard, expected):
-    resources = (tenant_space("x", "low"), tenant_space("y"), quota_res("x", hard), quota_res("y", {"requests.nvidia.com/gpumem": "4096"}))
+    resources = (tenant_space("x", "low"), tenant_space("y"), quota_res("y", {"requests.nvidia.com/gpumem": "4096"}), quota_res("x", hard))
     assert_reports(reported(gpu_policies.check_low_trust_whole_gpus, *resources), [("quota-x", e) for e in expected])
 
 
@@ -569,6 +569,8 @@ def test_low_trust_whole_gpus_flags_shared_or_untainted_nodes_of_low_trust_tenan
         pytest.param({"devices": [0], "mig-enabled": True, "device-filter": ["0x20B210DE"], "mig-devices": {"1g.10gb": 0}}, [], id="zero-count"),
         pytest.param({"devices": [0], "mig-enabled": True, "device-filter": ["0x20B210DE"], "mig-devices": {"1g.10gb": 8}}, ["1g.10gb x8 does not fit on one A100-80GB (compute 8/7, memory 8/8"], id="one-too-many"),
         pytest.param({"devices": [0], "mig-enabled": True, "device-filter": ["0x20B210DE"], "mig-devices": {"9g.99gb": 1}}, ["no MIG profile '9g.99gb'"], id="unknown-profile"),
+        pytest.param({"devices": [0], "mig-enabled": True, "device-filter": ["0x20B210DE"], "mig-devices": {"1g.10gb": -1, "9g.99gb": 1, "2g.20gb": "x"}},
+                     ["count -1 of 1g.10gb", "no MIG profile '9g.99gb'", "count 'x' of 2g.20gb"], id="every-problem-of-a-layout"),
     ],
 )
 def test_mig_layouts_legal_checks_each_entry(entry, expected):
@@ -605,10 +607,16 @@ def test_mig_layouts_legal_gives_each_gpu_one_layout_and_reads_only_mig_parted_f
     ],
 )
 def test_hami_device_plugin_disjoint_from_the_nvidia_plugin_and_mig(operator_values, node_labels, hami_values, expected):
-    resources = [chart("hami", "hami", hami_values), gpu_node("n", node_labels)]
+    resources = [chart("hami", "hami", hami_values), gpu_node("a-cpu", {"role": "cpu"}), gpu_node("n", node_labels)]
     if operator_values is not None:
         resources.append(chart("gpu-operator", "gpu-operator", operator_values))
     assert_reports(reported(gpu_policies.check_hami_device_plugin_disjoint, *resources), expected)
+
+
+def test_hami_device_plugin_disjoint_checks_every_hami_release():
+    resources = (chart("hami-a", "hami", {"devicePlugin": {"nvidiaNodeSelector": {}}}), chart("hami-b", "hami", {"devicePlugin": {"nvidiaNodeSelector": {"ai-factory.io/hami": "enabled"}}}),
+                 chart("gpu-operator", "gpu-operator", {}), gpu_node("n", {"ai-factory.io/hami": "enabled"}))
+    assert_reports(reported(gpu_policies.check_hami_device_plugin_disjoint, *resources), [("hami-a", "on every node"), ("n", "two allocators")])
 
 
 @pytest.mark.parametrize(
@@ -622,12 +630,15 @@ def test_hami_device_plugin_disjoint_from_the_nvidia_plugin_and_mig(operator_val
         pytest.param([res("LocalQueue", "default", "kueue.x-k8s.io/v1beta2", "tenant-a", spec={"clusterQueue": "open"})], [("default", "points at ClusterQueue open, which admits every namespace")], id="queue-admits-all"),
         pytest.param([res("LocalQueue", "default", "kueue.x-k8s.io/v1beta2", "tenant-a", spec={"clusterQueue": "closed"})], [("default", "which has no namespaceSelector and so admits nothing")], id="queue-admits-nothing"),
         pytest.param([res("LocalQueue", "default", "kueue.x-k8s.io/v1beta2", "tenant-a", spec={"clusterQueue": "q-b"})], [("default", "whose namespaceSelector does not select tenant-a")], id="queue-of-another-tenant"),
+        pytest.param([res("LocalQueue", "default", "kueue.x-k8s.io/v1beta2", "tenant-a", spec={"clusterQueue": "q-a"}), res("LocalQueue", "extra", "kueue.x-k8s.io/v1beta2", "tenant-a", spec={"clusterQueue": "gone"})],
+                     [("extra", "points at ClusterQueue 'gone'")], id="every-local-queue"),
     ],
 )
 def test_gpu_namespaces_queued_through_their_own_cluster_queue(extra, expected):
     manager = "manageJobsWithoutQueueName: true\n"
     resources = (
-        tenant_space("a"), res("Namespace", "kube-system"), chart("kueue", "kueue", {"managerConfig": {"controllerManagerConfigYaml": manager}}),
+        res("Namespace", "kube-system"), tenant_space("a"), quota_res("b", {"requests.nvidia.com/gpu": "4"}),
+        chart("kueue", "kueue", {"managerConfig": {"controllerManagerConfigYaml": manager}}),
         queue_res("a", []), queue_res("b", []), res("ClusterQueue", "open", "kueue.x-k8s.io/v1beta2", spec={"namespaceSelector": {}}),
         res("ClusterQueue", "closed", "kueue.x-k8s.io/v1beta2", spec={}), *extra,
     )
@@ -664,6 +675,7 @@ H100 = {"pool": "h100"}
         pytest.param([queue_res("a", [(["nvidia.com/gpu"], "h100", {"nvidia.com/gpu": "8500m"})])], [("h100", "promise 8.5 nvidia.com/gpu (ClusterQueue q-a: 8.5)")], id="fractional"),
         pytest.param([queue_res("a", [(["cpu"], "cpu", {"cpu": 1000})])], [], id="cpu-is-not-counted"),
         pytest.param([queue_res("a", [(["nvidia.com/gpu"], "bare", {"nvidia.com/gpu": 100})])], [], id="flavor-without-a-supply"),
+        pytest.param([queue_res("a", [(["nvidia.com/gpu"], "bare", {"nvidia.com/gpu": 100}), (["nvidia.com/gpu"], "h100", {"nvidia.com/gpu": 9})])], [("h100", "queues promise 9")], id="flavor-after-one-without-a-supply"),
         pytest.param([queue_res("a", [(["nvidia.com/gpu"], "gone", {"nvidia.com/gpu": 100})])], [], id="flavor-not-rendered"),
         pytest.param([quota_res("a", {"requests.nvidia.com/gpu": "8"})], [], id="tenant-at-its-domains-supply"),
         pytest.param([quota_res("a", {"requests.nvidia.com/gpu": "9", "requests.cpu": "100"})], [("quota-a", "allows 9 nvidia.com/gpu but the flavors of its trust domain 'red' supply 8")], id="tenant-above"),
@@ -672,6 +684,7 @@ H100 = {"pool": "h100"}
         pytest.param([tenant_space("c", domain="green"), quota_res("c", {"requests.nvidia.com/gpu": "1"})], [("quota-c", "its trust domain 'green' supply 0")], id="domain-without-flavors"),
         pytest.param([tenant_space("c", domain="green"), quota_res("c", {"requests.nvidia.com/gpu": "0"})], [], id="domain-without-flavors-capped-at-zero"),
         pytest.param([tenant_space("d", domain="white"), quota_res("d", {"requests.nvidia.com/gpu": "100"})], [], id="domain-flavor-without-a-supply"),
+        pytest.param([tenant_space("d", domain="white"), quota_res("d", {"requests.nvidia.com/gpu": "100"}), quota_res("a", {"requests.nvidia.com/gpu": "9"})], [("quota-a", "allows 9")], id="tenant-after-an-unknown-domain"),
         pytest.param([quota_res("b", {"requests.nvidia.com/gpu": "12"})], [], id="domain-by-node-labels-summed"),
     ],
 )
@@ -681,6 +694,7 @@ def test_gpu_quota_within_supply_of_flavors_and_trust_domains(objects, expected)
         flavor_res("h100", H100, {"nvidia.com/gpu": 8}, domain="red"), flavor_res("cpu", {}, None),
         flavor_res("blue-1", {TRUST_DOMAIN_LABEL: "blue"}, {"nvidia.com/gpu": 4}), flavor_res("blue-2", {TRUST_DOMAIN_LABEL: "blue"}, {"nvidia.com/gpu": 8}),
         flavor_res("bare", {"pool": "x"}, None), flavor_res("white", {}, None, domain="white"),
+        res("ResourceQuota", "platform", namespace="kube-system", spec={"hard": {"requests.nvidia.com/gpu": "100"}}),
         *objects,
     )
     assert_reports(reported(gpu_policies.check_gpu_quota_within_supply, *resources), expected)
