@@ -173,6 +173,17 @@ def test_rbac_access_flags_grants_outside_the_tenants_namespace_and_unknown_role
     assert findings(isolation.rbac_access, *objs, a_binds(("Role", "r"), "tenant-a", subject="oidc:nobody")) == []
 
 
+def test_rbac_access_judges_every_grant_in_turn():
+    writer = role([rule([""], ["resourcequotas"], ["patch"])], "writer")
+    idle = role([{"apiGroups": [""], "resources": ["pods"]}], "idle")
+    bindings = [binding("RoleBinding", n, "tenant-a", ("Role", r), ("Group", "oidc:a-admins"), tenant="a") for n, r in (("a1", "missing"), ("a2", "idle"), ("a3", "writer"))]
+    assert findings(isolation.rbac_access, tenant_ns("a"), writer, idle, *bindings) == [
+        "rbac-access: RoleBinding/tenant-a/a1: binds tenant a (Group oidc:a-admins) to Role/tenant-a/missing, which is not in the rendered set: its permissions "
+        "cannot be evaluated [tenants: a]",
+        "rbac-access: RoleBinding/tenant-a/a3: tenant a (Group oidc:a-admins) can patch resourcequotas (its quota) in its own namespace tenant-a [tenants: a]",
+    ]
+
+
 def test_rbac_access_follows_aggregated_cluster_roles():
     def cluster_role(name, labels, rules, aggregate=None):
         role = obj("ClusterRole", name, api="rbac.authorization.k8s.io/v1", rules=rules)
@@ -378,6 +389,17 @@ def test_network_allow_rules_admit_only_the_tenant_and_named_platform_pods(direc
     assert findings(isolation.network_allow_rules, *objs) == [f"{ALLOWS} {e} [tenants: {'a, b' if 'tenant b' in e else 'a'}]" for e in expected]
 
 
+def test_network_allow_rules_read_every_spec_and_selector_of_a_policy():
+    host = {"nodeSelector": {}, "egress": [{"toEntities": ["world"]}]}
+    spec = {"endpointSelector": {"matchLabels": {NS_KEY: "tenant-a"}},
+            "egress": [{"toEndpoints": [{"matchLabels": {"app": "x"}}, {"matchLabels": {NS_KEY: "tenant-b"}}, {"matchLabels": {"any:io.kubernetes.pod.namespace": "tenant-b"}}]}]}
+    assert findings(isolation.network_allow_rules, tenant_ns("a"), tenant_ns("b"), cluster_policy("p", host, spec, single=False)) == [
+        f"{ALLOWS} egress of tenant a to pods of every namespace (selector without a namespace) [tenants: a]",
+        f"{ALLOWS} egress of tenant a to tenant b's namespace tenant-b [tenants: a, b]",
+        f"{ALLOWS} egress of tenant a to tenant b's namespace tenant-b [tenants: a, b]",
+    ]
+
+
 def test_network_allow_rules_of_a_namespaced_cilium_policy_apply_to_its_namespace():
     policy = obj("CiliumNetworkPolicy", "p", "tenant-a", "cilium.io/v2", spec={"endpointSelector": {}, "egress": [{"toEndpoints": [{}]}, {"toEntities": ["all"]}]})
     assert findings(isolation.network_allow_rules, tenant_ns("a"), tenant_ns("b"), policy) == [
@@ -403,7 +425,7 @@ def test_network_allow_rules_of_tenant_network_policies(direction, peer, expecte
     key = "from" if direction == "ingress" else "to"
     netpol = obj("NetworkPolicy", "np", "tenant-a", "networking.k8s.io/v1", spec={"podSelector": {}, direction: [{key: [peer]}]})
     platform = obj("NetworkPolicy", "np", "monitoring", "networking.k8s.io/v1", spec={"podSelector": {}, direction: [{key: [{"namespaceSelector": {}}]}]})
-    objs = (tenant_ns("a"), tenant_ns("b"), platform_ns("monitoring"), netpol, platform)
+    objs = (tenant_ns("a"), tenant_ns("b"), platform_ns("monitoring"), platform, netpol)
     assert findings(isolation.network_allow_rules, *objs) == [
         f"network-allow-rules: NetworkPolicy/tenant-a/np: allows {e} [tenants: {'a, b' if 'tenant b' in e else 'a'}]" for e in expected
     ]
@@ -568,12 +590,13 @@ def placement_rule(namespace: str = "tenant-a", pairs: tuple = ("ai-factory.io/t
     from ai_factory.components.kyverno import TOLERATION_KEY, TOLERATION_OPERATOR, TOLERATION_PAIR
 
     denied = [{"key": TOLERATION_PAIR, "operator": "AnyNotIn", "value": list(pairs)}]
+    containers = {"list": "request.object.spec.containers", "deny": {"conditions": {"any": [{"key": "{{ element.name }}", "operator": "Equals", "value": "x"}]}}}
     if only_equal:
         denied.insert(0, {"key": TOLERATION_OPERATOR, "operator": "NotEquals", "value": "Equal"})
     return {
         "name": "placement-tolerations",
         "match": {"any": [{"resources": {"kinds": kinds, "namespaces": [namespace]}} for kinds in kinds_per_entry]},
-        "validate": {"failureAction": action, "foreach": [{
+        "validate": {"failureAction": action, "foreach": [containers, {
             "list": "request.object.spec.tolerations || `[]`",
             "preconditions": {"any": [{"key": TOLERATION_KEY, "operator": "AnyIn", "value": list(guarded)}]},
             "deny": {"conditions": {"any": denied}},
@@ -705,6 +728,24 @@ SUBJECTS = "rbac-subjects:"
 def test_rbac_subjects_bind_tenants_only_into_their_own_namespace(binding_obj, expected):
     objs = (tenant_ns("a"), tenant_ns("b"), platform_ns("kube-system"), binding_obj)
     assert findings(isolation.rbac_subjects, *objs) == [f"{SUBJECTS} {e}" for e in expected]
+
+
+def test_rbac_subjects_inside_a_vcluster_are_its_owners_only():
+    inner = [
+        binding("ClusterRoleBinding", "admins", None, ("ClusterRole", "cluster-admin"), ("ServiceAccount", "kube-system/robot"), ("Group", "system:masters"),
+                ("Group", "oidc:b-admins"), ("Group", "oidc:a-admins"), ("Group", "oidc:nobody")),
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}},
+    ]
+    import yaml
+
+    release = vcluster("a", {"experimental": {"deploy": {"vcluster": {"manifests": yaml.safe_dump_all(inner)}}}})
+    broken = vcluster("b", {"experimental": {"deploy": {"vcluster": {"manifests": "kind: [unclosed"}}}})
+    inside = "rbac-subjects: HelmRelease/tenant-a/vcluster-a: inside tenant a's vCluster, binds"
+    assert findings(isolation.rbac_subjects, tenant_ns("a"), tenant_ns("b"), release, broken) == [
+        f"{inside} Group oidc:b-admins of tenant b into tenant a's environment [tenants: a, b]",
+        f"{inside} Group oidc:nobody, which belongs to no tenant, into tenant a's environment [tenants: a]",
+        f"{inside} system group system:masters [tenants: a]",
+    ]
 
 
 def test_rbac_subjects_accept_platform_accounts_and_flag_tenant_accounts_elsewhere():
