@@ -529,7 +529,15 @@ def hardened_values(tenant: str, **overrides) -> dict:
         pytest.param({}, [], id="hardened"),
         *[
             pytest.param({path.replace(".", "__"): True}, [what], id=path.split(".")[-2])
-            for path, what in isolation.VCLUSTER_OFF
+            for path, what in (
+                ("sync.toHost.namespaces.enabled", "syncs namespaces to the host"),
+                ("sync.toHost.persistentVolumes.enabled", "syncs persistent volumes to the host"),
+                ("sync.toHost.storageClasses.enabled", "syncs storage classes to the host"),
+                ("sync.toHost.priorityClasses.enabled", "syncs priority classes to the host"),
+                ("sync.toHost.networkPolicies.enabled", "syncs network policies (extra allow rules) to the host"),
+                ("sync.fromHost.nodes.syncBackChanges", "lets the vCluster change host nodes' labels and taints"),
+                ("integrations.externalSecrets.sync.fromHost.clusterStores.enabled", "imports the host's ClusterSecretStores"),
+            )
         ],
         pytest.param({"sync__toHost__priorityClasses__enabled": False}, [], id="priority-classes-off"),
         pytest.param({"policies__resourceQuota__enabled": True}, ["its chart quota does not cap requests.nvidia.com/gpu"], id="chart-quota-without-gpus"),

@@ -888,7 +888,7 @@ def ns_props(name: str, level: str | None, tenant: str | None = None, exception:
         pytest.param(NAMESPACE, ns_props("apps", "baseline"), {}, [], id="platform-baseline"),
         pytest.param(NAMESPACE, ns_props("apps", None), {}, ["label pod-security.kubernetes.io/enforce is missing"], id="missing"),
         pytest.param(NAMESPACE, ns_props("apps", "strict"), {}, ["label pod-security.kubernetes.io/enforce is 'strict'"], id="unknown-level"),
-        pytest.param(NAMESPACE, ns_props("gpu-operator", "privileged"), {}, [], id="privileged-reviewed"),
+        *[pytest.param(NAMESPACE, ns_props(name, "privileged"), {}, [], id=f"privileged-reviewed-{name}") for name in ("kube-system", "gpu-operator", "hami-system", "dra-driver-nvidia-gpu", "falco", "trivy-system")],
         pytest.param(NAMESPACE, ns_props("apps", "privileged"), {}, ["Namespace apps outside the reviewed allow-list enforces Pod Security 'privileged'"], id="privileged-unreviewed"),
         pytest.param(NAMESPACE, ns_props("apps", "privileged"), {"privilegedNamespaces": ["apps"]}, [], id="privileged-by-setting"),
         pytest.param(NAMESPACE, ns_props("falco", "privileged", tenant="a"), {}, ["Namespace falco of tenant 'a' enforces Pod Security 'privileged'"], id="privileged-tenant"),
@@ -918,7 +918,7 @@ def test_namespace_pod_security_levels(resource_type, props, config, expected):
         pytest.param(one_container(securityContext={"privileged": True}), ["privileged container main"], id="privileged"),
         pytest.param(one_container(securityContext={"privileged": False}), [], id="unprivileged"),
         pytest.param(one_container(securityContext={"windowsOptions": {"hostProcess": True}}), ["host-process container main"], id="host-process"),
-        *[pytest.param(one_container(securityContext={"capabilities": {"add": [cap]}}), [], id=f"baseline-{cap}") for cap in sorted(security_policies.BASELINE_CAPABILITIES)],
+        *[pytest.param(one_container(securityContext={"capabilities": {"add": [cap]}}), [], id=f"baseline-{cap}") for cap in ("AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD", "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT")],
         pytest.param(one_container(securityContext={"capabilities": {"add": ["cap_chown", "NET_ADMIN"]}}), ["capabilities NET_ADMIN added to container main"], id="net-admin"),
         pytest.param(one_container(securityContext={"capabilities": {"add": ["CAP_SYS_ADMIN"]}}), ["capabilities SYS_ADMIN added to container main"], id="sys-admin"),
         pytest.param(one_container(ports=[{"containerPort": 80, "hostPort": 8080}, {"containerPort": 81}]), ["hostPort 8080 on container main"], id="host-port"),
@@ -942,6 +942,7 @@ def test_no_privileged_outside_allowlist_for_workloads(props, expected):
         pytest.param("apps", {"hostPID": "true", "privileged": False}, None, id="not-literally-true"),
         pytest.param("falco", {"driver": {"privileged": True}}, None, id="reviewed-namespace"),
         pytest.param("apps", {"hostIPC": True}, "values.hostIPC: true", id="host-ipc"),
+        pytest.param("apps", {"collector": {"hostPID": True}}, "values.collector.hostPID: true", id="host-pid"),
     ],
 )
 def test_no_privileged_outside_allowlist_for_chart_values(namespace, values, expected):
@@ -951,7 +952,7 @@ def test_no_privileged_outside_allowlist_for_chart_values(namespace, values, exp
 
 @pytest.mark.parametrize(
     "variable, escapes",
-    [*[pytest.param(v, True, id=v) for v in sorted(security_policies.ESCAPE_VARIABLES)],
+    [*[pytest.param(v, True, id=v) for v in ("NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "LD_PRELOAD", "CUDA_DISABLE_CONTROL", "CUDA_DEVICE_SM_LIMIT", "CUDA_DEVICE_MEMORY_SHARED_CACHE")],
      pytest.param("CUDA_DEVICE_MEMORY_LIMIT_0", True, id="memory-limit-of-one-device"),
      pytest.param("CUDA_VISIBLE_DEVICES", False, id="cuda-visible-devices"),
      pytest.param("NVIDIA_VISIBLE", False, id="prefix-of-an-escape")],
@@ -975,7 +976,7 @@ def test_gpu_escape_variables_in_env_config_maps_and_values(variable, escapes):
 
 @pytest.mark.parametrize(
     "path, escapes",
-    [*[pytest.param(p, True, id=p) for p in security_policies.ESCAPE_MOUNTS],
+    [*[pytest.param(p, True, id=p) for p in ("/var/run/nvidia-container-devices", "/etc/ld.so.preload", "/usr/local/vgpu", "/run/nvidia", "/dev/nvidia")],
      pytest.param("/run/nvidia/driver", True, id="under-run-nvidia"),
      pytest.param("/run/nvidia/", True, id="trailing-slash"),
      pytest.param("/dev/nvidia0", True, id="a-device-node"),
@@ -1099,7 +1100,7 @@ def test_images_pinned_in_workloads_and_nothing_else():
     [
         *[pytest.param(k, True, id=k) for k in ("password", "dbPassword", "admin_passwd", "passphrase", "apiToken", "API_KEY", "accessKey", "aws_secret_access_key",
                                                   "secretKey", "privateKey", "clientSecret", "sharedSecret", "credentials", "awsCredential", ".dockerconfigjson")],
-        *[pytest.param(k, False, id=k) for k in ("passwordSecretKey", "tokenSecretName", "existingSecret", "createCredentials", "useToken", "enablePassword",
+        *[pytest.param(k, False, id=k) for k in ("passwordSecretKey", "tokenSecretName", "existingSecret", "existingPassword", "createCredentials", "useToken", "enablePassword",
                                                    "generatePassword", "autoToken", "requireToken", "allowToken", "skipPassword", "tokenTTL", "username",
                                                    "secretKeyRef", "credentialsSecretKey")],
     ],
