@@ -443,9 +443,10 @@ def assert_reports(found: list[tuple[str, str]], expected: list[tuple[str, str]]
 DOMAIN_TAINT = (TRUST_DOMAIN_LABEL, "red", "NoSchedule")
 SLICED = "version: v1\nsharing:\n  timeSlicing:\n    resources: [{name: nvidia.com/gpu, replicas: 4}]\n"
 SINGLE = "version: v1\nsharing:\n  timeSlicing:\n    resources: [{name: nvidia.com/gpu, replicas: 1}]\n"
+PAIRS = "version: v1\nsharing:\n  timeSlicing:\n    resources: [{name: nvidia.com/gpu, replicas: 2}]\n"
 MPS = "version: v1\nsharing:\n  mps:\n    resources: [{name: nvidia.com/gpu, replicas: 2}]\n"
 MIG_PARTED = "version: v1\nmig-configs:\n  halves:\n    - devices: [1]\n      mig-enabled: false\n    - devices: [0]\n      mig-enabled: true\n      mig-devices: {3g.40gb: 2}\n  whole:\n    - devices: all\n      mig-enabled: false\n"
-OPERATOR = chart("gpu-operator", "gpu-operator", {"devicePlugin": {"config": {"data": {"sliced": SLICED, "single": SINGLE, "mps": MPS}}}, "migManager": {"config": {"data": {"config.yaml": MIG_PARTED}}}})
+OPERATOR = chart("gpu-operator", "gpu-operator", {"devicePlugin": {"config": {"data": {"sliced": SLICED, "pairs": PAIRS, "single": SINGLE, "mps": MPS}}}, "migManager": {"config": {"data": {"config.yaml": MIG_PARTED}}}})
 
 
 @pytest.mark.parametrize(
@@ -464,6 +465,7 @@ OPERATOR = chart("gpu-operator", "gpu-operator", {"devicePlugin": {"config": {"d
         pytest.param({"gpu": "on"}, [], ["shares its GPUs (HAMi)"], id="hami-default-node-selector"),
         pytest.param({DEVICE_PLUGIN_CONFIG_LABEL: "sliced"}, [], ["shares its GPUs (time-slicing config sliced)"], id="time-slices"),
         pytest.param({DEVICE_PLUGIN_CONFIG_LABEL: "mps"}, [], ["shares its GPUs (time-slicing config mps)"], id="mps"),
+        pytest.param({DEVICE_PLUGIN_CONFIG_LABEL: "pairs"}, [], ["shares its GPUs (time-slicing config pairs)"], id="two-replicas"),
         pytest.param({DEVICE_PLUGIN_CONFIG_LABEL: "missing"}, [], ["shares its GPUs (time-slicing config missing)"], id="unknown-plugin-config"),
         pytest.param({DEVICE_PLUGIN_CONFIG_LABEL: "single"}, [], [], id="one-replica"),
     ],
@@ -483,6 +485,7 @@ def test_gpu_no_cross_domain_sharing_keeps_flavors_and_queues_to_one_domain():
         queue_res("a", [(["cpu", "nvidia.com/mig-3g.40gb"], "mig-red", {"nvidia.com/mig-3g.40gb": 1}), (["cpu"], "cpu", {"cpu": 1})]),
         queue_res("b", [(["nvidia.com/mig-3g.40gb"], "mig-red", {"nvidia.com/mig-3g.40gb": 1}), (["nvidia.com/gpu"], "h100", {"nvidia.com/gpu": 1})]),
         queue_res("c", [(["cpu"], "mig-any", {"cpu": 1})]),
+        res("ClusterQueue", "closed", "kueue.x-k8s.io/v1beta2", spec={"resourceGroups": [{"coveredResources": ["nvidia.com/mig-3g.40gb"], "flavors": [{"name": "mig-red"}]}]}),
     )
     assert_reports(reported(gpu_policies.check_gpu_no_cross_domain_sharing, *resources), [
         ("q-b", "admits tenant 'b' (trust domain 'blue') to ResourceFlavor mig-red, whose shared GPUs serve trust domain(s) red"),
