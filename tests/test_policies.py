@@ -490,9 +490,13 @@ def test_gpu_no_cross_domain_sharing_keeps_flavors_and_queues_to_one_domain():
     assert_reports(reported(gpu_policies.check_gpu_no_cross_domain_sharing, *resources), [
         ("q-b", "admits tenant 'b' (trust domain 'blue') to ResourceFlavor mig-red, whose shared GPUs serve trust domain(s) red"),
     ])
-    resources += (queue_res("d", [(["nvidia.com/mig-3g.40gb"], "mig-any", {"nvidia.com/mig-3g.40gb": 1})], kind="Cohort"),)
+    resources += (queue_res("d", [(["nvidia.com/mig-3g.40gb"], "mig-any", {"nvidia.com/mig-3g.40gb": 1})], kind="Cohort"),
+                  gpu_node("loose", {"pool": "mig2", MIG_CONFIG_LABEL: "halves"}), gpu_node("red-2", {"pool": "mig2", MIG_CONFIG_LABEL: "halves", TRUST_DOMAIN_LABEL: "red"}, DOMAIN_TAINT),
+                  flavor_res("mig2", {"pool": "mig2"}), queue_res("e", [(["nvidia.com/mig-3g.40gb"], "mig2", {"nvidia.com/mig-3g.40gb": 1})], kind="Cohort"))
     assert_reports(reported(gpu_policies.check_gpu_no_cross_domain_sharing, *resources), [
+        ("loose", "has no ai-factory.io/trust-domain label"),
         ("mig-any", "selects shared-GPU nodes of trust domains blue, red"),
+        ("mig2", "selects shared-GPU nodes of trust domains (none), red"),
         ("q-b", "admits tenant 'b'"),
     ])
 
@@ -547,10 +551,11 @@ def test_low_trust_whole_gpus_flags_queues_on_shared_or_foreign_nodes(covered, f
         pytest.param(gpu_node("n", {DEDICATED_LABEL: "x", MIG_CONFIG_LABEL: "halves"}, (DEDICATED_LABEL, "x", "NoSchedule")), ["serves low-trust tenant 'x' but shares its GPUs (MIG config halves)"], id="dedicated-and-shared"),
         pytest.param(gpu_node("n", {TRUST_DOMAIN_LABEL: "x", "ai-factory.io/hami": "enabled"}), ["serves low-trust tenant 'x' but shares its GPUs (HAMi)"], id="domain-node-shared"),
         pytest.param(gpu_node("n", {TRUST_DOMAIN_LABEL: "y", "ai-factory.io/hami": "enabled"}), [], id="trusted-domain-shared"),
+        pytest.param(gpu_node("n", {TRUST_DOMAIN_LABEL: "zone-z", "ai-factory.io/hami": "enabled"}), ["serves low-trust tenant 'z' but shares its GPUs (HAMi)"], id="domain-named-otherwise"),
     ],
 )
 def test_low_trust_whole_gpus_flags_shared_or_untainted_nodes_of_low_trust_tenants(node_obj, expected):
-    resources = (OPERATOR, tenant_space("x", "low"), tenant_space("y"), node_obj)
+    resources = (OPERATOR, tenant_space("x", "low"), tenant_space("y"), tenant_space("z", "low", domain="zone-z"), node_obj)
     assert_reports(reported(gpu_policies.check_low_trust_whole_gpus, *resources), [("n", e) for e in expected])
 
 
@@ -572,6 +577,7 @@ def test_low_trust_whole_gpus_flags_shared_or_untainted_nodes_of_low_trust_tenan
         pytest.param({"devices": [0], "mig-enabled": True, "device-filter": ["0x20B210DE"], "mig-devices": {"1g.10gb": 0}}, [], id="zero-count"),
         pytest.param({"devices": [0], "mig-enabled": True, "device-filter": ["0x20B210DE"], "mig-devices": {"1g.10gb": 8}}, ["1g.10gb x8 does not fit on one A100-80GB (compute 8/7, memory 8/8"], id="one-too-many"),
         pytest.param({"devices": [0], "mig-enabled": True, "device-filter": ["0x20B210DE"], "mig-devices": {"9g.99gb": 1}}, ["no MIG profile '9g.99gb'"], id="unknown-profile"),
+        pytest.param({"devices": [0], "mig-enabled": True, "device-filter": ["0x26B910DE"], "mig-devices": {"1g.10gb": 1}}, ["L40S-48GB has no MIG"], id="model-without-mig"),
         pytest.param({"devices": [0], "mig-enabled": True, "device-filter": ["0x20B210DE"], "mig-devices": {"1g.10gb": -1, "9g.99gb": 1, "2g.20gb": "x"}},
                      ["count -1 of 1g.10gb", "no MIG profile '9g.99gb'", "count 'x' of 2g.20gb"], id="every-problem-of-a-layout"),
     ],
@@ -629,6 +635,7 @@ def test_hami_device_plugin_disjoint_checks_every_hami_release():
         pytest.param([], [("tenant-a", "may use GPUs but has no Kueue LocalQueue")], id="no-local-queue"),
         pytest.param([quota_res("a", {"requests.nvidia.com/gpu": "0", "requests.nvidia.com/mig-1g.10gb": "0", "requests.cpu": "4"})], [], id="gpus-capped-at-zero"),
         pytest.param([quota_res("a", {"requests.nvidia.com/gpu": "0", "requests.nvidia.com/mig-1g.10gb": "1"})], [("tenant-a", "has no Kueue LocalQueue")], id="one-gpu-line-open"),
+        pytest.param([quota_res("a", {"requests.cpu": "0"})], [("tenant-a", "has no Kueue LocalQueue")], id="quota-without-gpu-lines"),
         pytest.param([res("LocalQueue", "default", "kueue.x-k8s.io/v1beta2", "tenant-a", spec={"clusterQueue": "gone"})], [("default", "points at ClusterQueue 'gone', which this stack does not define")], id="queue-not-defined"),
         pytest.param([res("LocalQueue", "default", "kueue.x-k8s.io/v1beta2", "tenant-a", spec={"clusterQueue": "open"})], [("default", "points at ClusterQueue open, which admits every namespace")], id="queue-admits-all"),
         pytest.param([res("LocalQueue", "default", "kueue.x-k8s.io/v1beta2", "tenant-a", spec={"clusterQueue": "closed"})], [("default", "which has no namespaceSelector and so admits nothing")], id="queue-admits-nothing"),
@@ -713,6 +720,7 @@ def test_gpu_quota_within_supply_counts_mig_instances_from_the_node_layouts():
         OPERATOR, gpu_node("m1", {"pool": "mig", MIG_CONFIG_LABEL: "halves"}), gpu_node("m2", {"pool": "mig", MIG_CONFIG_LABEL: "halves"}),
         flavor_res("mig", {"pool": "mig"}, {"nvidia.com/mig-3g.40gb": 100, "nvidia.com/gpu": 1}),
         queue_res("a", [(["nvidia.com/mig-3g.40gb"], "mig", {"nvidia.com/mig-3g.40gb": 5})]),
+        queue_res("b", [(["nvidia.com/gpu"], "mig", {"nvidia.com/gpu": 1})]),
     )
     assert_reports(reported(gpu_policies.check_gpu_quota_within_supply, *resources), [("mig", "promise 5 nvidia.com/mig-3g.40gb (ClusterQueue q-a: 5) but its nodes supply 4")])
 
@@ -1091,6 +1099,19 @@ def test_images_pinned_in_chart_values(values, expected):
         assert phrase in message
 
 
+@pytest.mark.parametrize(
+    "image, expected",
+    [
+        pytest.param({"repository": "org/app", "digest": "sha256:" + "d" * 64}, [], id="digest"),
+        pytest.param({"repository": "org/app", "tag": "sha256:" + "e" * 64}, [], id="digest-in-the-tag"),
+        pytest.param({"repository": "org/app", "tag": "1.0"}, ["image 'org/app:1.0' (values.image.tag) is not pinned by digest"], id="tag"),
+    ],
+)
+def test_images_pinned_by_digest_when_required(image, expected):
+    found = list(security_policies.check_images_pinned(RELEASE, {"name": "x", "chart": "x", "values": {"image": image}}, {"requireDigest": True}))
+    assert [any(e in m for e in expected) for m in found] == [True] * len(expected)
+
+
 def test_images_pinned_in_workloads_and_nothing_else():
     props = workload({}, containers=[{"name": "a", "image": "app:1.0"}, {"name": "b", "image": "app"}])
     assert [m.endswith("image 'app' (spec.template.spec.containers[1].image) has no tag (it means latest); pin an exact version or a digest.") for m in security_policies.check_images_pinned(DEPLOYMENT, props, {"requireDigest": False})] == [True]
@@ -1150,6 +1171,8 @@ def test_credential_patterns_in_values(value, what):
         pytest.param({"config": "auth:\n  token: abc123\n"}, ["values.config.auth.token"], id="embedded-yaml"),
         pytest.param({"config": '{"apiKey": "abc"}'}, ["values.config.apiKey"], id="embedded-json"),
         pytest.param({"list": ["ghp_" + "a" * 36]}, ["values.list[0] (a GitHub token)"], id="in-a-list"),
+        pytest.param({"tokens": '["ghp_' + "a" * 36 + '"]'}, ["values.tokens[0] (a GitHub token)"], id="embedded-json-list"),
+        pytest.param({"url": "[secret]:abc"}, ["values.url (a Pulumi secret)"], id="pulumi-secret-with-a-suffix"),
     ],
 )
 def test_plaintext_secrets_in_values(value, expected):
