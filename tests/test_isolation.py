@@ -419,6 +419,10 @@ def test_network_allow_rules_of_a_namespaced_cilium_policy_apply_to_its_namespac
         pytest.param("egress", {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}, ["egress of tenant a to every pod of platform namespace monitoring"], id="whole-platform-namespace"),
         pytest.param("egress", {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}, "podSelector": {"matchLabels": {"app": "prometheus"}}}, [], id="named-platform-pods"),
         pytest.param("egress", {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}, "podSelector": {"matchExpressions": [{"key": "app", "operator": "Exists"}]}}, [], id="platform-pods-by-expression"),
+        pytest.param("egress", {"namespaceSelector": {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["monitoring"]}]}},
+                     ["egress of tenant a to every pod of platform namespace monitoring"], id="namespaces-by-expression"),
+        pytest.param("egress", {"namespaceSelector": {"matchExpressions": [{"key": "ai-factory.io/tenant", "operator": "DoesNotExist"}]}, "podSelector": {"matchLabels": {"app": "x"}}},
+                     [], id="platform-namespaces-by-expression"),
     ],
 )
 def test_network_allow_rules_of_tenant_network_policies(direction, peer, expected):

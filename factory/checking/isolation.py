@@ -38,6 +38,7 @@ from ai_factory.components.tenant_stack import (
 from ai_factory.factory.model.catalog import CHARTS
 from ai_factory.factory.checking.findings import Finding
 from ai_factory.factory.checking.oracles import Oracles
+from ai_factory.factory.checking.scheduling import selects
 from ai_factory.factory.planning.placement import (
     DEDICATED_LABEL,
     DEVICE_PLUGIN_CONFIG_LABEL,
@@ -653,8 +654,7 @@ def _network_policy_peer_findings(view: View, m: Manifest, t: TenantNamespace, d
     if not selector.get("matchLabels") and not selector.get("matchExpressions"):
         yield _finding("network-allow-rules", m, f"allows {direction} of tenant {t.tenant} {prefix} every namespace (empty namespaceSelector)", t.tenant)
         return
-    wanted = selector.get("matchLabels") or {}
-    namespaces = {ns for ns, labels in view.namespace_labels.items() if all(labels.get(k) == v for k, v in wanted.items())}
+    namespaces = {ns for ns, labels in view.namespace_labels.items() if selects(selector, labels)}
     pod_selector = peer.get("podSelector") or {}
     yield from _peer_namespace_findings(view, m, t, direction, prefix, namespaces, bool(pod_selector.get("matchLabels") or pod_selector.get("matchExpressions")))
 
