@@ -963,7 +963,8 @@ def test_no_privileged_outside_allowlist_for_chart_values(namespace, values, exp
 
 @pytest.mark.parametrize(
     "variable, escapes",
-    [*[pytest.param(v, True, id=v) for v in ("NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "LD_PRELOAD", "CUDA_DISABLE_CONTROL", "CUDA_DEVICE_SM_LIMIT", "CUDA_DEVICE_MEMORY_SHARED_CACHE")],
+    [*[pytest.param(v, True, id=v) for v in ("NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "NVIDIA_MIG_CONFIG_DEVICES", "NVIDIA_MIG_MONITOR_DEVICES", "LD_PRELOAD",
+                                                 "CUDA_DISABLE_CONTROL", "CUDA_DEVICE_SM_LIMIT", "CUDA_DEVICE_MEMORY_SHARED_CACHE", "CUDA_OVERSUBSCRIBE", "GPU_CORE_UTILIZATION_POLICY")],
      pytest.param("CUDA_DEVICE_MEMORY_LIMIT_0", True, id="memory-limit-of-one-device"),
      pytest.param("CUDA_VISIBLE_DEVICES", False, id="cuda-visible-devices"),
      pytest.param("NVIDIA_VISIBLE", False, id="prefix-of-an-escape")],
@@ -987,13 +988,17 @@ def test_gpu_escape_variables_in_env_config_maps_and_values(variable, escapes):
 
 @pytest.mark.parametrize(
     "path, escapes",
-    [*[pytest.param(p, True, id=p) for p in ("/var/run/nvidia-container-devices", "/etc/ld.so.preload", "/usr/local/vgpu", "/run/nvidia", "/dev/nvidia")],
+    [*[pytest.param(p, True, id=p) for p in ("/var/run/nvidia-container-devices", "/run/nvidia-container-devices", "/etc/ld.so.preload", "/usr/local/vgpu", "/usr/local/nvidia",
+                                                 "/run/nvidia", "/dev/nvidia")],
      pytest.param("/run/nvidia/driver", True, id="under-run-nvidia"),
      pytest.param("/run/nvidia/", True, id="trailing-slash"),
      pytest.param("/dev/nvidia0", True, id="a-device-node"),
      pytest.param("/var/run/nvidia-container-devices/all", True, id="device-list"),
-     pytest.param("/run/nvidia-persistenced", False, id="sibling-of-run-nvidia"),
-     pytest.param("/usr/local/vgpu-tools", False, id="sibling-of-the-shim"),
+     pytest.param("/run/nvidia-container-devices/all", True, id="device-list-under-run"),
+     pytest.param("/usr/local/nvidia/lib64", True, id="driver-libraries"),
+     pytest.param("/run/nvidia-persistenced", True, id="anything-under-run-nvidia"),
+     pytest.param("/etc/ld.so.preload.d", False, id="sibling-of-the-preload-file"),
+     pytest.param("/usr/local/cuda", False, id="cuda-toolkit"),
      pytest.param("/", False, id="root"),
      pytest.param("/data", False, id="data")],
 )
