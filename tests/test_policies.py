@@ -445,7 +445,7 @@ SLICED = "version: v1\nsharing:\n  timeSlicing:\n    resources: [{name: nvidia.c
 SINGLE = "version: v1\nsharing:\n  timeSlicing:\n    resources: [{name: nvidia.com/gpu, replicas: 1}]\n"
 PAIRS = "version: v1\nsharing:\n  timeSlicing:\n    resources: [{name: nvidia.com/gpu, replicas: 2}]\n"
 MPS = "version: v1\nsharing:\n  mps:\n    resources: [{name: nvidia.com/gpu, replicas: 2}]\n"
-MIG_PARTED = "version: v1\nmig-configs:\n  halves:\n    - devices: [1]\n      mig-enabled: false\n    - devices: [0]\n      mig-enabled: true\n      mig-devices: {3g.40gb: 2}\n  whole:\n    - devices: all\n      mig-enabled: false\n"
+MIG_PARTED = "version: v1\nmig-configs:\n  halves:\n    - devices: [1]\n      mig-enabled: false\n    - devices: [0]\n      mig-enabled: true\n      mig-devices: {3g.40gb: 2, 1g.10gb: 0}\n  whole:\n    - devices: all\n      mig-enabled: false\n"
 OPERATOR = chart("gpu-operator", "gpu-operator", {"devicePlugin": {"config": {"data": {"sliced": SLICED, "pairs": PAIRS, "single": SINGLE, "mps": MPS}}}, "migManager": {"config": {"data": {"config.yaml": MIG_PARTED}}}})
 
 
@@ -721,8 +721,12 @@ def test_gpu_quota_within_supply_counts_mig_instances_from_the_node_layouts():
         flavor_res("mig", {"pool": "mig"}, {"nvidia.com/mig-3g.40gb": 100, "nvidia.com/gpu": 1}),
         queue_res("a", [(["nvidia.com/mig-3g.40gb"], "mig", {"nvidia.com/mig-3g.40gb": 5})]),
         queue_res("b", [(["nvidia.com/gpu"], "mig", {"nvidia.com/gpu": 1})]),
+        queue_res("c", [(["nvidia.com/mig-1g.10gb"], "mig", {"nvidia.com/mig-1g.10gb": 1})]),
     )
-    assert_reports(reported(gpu_policies.check_gpu_quota_within_supply, *resources), [("mig", "promise 5 nvidia.com/mig-3g.40gb (ClusterQueue q-a: 5) but its nodes supply 4")])
+    assert_reports(reported(gpu_policies.check_gpu_quota_within_supply, *resources), [
+        ("mig", "promise 1 nvidia.com/mig-1g.10gb (ClusterQueue q-c: 1) but its nodes supply 0"),
+        ("mig", "promise 5 nvidia.com/mig-3g.40gb (ClusterQueue q-a: 5) but its nodes supply 4"),
+    ])
 
 
 # --------------------------------------------------------------------------- security
