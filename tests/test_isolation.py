@@ -819,6 +819,17 @@ def test_tenant_labels_keep_each_object_with_its_tenant(extra, expected):
     assert findings(isolation.tenant_labels, tenant_ns("a"), platform_ns("kube-system"), extra) == [f"tenant-labels: {e}" for e in expected]
 
 
+
+def test_a_malformed_object_ends_one_analysis_with_a_finding():
+    broken = binding("RoleBinding", "rb", "tenant-a", ("Role", "r"), tenant="a")
+    broken["subjects"] = ["not-a-subject"]
+    rendered = world(tenant_ns("a"), broken)
+    stopped = [str(f) for c in isolation.CHECKS for f in c(rendered, None) if f.ref == "-"]
+    assert stopped == [
+        f"{check}: -: analysis stopped at a malformed object (AttributeError: 'str' object has no attribute 'get'); fix the schema findings first"
+        for check in ("rbac-subjects", "rbac-rules", "rbac-access")
+    ]
+
 # --------------------------------------------------------------------------- clean environments
 
 
