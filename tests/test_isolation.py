@@ -728,6 +728,7 @@ SUBJECTS = "rbac-subjects:"
         pytest.param(a_binds(subject="oidc:b-admins"), ["RoleBinding/tenant-a/rb: binds Group oidc:b-admins of tenant b into tenant a's environment [tenants: a, b]"], id="another-tenants-owners"),
         pytest.param(a_binds(subject="oidc:stranger"), ["RoleBinding/tenant-a/rb: binds Group oidc:stranger, which belongs to no tenant, into tenant a's environment [tenants: a]"], id="nobodys-group"),
         pytest.param(a_binds(subject="system:masters"), ["RoleBinding/tenant-a/rb: binds system group system:masters [tenants: a]"], id="system-masters"),
+        pytest.param(a_binds(subject="system:authenticated"), ["RoleBinding/tenant-a/rb: binds system group system:authenticated [tenants: a]"], id="every-user"),
         pytest.param(a_binds(subject="system:unauthenticated", namespace=None), ["ClusterRoleBinding/rb: binds system group system:unauthenticated"], id="system-group-cluster-wide"),
         pytest.param(a_binds(subject="system:serviceaccounts:tenant-a", namespace=None), ["ClusterRoleBinding/rb: binds Group system:serviceaccounts:tenant-a of tenant a cluster-wide [tenants: a]"], id="tenant-accounts-cluster-wide"),
         pytest.param(a_binds(subject="oidc:a-admins", namespace="kube-system"), ["RoleBinding/kube-system/rb: binds Group oidc:a-admins of tenant a in a platform namespace kube-system [tenants: a]"], id="owners-in-a-platform-namespace"),
