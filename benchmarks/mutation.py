@@ -352,8 +352,12 @@ def run_module(short: str, args: argparse.Namespace, results: list[Result]) -> N
     timeout = args.timeout or max(60.0, 4 * seconds)
     print(f"{short}: {len(chosen)} of {total} mutants, tests {' '.join(tests)} ({seconds:.0f} s unmutated)", flush=True)
 
+    original = (REPO / source).read_text()
+
     def one(m: Mutant) -> None:
         outcome, seconds = _pytest(short, m.index, timeout)
+        if (REPO / source).read_text() != original:
+            raise SystemExit(f"{source} changed during the run: mutant numbers no longer match; run again")
         results.append(Result(m, outcome, seconds))
         print(f"  {len(results)}/{len(chosen)} #{m.index} {source}:{m.line} [{m.operator}] {outcome} ({seconds:.0f} s)", flush=True)
 
