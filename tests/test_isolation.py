@@ -479,6 +479,7 @@ def without(mapping: dict, *keys: str, **extra) -> dict:
         ),
         pytest.param(without(BASE_HARD, **{"services.nodeports": "2"}), BASE_HARD, ["a: allows 2 NodePort(s)"], id="nodeports"),
         pytest.param(without(BASE_HARD, **{"services.nodeports": "0m"}), without(BASE_HARD, **{"services.nodeports": 0}), [], id="zero-nodeports-spelt-otherwise"),
+        pytest.param(without(BASE_HARD, **{"services.nodeports": "0.0"}), without(BASE_HARD, **{"services.nodeports": " 0 "}), [], id="zero-nodeports-as-decimals"),
     ],
 )
 def test_quota_caps_every_base_and_gpu_resource_of_every_tenant(hard_a, hard_b, expected):
