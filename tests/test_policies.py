@@ -1114,6 +1114,7 @@ def test_images_pinned_in_chart_values(values, expected):
         pytest.param({"repository": "org/app", "digest": "sha256:" + "d" * 64}, [], id="digest"),
         pytest.param({"repository": "org/app", "tag": "sha256:" + "e" * 64}, [], id="digest-in-the-tag"),
         pytest.param({"repository": "org/app", "tag": "1.0"}, ["image 'org/app:1.0' (values.image.tag) is not pinned by digest"], id="tag"),
+        pytest.param({"repository": "org/app", "digest": "sha512:abc"}, ["image 'org/app@sha512:abc' (values.image.digest) is not pinned by digest"], id="digest-of-another-algorithm"),
     ],
 )
 def test_images_pinned_by_digest_when_required(image, expected):
