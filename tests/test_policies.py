@@ -1124,6 +1124,7 @@ def test_images_pinned_by_digest_when_required(image, expected):
 
 def test_images_pinned_in_workloads_and_nothing_else():
     props = workload({}, containers=[{"name": "a", "image": "app:1.0"}, {"name": "b", "image": "app"}])
+    props["metadata"].update(labels={"tag": "latest"}, annotations={"image": "org/notes"})  # metadata names no image
     assert [m.endswith("image 'app' (spec.template.spec.containers[1].image) has no tag (it means latest); pin an exact version or a digest.") for m in security_policies.check_images_pinned(DEPLOYMENT, props, {"requireDigest": False})] == [True]
     deny_latest = {"metadata": {"name": "p"}, "spec": {"rules": [{"validate": {"pattern": {"spec": {"containers": [{"image": "!*:latest"}]}}}}]}}
     assert list(security_policies.check_images_pinned("kubernetes:kyverno.io/v1:ClusterPolicy", deny_latest, {"requireDigest": False})) == []
