@@ -141,6 +141,7 @@ A_CAN = "rbac-access: RoleBinding/tenant-a/rb: tenant a (Group oidc:a-admins) ca
             id="any-core-resource",
         ),
         pytest.param([rule(["example.com"], ["roles", "networkpolicies", "resourcequotas"], ["create"])], [], id="same-names-in-another-group"),
+        pytest.param([rule([""], ["configmaps", "resourcequotas"], ["create"])], [f"{A_CAN} create resourcequotas (its quota) in its own namespace tenant-a [tenants: a]"], id="one-of-several-resources"),
         pytest.param([rule(["", "rbac.authorization.k8s.io", "kueue.x-k8s.io"], ["resourcequotas", "roles", "localqueues"], ["get", "list", "watch"])], [], id="reads-only"),
         pytest.param([rule([""], ["resourcequotasx", "configmaps"], ["create"])], [], id="other-resources"),
         pytest.param([{"apiGroups": [""], "resources": ["resourcequotas"]}], [], id="rule-without-verbs"),
@@ -782,14 +783,15 @@ def test_rbac_subjects_accept_platform_accounts_and_flag_tenant_accounts_elsewhe
 def test_rbac_subjects_flag_unreadable_unprefixed_and_shared_owners():
     unreadable = tenant_ns("c")
     unreadable["metadata"]["annotations"][OWNERS_ANNOTATION] = "[{\"name\": \"x\"}]"
-    objs = (tenant_ns("a", owners=("shared",)), tenant_ns("b", owners=("shared",)), unreadable)
+    objs = (tenant_ns("a", owners=("shared",)), tenant_ns("b", owners=("shared",)), unreadable, tenant_ns("e", owners=("shared",)))
     unprefixed = tenant_ns("d")
     unprefixed["metadata"]["annotations"][OWNERS_ANNOTATION] = json.dumps([{"kind": "User", "name": "d@example.com"}, {"kind": "ServiceAccount", "name": "tenant-d/ci"}])
     assert findings(isolation.rbac_subjects, *objs, unprefixed) == [
-        "rbac-subjects: Namespace/tenant-a: owner Group oidc:shared is shared by tenants a, b [tenants: a, b]",
-        "rbac-subjects: Namespace/tenant-b: owner Group oidc:shared is shared by tenants a, b [tenants: a, b]",
+        "rbac-subjects: Namespace/tenant-a: owner Group oidc:shared is shared by tenants a, b, e [tenants: a, b, e]",
+        "rbac-subjects: Namespace/tenant-b: owner Group oidc:shared is shared by tenants a, b, e [tenants: a, b, e]",
         "rbac-subjects: Namespace/tenant-c: ai-factory.io/owners is not a JSON list of {kind, name} subjects [tenants: c]",
         "rbac-subjects: Namespace/tenant-d: owner User d@example.com lacks the 'oidc:' prefix of the API servers' OIDC settings [tenants: d]",
+        "rbac-subjects: Namespace/tenant-e: owner Group oidc:shared is shared by tenants a, b, e [tenants: a, b, e]",
     ]
 
 
