@@ -1093,6 +1093,7 @@ def test_images_pinned_to_a_version_or_digest(image, require_digest, problem):
         pytest.param({"image": {"repository": "org/app", "tag": "1.0"}}, [], id="repository-and-tag"),
         pytest.param({"image": {"repository": "org/app", "tag": "latest"}}, ["image 'org/app:latest' (values.image.tag) uses the tag latest"], id="repository-latest"),
         pytest.param({"image": {"repository": "org/app", "tag": ""}}, [], id="chart-default-tag"),
+        pytest.param({"image": {"repository": "org/app", "tag": 1.21}}, [], id="numeric-tag"),
         pytest.param({"image": {"repository": "org/app", "digest": "sha256:" + "b" * 64}}, [], id="repository-and-digest"),
         pytest.param({"image": {"repository": "org/app", "tag": "sha256:" + "c" * 64}}, [], id="digest-as-tag"),
         pytest.param({"sidecar": {"image": "org/side"}}, ["image 'org/side' (values.sidecar.image) has no tag"], id="full-reference"),
