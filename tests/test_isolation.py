@@ -274,8 +274,8 @@ def container(**fields) -> dict:
                      ["container debug sets LD_PRELOAD, which bypasses GPU allocation or HAMi limits"], id="ephemeral-escape-variable"),
         pytest.param({"containers": [container(env=[{"name": "CUDA_VISIBLE_DEVICES", "value": "0"}])]}, [], id="harmless-variable"),
         pytest.param({"containers": [container(envFrom=[{"configMapRef": {"name": "env"}, "prefix": "NVIDIA_"}])]},
-                     ["container main sets NVIDIA_VISIBLE_DEVICES, which bypasses GPU allocation or HAMi limits"], id="escape-variable-through-a-prefix"),
-        pytest.param({"containers": [container(envFrom=[{"configMapRef": {"name": "other-env"}}])]}, [], id="config-map-of-another-namespace"),
+                     ["container main imports variables with envFrom, which admission refuses (a ConfigMap or Secret could set GPU escape variables)", "container main sets NVIDIA_VISIBLE_DEVICES, which bypasses GPU allocation or HAMi limits"], id="escape-variable-through-a-prefix"),
+        pytest.param({"containers": [container(envFrom=[{"configMapRef": {"name": "other-env"}}])]}, ["container main imports variables with envFrom, which admission refuses (a ConfigMap or Secret could set GPU escape variables)"], id="config-map-of-another-namespace"),
         pytest.param({"containers": [container(volumeMounts=[{"name": "v", "mountPath": "/run/nvidia/driver"}])]}, ["container main mounts /run/nvidia/driver"], id="driver-mount"),
         pytest.param({"containers": [container(volumeMounts=[{"name": "v", "mountPath": "/data"}])]}, [], id="data-mount"),
         pytest.param({"containers": [container()], "volumes": [{"name": "v", "hostPath": {"path": "/var/log"}}, {"name": "w", "emptyDir": {}}]},
@@ -518,7 +518,7 @@ def vcluster(tenant: str, values: dict, namespace: str | None = None) -> dict:
 
 def hardened_values(tenant: str, **overrides) -> dict:
     values = {
-        "policies": {"resourceQuota": {"enabled": False}, "networkPolicy": {"enabled": True, "workload": {"publicEgress": {"enabled": False}}}, "podSecurityStandard": "restricted"},
+        "policies": {"resourceQuota": {"enabled": False}, "networkPolicy": {"enabled": False}, "podSecurityStandard": "restricted"},
         "controlPlane": {"distro": {"k8s": {"apiServer": {"extraArgs": [
             "--oidc-issuer-url=https://id.example.com", f"--oidc-client-id=vcluster-{tenant}", "--oidc-username-prefix=oidc:", "--oidc-groups-prefix=oidc:",
         ]}}}},
@@ -552,8 +552,8 @@ def hardened_values(tenant: str, **overrides) -> dict:
         pytest.param({"policies__resourceQuota__enabled": True}, ["its chart quota does not cap requests.nvidia.com/gpu"], id="chart-quota-without-gpus"),
         pytest.param({"policies__resourceQuota": {}}, ["its chart quota does not cap requests.nvidia.com/gpu"], id="chart-quota-auto"),
         pytest.param({"policies__resourceQuota": {"enabled": True, "quota": {"requests.nvidia.com/gpu": 4}}}, [], id="chart-quota-with-gpus"),
-        pytest.param({"policies__networkPolicy__enabled": False}, ["its network policy is off"], id="network-policy-off"),
-        pytest.param({"policies__networkPolicy__workload": {}}, ["its network policy opens public egress to its workloads"], id="public-egress-default"),
+        pytest.param({"policies__networkPolicy__enabled": True}, ["its chart network policy is on: it admits pods of every namespace (`app: loft`) and every pod on 8443"], id="chart-network-policy-on"),
+        pytest.param({"policies__networkPolicy": {}}, [], id="chart-network-policy-default"),
         pytest.param({"policies__podSecurityStandard": "baseline"}, ["its Pod Security standard is 'baseline', not the namespace's 'restricted'"], id="pod-security"),
         pytest.param({"controlPlane__distro__k8s__apiServer__extraArgs": ["--oidc-issuer-url=x", "--oidc-client-id=y", "--oidc-username-prefix=", "--oidc-groups-prefix=oidc:"]},
                      ["its API server lacks --oidc-username-prefix=oidc:"], id="oidc-username-unprefixed"),
