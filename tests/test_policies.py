@@ -5,9 +5,12 @@ stack also holds a compliant resource that must not be reported."""
 
 from __future__ import annotations
 
+import json
+
 import pulumi
 import pulumi_kubernetes as k8s
 import pytest
+from pulumi_policy import PolicyResource
 
 import ai_factory.components.fleet
 import ai_factory.components.gpu_operator
@@ -19,6 +22,8 @@ from ai_factory.factory.planning.placement import DEDICATED_LABEL, DEVICE_PLUGIN
 from ai_factory.factory.planning.quotas import SUPPLY_ANNOTATION
 from ai_factory.factory.model.tenancy import TENANT_LABEL, TRUST_DOMAIN_LABEL
 from ai_factory.policies.aif_policies import POLICIES
+from ai_factory.policies.aif_policies import gpu as gpu_policies
+from ai_factory.policies.aif_policies import security as security_policies
 from tests.conftest import render
 from tests.policy_stacks import (
     all_violations,
@@ -378,6 +383,352 @@ def test_queue_quotas_above_a_flavors_supply_are_reported():
         "kubernetes:core/v1:ResourceQuota::c-quota"][0]
 
 
+# --------------------------------------------------------------------------- GPU sharing, table-driven
+# Rows are small sets of PolicyResources (what CrossGuard hands a stack policy) and the resources
+# a policy reports, each with a phrase of its message.
+
+def res(kind: str, name: str, api: str = "core/v1", namespace: str | None = None, labels: dict | None = None, spec: dict | None = None,
+        annotations: dict | None = None, **props) -> PolicyResource:
+    metadata: dict = {"name": name, "labels": dict(labels or {})}
+    if namespace:
+        metadata["namespace"] = namespace
+    if annotations:
+        metadata["annotations"] = annotations
+    body = {"metadata": metadata, **({"spec": spec} if spec is not None else {}), **props}
+    return PolicyResource(f"kubernetes:{api}:{kind}", body, f"urn:pulumi:t::p::{kind}::{name}", name, None, None, None, [], {})
+
+
+def chart(name: str, chart_name: str, values: dict, namespace: str | None = None, version: str = "1.0.0") -> PolicyResource:
+    props = {"name": name, "chart": chart_name, "namespace": namespace or name, "version": version, "values": values}
+    return PolicyResource("kubernetes:helm.sh/v3:Release", props, f"urn:pulumi:t::p::Release::{name}", name, None, None, None, [], {})
+
+
+def tenant_space(tenant: str, trust: str = "high", domain: str | None = None) -> PolicyResource:
+    return res("Namespace", f"tenant-{tenant}", labels=tenant_labels(tenant, trust, domain))
+
+
+def gpu_node(name: str, labels: dict, *taints: tuple[str, str, str]) -> PolicyResource:
+    return res("NodePatch", name, labels=labels, spec={"taints": [{"key": k, "value": v, "effect": e} for k, v, e in taints]})
+
+
+def flavor_res(name: str, node_labels: dict, supply: dict | None = None, domain: str | None = None) -> PolicyResource:
+    return res("ResourceFlavor", name, "kueue.x-k8s.io/v1beta2", labels={TRUST_DOMAIN_LABEL: domain} if domain else {}, spec={"nodeLabels": node_labels},
+               annotations={SUPPLY_ANNOTATION: json.dumps(supply)} if supply is not None else None)
+
+
+def queue_res(tenant: str, groups: list[tuple[list[str], str, dict]], kind: str = "ClusterQueue") -> PolicyResource:
+    """groups: (covered resources, flavor, {resource: nominal quota})."""
+    spec: dict = {"resourceGroups": [{"coveredResources": covered, "flavors": [{"name": f, "resources": [{"name": r, "nominalQuota": q} for r, q in quotas.items()]}]}
+                                     for covered, f, quotas in groups]}
+    if kind == "ClusterQueue":
+        spec["namespaceSelector"] = {"matchLabels": {TENANT_LABEL: tenant}}
+    return res(kind, f"q-{tenant}", "kueue.x-k8s.io/v1beta2", spec=spec)
+
+
+def quota_res(tenant: str, hard: dict) -> PolicyResource:
+    return res("ResourceQuota", f"quota-{tenant}", namespace=f"tenant-{tenant}", labels={TENANT_LABEL: tenant}, spec={"hard": hard})
+
+
+def reported(check, *resources: PolicyResource) -> list[tuple[str, str]]:
+    return sorted((r.name if r is not None else "stack", m) for r, m in check(list(resources), {}))
+
+
+def assert_reports(found: list[tuple[str, str]], expected: list[tuple[str, str]]) -> None:
+    """Exactly the expected resources are reported, each message holding its phrase."""
+    assert [name for name, _ in found] == [name for name, _ in expected], found
+    for (name, message), (_, phrase) in zip(found, expected):
+        assert phrase in message, (name, message)
+
+
+DOMAIN_TAINT = (TRUST_DOMAIN_LABEL, "red", "NoSchedule")
+SLICED = "version: v1\nsharing:\n  timeSlicing:\n    resources: [{name: nvidia.com/gpu, replicas: 4}]\n"
+SINGLE = "version: v1\nsharing:\n  timeSlicing:\n    resources: [{name: nvidia.com/gpu, replicas: 1}]\n"
+PAIRS = "version: v1\nsharing:\n  timeSlicing:\n    resources: [{name: nvidia.com/gpu, replicas: 2}]\n"
+MPS = "version: v1\nsharing:\n  mps:\n    resources: [{name: nvidia.com/gpu, replicas: 2}]\n"
+MIG_PARTED = "version: v1\nmig-configs:\n  halves:\n    - devices: [1]\n      mig-enabled: false\n    - devices: [0]\n      mig-enabled: true\n      mig-devices: {3g.40gb: 2, 1g.10gb: 0}\n  whole:\n    - devices: all\n      mig-enabled: false\n"
+OPERATOR = chart("gpu-operator", "gpu-operator", {"devicePlugin": {"config": {"data": {"sliced": SLICED, "pairs": PAIRS, "single": SINGLE, "mps": MPS}}}, "migManager": {"config": {"data": {"config.yaml": MIG_PARTED}}}})
+
+
+@pytest.mark.parametrize(
+    "labels, taints, expected",
+    [
+        pytest.param({}, [], [], id="whole-gpus"),
+        pytest.param({MIG_CONFIG_LABEL: "halves", TRUST_DOMAIN_LABEL: "red"}, [DOMAIN_TAINT], [], id="mig-labelled-and-tainted"),
+        pytest.param({MIG_CONFIG_LABEL: "halves", TRUST_DOMAIN_LABEL: "red"}, [(TRUST_DOMAIN_LABEL, "red", "NoExecute")], [], id="noexecute-taint"),
+        pytest.param({MIG_CONFIG_LABEL: "halves", TRUST_DOMAIN_LABEL: "red"}, [(TRUST_DOMAIN_LABEL, "red", "PreferNoSchedule")], ["is not tainted ai-factory.io/trust-domain=red"], id="preference-taint"),
+        pytest.param({MIG_CONFIG_LABEL: "halves", TRUST_DOMAIN_LABEL: "red"}, [(TRUST_DOMAIN_LABEL, "blue", "NoSchedule")], ["is not tainted ai-factory.io/trust-domain=red"], id="tainted-for-another-domain"),
+        pytest.param({MIG_CONFIG_LABEL: "halves"}, [], ["shares its GPUs (MIG config halves) but has no ai-factory.io/trust-domain label"], id="mig-without-domain"),
+        pytest.param({MIG_CONFIG_LABEL: "unknown"}, [], ["shares its GPUs (MIG config unknown)"], id="unknown-mig-config"),
+        pytest.param({MIG_CONFIG_LABEL: "whole"}, [], [], id="mig-config-enabling-nothing"),
+        pytest.param({MIG_CONFIG_LABEL: "all-disabled"}, [], [], id="mig-disabled"),
+        pytest.param({"ai-factory.io/hami": "enabled"}, [], ["shares its GPUs (HAMi)"], id="hami-label"),
+        pytest.param({"gpu": "on"}, [], ["shares its GPUs (HAMi)"], id="hami-default-node-selector"),
+        pytest.param({DEVICE_PLUGIN_CONFIG_LABEL: "sliced"}, [], ["shares its GPUs (time-slicing config sliced)"], id="time-slices"),
+        pytest.param({DEVICE_PLUGIN_CONFIG_LABEL: "mps"}, [], ["shares its GPUs (time-slicing config mps)"], id="mps"),
+        pytest.param({DEVICE_PLUGIN_CONFIG_LABEL: "pairs"}, [], ["shares its GPUs (time-slicing config pairs)"], id="two-replicas"),
+        pytest.param({DEVICE_PLUGIN_CONFIG_LABEL: "missing"}, [], ["shares its GPUs (time-slicing config missing)"], id="unknown-plugin-config"),
+        pytest.param({DEVICE_PLUGIN_CONFIG_LABEL: "single"}, [], [], id="one-replica"),
+    ],
+)
+def test_gpu_no_cross_domain_sharing_labels_and_taints_every_shared_node(labels, taints, expected):
+    resources = (OPERATOR, chart("hami", "hami", {}), gpu_node("a-whole", {}), gpu_node("n", labels, *taints))
+    assert_reports(reported(gpu_policies.check_gpu_no_cross_domain_sharing, *resources), [("n", e) for e in expected])
+
+
+def test_gpu_no_cross_domain_sharing_keeps_flavors_and_queues_to_one_domain():
+    resources = (
+        OPERATOR, tenant_space("a", domain="red"), tenant_space("b", domain="blue"),
+        gpu_node("red-1", {"pool": "mig", MIG_CONFIG_LABEL: "halves", TRUST_DOMAIN_LABEL: "red"}, DOMAIN_TAINT),
+        gpu_node("blue-1", {"pool": "mig", MIG_CONFIG_LABEL: "halves", TRUST_DOMAIN_LABEL: "blue"}, (TRUST_DOMAIN_LABEL, "blue", "NoSchedule")),
+        gpu_node("whole", {"pool": "h100"}),
+        flavor_res("cpu", {}), flavor_res("mig-red", {"pool": "mig", TRUST_DOMAIN_LABEL: "red"}), flavor_res("mig-any", {"pool": "mig"}), flavor_res("h100", {"pool": "h100"}),
+        queue_res("a", [(["cpu", "nvidia.com/mig-3g.40gb"], "mig-red", {"nvidia.com/mig-3g.40gb": 1}), (["cpu"], "cpu", {"cpu": 1})]),
+        queue_res("b", [(["nvidia.com/mig-3g.40gb"], "mig-red", {"nvidia.com/mig-3g.40gb": 1}), (["nvidia.com/gpu"], "h100", {"nvidia.com/gpu": 1})]),
+        queue_res("c", [(["cpu"], "mig-any", {"cpu": 1})]),
+        res("ClusterQueue", "closed", "kueue.x-k8s.io/v1beta2", spec={"resourceGroups": [{"coveredResources": ["nvidia.com/mig-3g.40gb"], "flavors": [{"name": "mig-red"}]}]}),
+    )
+    assert_reports(reported(gpu_policies.check_gpu_no_cross_domain_sharing, *resources), [
+        ("q-b", "admits tenant 'b' (trust domain 'blue') to ResourceFlavor mig-red, whose shared GPUs serve trust domain(s) red"),
+    ])
+    resources += (queue_res("d", [(["nvidia.com/mig-3g.40gb"], "mig-any", {"nvidia.com/mig-3g.40gb": 1})], kind="Cohort"),
+                  gpu_node("loose", {"pool": "mig2", MIG_CONFIG_LABEL: "halves"}), gpu_node("red-2", {"pool": "mig2", MIG_CONFIG_LABEL: "halves", TRUST_DOMAIN_LABEL: "red"}, DOMAIN_TAINT),
+                  flavor_res("mig2", {"pool": "mig2"}), queue_res("e", [(["nvidia.com/mig-3g.40gb"], "mig2", {"nvidia.com/mig-3g.40gb": 1})], kind="Cohort"))
+    assert_reports(reported(gpu_policies.check_gpu_no_cross_domain_sharing, *resources), [
+        ("loose", "has no ai-factory.io/trust-domain label"),
+        ("mig-any", "selects shared-GPU nodes of trust domains blue, red"),
+        ("mig2", "selects shared-GPU nodes of trust domains (none), red"),
+        ("q-b", "admits tenant 'b'"),
+    ])
+
+
+@pytest.mark.parametrize(
+    "hard, expected",
+    [
+        pytest.param({"requests.nvidia.com/gpu": "8", "requests.cpu": "4"}, [], id="whole-gpus"),
+        pytest.param({"requests.nvidia.com/mig-1g.10gb": "2"}, ["gives low-trust tenant 'x' 2 of nvidia.com/mig-1g.10gb"], id="mig"),
+        pytest.param({"requests.nvidia.com/gpumem": "4096"}, ["4096 of nvidia.com/gpumem"], id="hami-memory"),
+        pytest.param({"requests.nvidia.com/gpucores": "30"}, ["30 of nvidia.com/gpucores"], id="hami-cores"),
+        pytest.param({"requests.nvidia.com/gpu.shared": "1"}, ["1 of nvidia.com/gpu.shared"], id="time-slices"),
+        pytest.param({"requests.nvidia.com/gpumem": "0", "requests.nvidia.com/mig-1g.10gb": 0}, [], id="shares-capped-at-zero"),
+    ],
+)
+def test_low_trust_whole_gpus_flags_quotas_for_shares_of_a_gpu(hard, expected):
+    resources = (tenant_space("x", "low"), tenant_space("y"), quota_res("y", {"requests.nvidia.com/gpumem": "4096"}), quota_res("x", hard))
+    assert_reports(reported(gpu_policies.check_low_trust_whole_gpus, *resources), [("quota-x", e) for e in expected])
+
+
+@pytest.mark.parametrize(
+    "covered, flavor_name, expected",
+    [
+        pytest.param(["nvidia.com/gpu"], "own", [], id="own-dedicated-nodes"),
+        pytest.param(["cpu", "nvidia.com/gpu"], "own", [], id="mixed-group-on-own-nodes"),
+        pytest.param(["cpu", "nvidia.com/gpu"], "all-h100", ["selects nodes not dedicated to it (h100-other)"], id="mixed-group-on-foreign-nodes"),
+        pytest.param(["nvidia.com/gpu"], "mig", ["on shared-GPU nodes (mig-1)"], id="shared-nodes"),
+        pytest.param(["cpu"], "all-h100", [], id="cpu-only-group"),
+        pytest.param(["nvidia.com/gpu"], "gone", [], id="flavor-not-rendered"),
+    ],
+)
+def test_low_trust_whole_gpus_flags_queues_on_shared_or_foreign_nodes(covered, flavor_name, expected):
+    resources = (
+        OPERATOR, tenant_space("x", "low"), tenant_space("y"),
+        gpu_node("h100-own", {"pool": "h100", DEDICATED_LABEL: "x"}, (DEDICATED_LABEL, "x", "NoSchedule")),
+        gpu_node("h100-other", {"pool": "h100"}),
+        gpu_node("mig-1", {"pool": "mig", MIG_CONFIG_LABEL: "halves", DEDICATED_LABEL: "y"}),
+        flavor_res("own", {"pool": "h100", DEDICATED_LABEL: "x"}), flavor_res("all-h100", {"pool": "h100"}), flavor_res("mig", {"pool": "mig"}),
+        queue_res("x", [(covered, flavor_name, {r: 1 for r in covered})]),
+        queue_res("y", [(["nvidia.com/gpu"], "all-h100", {"nvidia.com/gpu": 1})]),
+    )
+    assert_reports(reported(gpu_policies.check_low_trust_whole_gpus, *resources), [("q-x", e) for e in expected])
+
+
+@pytest.mark.parametrize(
+    "node_obj, expected",
+    [
+        pytest.param(gpu_node("n", {DEDICATED_LABEL: "x"}, (DEDICATED_LABEL, "x", "NoSchedule")), [], id="dedicated-and-tainted"),
+        pytest.param(gpu_node("n", {DEDICATED_LABEL: "x"}, (DEDICATED_LABEL, "x", "NoExecute")), [], id="noexecute-taint"),
+        pytest.param(gpu_node("n", {DEDICATED_LABEL: "x"}), ["is dedicated to low-trust tenant 'x' but is not tainted ai-factory.io/dedicated=x"], id="untainted"),
+        pytest.param(gpu_node("n", {DEDICATED_LABEL: "y"}), [], id="dedicated-to-a-trusted-tenant"),
+        pytest.param(gpu_node("n", {DEDICATED_LABEL: "x", MIG_CONFIG_LABEL: "halves"}, (DEDICATED_LABEL, "x", "NoSchedule")), ["serves low-trust tenant 'x' but shares its GPUs (MIG config halves)"], id="dedicated-and-shared"),
+        pytest.param(gpu_node("n", {TRUST_DOMAIN_LABEL: "x", "ai-factory.io/hami": "enabled"}), ["serves low-trust tenant 'x' but shares its GPUs (HAMi)"], id="domain-node-shared"),
+        pytest.param(gpu_node("n", {TRUST_DOMAIN_LABEL: "y", "ai-factory.io/hami": "enabled"}), [], id="trusted-domain-shared"),
+        pytest.param(gpu_node("n", {TRUST_DOMAIN_LABEL: "zone-z", "ai-factory.io/hami": "enabled"}), ["serves low-trust tenant 'z' but shares its GPUs (HAMi)"], id="domain-named-otherwise"),
+    ],
+)
+def test_low_trust_whole_gpus_flags_shared_or_untainted_nodes_of_low_trust_tenants(node_obj, expected):
+    resources = (OPERATOR, tenant_space("x", "low"), tenant_space("y"), tenant_space("z", "low", domain="zone-z"), node_obj)
+    assert_reports(reported(gpu_policies.check_low_trust_whole_gpus, *resources), [("n", e) for e in expected])
+
+
+@pytest.mark.parametrize(
+    "entry, expected",
+    [
+        pytest.param({"devices": "all", "mig-enabled": False}, [], id="all-devices"),
+        pytest.param({"devices": [0, 1], "mig-enabled": False}, [], id="gpu-indexes"),
+        pytest.param({"devices": [], "mig-enabled": False}, ["devices [] is neither `all` nor a list of GPU indexes"], id="no-devices"),
+        pytest.param({"devices": "0", "mig-enabled": False}, ["devices '0' is neither `all` nor a list of GPU indexes"], id="index-as-text"),
+        pytest.param({"devices": [True], "mig-enabled": False}, ["devices [True] is neither `all` nor a list of GPU indexes"], id="boolean-index"),
+        pytest.param({"devices": [0, "1"], "mig-enabled": False}, ["devices [0, '1'] is neither `all` nor a list of GPU indexes"], id="one-index-as-text"),
+        pytest.param({"devices": [0], "mig-enabled": True, "device-filter": "0x20B210DE", "mig-devices": {"1g.10gb": 7}}, [], id="filter-as-one-string"),
+        pytest.param({"devices": [0], "mig-enabled": True, "device-filter": ["0x20b210de"], "mig-devices": {"7g.80gb": 1}}, [], id="filter-in-lower-case"),
+        pytest.param({"devices": [0], "mig-enabled": True, "mig-devices": {"1g.10gb": 1}}, ["has no device-filter"], id="no-filter"),
+        pytest.param({"devices": [0], "mig-enabled": True, "device-filter": ["0xFFFF10DE"], "mig-devices": {"1g.10gb": 1}}, ["device-filter 0XFFFF10DE is no GPU model of the catalog"], id="unknown-model"),
+        pytest.param({"devices": [0], "mig-enabled": True, "device-filter": ["0x20B210DE"], "mig-devices": {"1g.10gb": -1}}, ["count -1 of 1g.10gb is not a whole number"], id="negative-count"),
+        pytest.param({"devices": [0], "mig-enabled": True, "device-filter": ["0x20B210DE"], "mig-devices": {"1g.10gb": True}}, ["count True of 1g.10gb is not a whole number"], id="boolean-count"),
+        pytest.param({"devices": [0], "mig-enabled": True, "device-filter": ["0x20B210DE"], "mig-devices": {"1g.10gb": 0}}, [], id="zero-count"),
+        pytest.param({"devices": [0], "mig-enabled": True, "device-filter": ["0x20B210DE"], "mig-devices": {"1g.10gb": 8}}, ["1g.10gb x8 does not fit on one A100-80GB (compute 8/7, memory 8/8"], id="one-too-many"),
+        pytest.param({"devices": [0], "mig-enabled": True, "device-filter": ["0x20B210DE"], "mig-devices": {"9g.99gb": 1}}, ["no MIG profile '9g.99gb'"], id="unknown-profile"),
+        pytest.param({"devices": [0], "mig-enabled": True, "device-filter": ["0x26B910DE"], "mig-devices": {"1g.10gb": 1}}, ["L40S-48GB has no MIG"], id="model-without-mig"),
+        pytest.param({"devices": [0], "mig-enabled": True, "device-filter": ["0x20B210DE"], "mig-devices": {"1g.10gb": -1, "9g.99gb": 1, "2g.20gb": "x"}},
+                     ["count -1 of 1g.10gb", "no MIG profile '9g.99gb'", "count 'x' of 2g.20gb"], id="every-problem-of-a-layout"),
+    ],
+)
+def test_mig_layouts_legal_checks_each_entry(entry, expected):
+    found = list(gpu_policies.mig_entry_problems(entry))
+    assert len(found) == len(expected), found
+    for problem, phrase in zip(found, expected):
+        assert phrase in problem
+
+
+def test_mig_layouts_legal_gives_each_gpu_one_layout_and_reads_only_mig_parted_files():
+    text = "version: v1\nmig-configs:\n  twice:\n    - devices: [0, 1]\n      mig-enabled: false\n    - devices: [1]\n      mig-enabled: false\n"
+    config_map = {"metadata": {"name": "m", "namespace": "gpu-operator"}, "data": {"config.yaml": text}}
+    assert [m for m in gpu_policies.check_mig_layouts_legal("kubernetes:core/v1:ConfigMap", config_map, {}) if "GPU 1 is in entries 0 and 1" in m]
+    assert len(list(gpu_policies.check_mig_layouts_legal("kubernetes:core/v1:ConfigMap", config_map, {}))) == 1
+    other = {"metadata": {"name": "c"}, "data": {"config.yaml": "key: value\n"}}
+    assert list(gpu_policies.check_mig_layouts_legal("kubernetes:core/v1:ConfigMap", other, {})) == []
+    broken = {"name": "gpu-operator", "chart": "gpu-operator", "values": {"migManager": {"config": {"data": {"config.yaml": "mig-configs: [1]"}}}}}
+    assert ["is not a mig-parted file" in m for m in gpu_policies.check_mig_layouts_legal("kubernetes:helm.sh/v3:Release", broken, {})] == [True]
+
+
+@pytest.mark.parametrize(
+    "operator_values, node_labels, hami_values, expected",
+    [
+        pytest.param({}, {"ai-factory.io/hami": "enabled", DEVICE_PLUGIN_DEPLOY_LABEL: "false"}, {"devicePlugin": {"nvidiaNodeSelector": {"ai-factory.io/hami": "enabled"}}}, [], id="disjoint"),
+        pytest.param({}, {"ai-factory.io/hami": "enabled"}, {"devicePlugin": {"nvidiaNodeSelector": {"ai-factory.io/hami": "enabled"}}}, [("n", "label it nvidia.com/gpu.deploy.device-plugin=false")], id="both-plugins"),
+        pytest.param(None, {"ai-factory.io/hami": "enabled"}, {"devicePlugin": {"nvidiaNodeSelector": {"ai-factory.io/hami": "enabled"}}}, [], id="hami-without-the-gpu-operator"),
+        pytest.param({"devicePlugin": {"enabled": False}}, {"ai-factory.io/hami": "enabled"}, {"devicePlugin": {"nvidiaNodeSelector": {"ai-factory.io/hami": "enabled"}}}, [], id="operator-plugin-off"),
+        pytest.param({}, {"gpu": "on"}, {}, [("n", "runs HAMi's device plugin and the GPU Operator's")], id="hami-default-selector"),
+        pytest.param({}, {"ai-factory.io/hami": "enabled", DEVICE_PLUGIN_DEPLOY_LABEL: "false", MIG_CONFIG_LABEL: "halves"}, {"devicePlugin": {"nvidiaNodeSelector": {"ai-factory.io/hami": "enabled"}}},
+                     [("n", "MIG Manager applies MIG config halves")], id="hami-and-mig"),
+        pytest.param({}, {"ai-factory.io/hami": "enabled", DEVICE_PLUGIN_DEPLOY_LABEL: "false", MIG_CONFIG_LABEL: "all-disabled"}, {"devicePlugin": {"nvidiaNodeSelector": {"ai-factory.io/hami": "enabled"}}}, [], id="hami-and-mig-disabled"),
+        pytest.param({}, {}, {"devicePlugin": {"nvidiaNodeSelector": {}}}, [("hami", "runs HAMi's device plugin on every node")], id="hami-everywhere"),
+        pytest.param({}, {"other": "node"}, {"devicePlugin": {"nvidiaNodeSelector": {"ai-factory.io/hami": "enabled"}}}, [], id="node-not-selected"),
+    ],
+)
+def test_hami_device_plugin_disjoint_from_the_nvidia_plugin_and_mig(operator_values, node_labels, hami_values, expected):
+    resources = [chart("hami", "hami", hami_values), gpu_node("a-cpu", {"role": "cpu"}), gpu_node("n", node_labels)]
+    if operator_values is not None:
+        resources.append(chart("gpu-operator", "gpu-operator", operator_values))
+    assert_reports(reported(gpu_policies.check_hami_device_plugin_disjoint, *resources), expected)
+
+
+def test_hami_device_plugin_disjoint_checks_every_hami_release():
+    resources = (chart("hami-a", "hami", {"devicePlugin": {"nvidiaNodeSelector": {}}}), chart("hami-b", "hami", {"devicePlugin": {"nvidiaNodeSelector": {"ai-factory.io/hami": "enabled"}}}),
+                 chart("gpu-operator", "gpu-operator", {}), gpu_node("n", {"ai-factory.io/hami": "enabled"}))
+    assert_reports(reported(gpu_policies.check_hami_device_plugin_disjoint, *resources), [("hami-a", "on every node"), ("n", "two allocators")])
+
+
+@pytest.mark.parametrize(
+    "extra, expected",
+    [
+        pytest.param([res("LocalQueue", "default", "kueue.x-k8s.io/v1beta2", "tenant-a", spec={"clusterQueue": "q-a"})], [], id="queued"),
+        pytest.param([], [("tenant-a", "may use GPUs but has no Kueue LocalQueue")], id="no-local-queue"),
+        pytest.param([quota_res("a", {"requests.nvidia.com/gpu": "0", "requests.nvidia.com/mig-1g.10gb": "0", "requests.cpu": "4"})], [], id="gpus-capped-at-zero"),
+        pytest.param([quota_res("a", {"requests.nvidia.com/gpu": "0", "requests.nvidia.com/mig-1g.10gb": "1"})], [("tenant-a", "has no Kueue LocalQueue")], id="one-gpu-line-open"),
+        pytest.param([quota_res("a", {"requests.cpu": "0"})], [("tenant-a", "has no Kueue LocalQueue")], id="quota-without-gpu-lines"),
+        pytest.param([res("LocalQueue", "default", "kueue.x-k8s.io/v1beta2", "tenant-a", spec={"clusterQueue": "gone"})], [("default", "points at ClusterQueue 'gone', which this stack does not define")], id="queue-not-defined"),
+        pytest.param([res("LocalQueue", "default", "kueue.x-k8s.io/v1beta2", "tenant-a", spec={"clusterQueue": "open"})], [("default", "points at ClusterQueue open, which admits every namespace")], id="queue-admits-all"),
+        pytest.param([res("LocalQueue", "default", "kueue.x-k8s.io/v1beta2", "tenant-a", spec={"clusterQueue": "closed"})], [("default", "which has no namespaceSelector and so admits nothing")], id="queue-admits-nothing"),
+        pytest.param([res("LocalQueue", "default", "kueue.x-k8s.io/v1beta2", "tenant-a", spec={"clusterQueue": "q-b"})], [("default", "whose namespaceSelector does not select tenant-a")], id="queue-of-another-tenant"),
+        pytest.param([res("LocalQueue", "default", "kueue.x-k8s.io/v1beta2", "tenant-a", spec={"clusterQueue": "q-a"}), res("LocalQueue", "extra", "kueue.x-k8s.io/v1beta2", "tenant-a", spec={"clusterQueue": "gone"})],
+                     [("extra", "points at ClusterQueue 'gone'")], id="every-local-queue"),
+    ],
+)
+def test_gpu_namespaces_queued_through_their_own_cluster_queue(extra, expected):
+    manager = "manageJobsWithoutQueueName: true\n"
+    resources = (
+        res("Namespace", "kube-system"), tenant_space("a"), quota_res("b", {"requests.nvidia.com/gpu": "4"}),
+        chart("kueue", "kueue", {"managerConfig": {"controllerManagerConfigYaml": manager}}),
+        queue_res("a", []), queue_res("b", []), res("ClusterQueue", "open", "kueue.x-k8s.io/v1beta2", spec={"namespaceSelector": {}}),
+        res("ClusterQueue", "closed", "kueue.x-k8s.io/v1beta2", spec={}), *extra,
+    )
+    assert_reports(reported(gpu_policies.check_gpu_namespaces_queued, *resources), expected)
+
+
+@pytest.mark.parametrize(
+    "resources, expected",
+    [
+        pytest.param([res("Queue", "tenant-a", "scheduling.run.ai/v2", labels={TENANT_LABEL: "a"})], [], id="kai-queue"),
+        pytest.param([res("Queue", "tenant-a", "scheduling.volcano.sh/v1beta1", labels={TENANT_LABEL: "a"})], [], id="volcano-queue"),
+        pytest.param([res("Queue", "tenant-b", "scheduling.run.ai/v2", labels={TENANT_LABEL: "b"})], [("tenant-a", "has no queue (Kueue LocalQueue, KAI Scheduler or Volcano Queue)")], id="another-tenants-queue"),
+        pytest.param([res("Queue", "tenant-a", "example.com/v1", labels={TENANT_LABEL: "a"})], [("tenant-a", "has no queue (Kueue LocalQueue")], id="queue-of-another-api"),
+        pytest.param([res("Queue", "tenant-a", "scheduling.run.ai/v2", labels={TENANT_LABEL: "a"}), chart("kueue", "kueue", {})],
+                     [("kueue", "does not set manageJobsWithoutQueueName: true"), ("tenant-a", "has no Kueue LocalQueue")], id="kueue-installed"),
+        pytest.param([chart("kueue", "kueue", {"managerConfig": {"controllerManagerConfigYaml": "manageJobsWithoutQueueName: false"}}),
+                      res("LocalQueue", "default", "kueue.x-k8s.io/v1beta2", "tenant-a", spec={"clusterQueue": "q-a"}), queue_res("a", [])],
+                     [("kueue", "does not set manageJobsWithoutQueueName: true")], id="kueue-without-default-queueing"),
+    ],
+)
+def test_gpu_namespaces_queued_by_kai_or_volcano_without_kueue(resources, expected):
+    assert_reports(reported(gpu_policies.check_gpu_namespaces_queued, tenant_space("a"), *resources), expected)
+
+
+H100 = {"pool": "h100"}
+
+
+@pytest.mark.parametrize(
+    "objects, expected",
+    [
+        pytest.param([queue_res("a", [(["nvidia.com/gpu"], "h100", {"nvidia.com/gpu": 8})])], [], id="at-the-supply"),
+        pytest.param([queue_res("a", [(["nvidia.com/gpu"], "h100", {"nvidia.com/gpu": 5})]), queue_res("b", [(["nvidia.com/gpu"], "h100", {"nvidia.com/gpu": 4})], kind="Cohort")],
+                     [("h100", "queues promise 9 nvidia.com/gpu (ClusterQueue q-a: 5, Cohort q-b: 4) but its nodes supply 8")], id="queue-and-cohort-above"),
+        pytest.param([queue_res("a", [(["nvidia.com/gpu"], "h100", {"nvidia.com/gpu": "8500m"})])], [("h100", "promise 8.5 nvidia.com/gpu (ClusterQueue q-a: 8.5)")], id="fractional"),
+        pytest.param([queue_res("a", [(["cpu"], "cpu", {"cpu": 1000})])], [], id="cpu-is-not-counted"),
+        pytest.param([queue_res("a", [(["nvidia.com/gpu"], "bare", {"nvidia.com/gpu": 100})])], [], id="flavor-without-a-supply"),
+        pytest.param([queue_res("a", [(["nvidia.com/gpu"], "bare", {"nvidia.com/gpu": 100}), (["nvidia.com/gpu"], "h100", {"nvidia.com/gpu": 9})])], [("h100", "queues promise 9")], id="flavor-after-one-without-a-supply"),
+        pytest.param([queue_res("a", [(["nvidia.com/gpu"], "gone", {"nvidia.com/gpu": 100})])], [], id="flavor-not-rendered"),
+        pytest.param([quota_res("a", {"requests.nvidia.com/gpu": "8"})], [], id="tenant-at-its-domains-supply"),
+        pytest.param([quota_res("a", {"requests.nvidia.com/gpu": "9", "requests.cpu": "100"})], [("quota-a", "allows 9 nvidia.com/gpu but the flavors of its trust domain 'red' supply 8")], id="tenant-above"),
+        pytest.param([quota_res("a", {"requests.nvidia.com/gpu": "8500m"})], [("quota-a", "allows 8.5 nvidia.com/gpu")], id="tenant-fractional"),
+        pytest.param([quota_res("a", {"requests.nvidia.com/mig-1g.10gb": "1"})], [("quota-a", "allows 1 nvidia.com/mig-1g.10gb but the flavors of its trust domain 'red' supply 0")], id="tenant-unsupplied-resource"),
+        pytest.param([tenant_space("c", domain="green"), quota_res("c", {"requests.nvidia.com/gpu": "1"})], [("quota-c", "its trust domain 'green' supply 0")], id="domain-without-flavors"),
+        pytest.param([tenant_space("c", domain="green"), quota_res("c", {"requests.nvidia.com/gpu": "0"})], [], id="domain-without-flavors-capped-at-zero"),
+        pytest.param([tenant_space("d", domain="white"), quota_res("d", {"requests.nvidia.com/gpu": "100"})], [], id="domain-flavor-without-a-supply"),
+        pytest.param([tenant_space("d", domain="white"), quota_res("d", {"requests.nvidia.com/gpu": "100"}), quota_res("a", {"requests.nvidia.com/gpu": "9"})], [("quota-a", "allows 9")], id="tenant-after-an-unknown-domain"),
+        pytest.param([quota_res("b", {"requests.nvidia.com/gpu": "12"})], [], id="domain-by-node-labels-summed"),
+    ],
+)
+def test_gpu_quota_within_supply_of_flavors_and_trust_domains(objects, expected):
+    resources = (
+        tenant_space("a", domain="red"), tenant_space("b", domain="blue"),
+        flavor_res("h100", H100, {"nvidia.com/gpu": 8}, domain="red"), flavor_res("cpu", {}, None),
+        flavor_res("blue-1", {TRUST_DOMAIN_LABEL: "blue"}, {"nvidia.com/gpu": 4}), flavor_res("blue-2", {TRUST_DOMAIN_LABEL: "blue"}, {"nvidia.com/gpu": 8}),
+        flavor_res("bare", {"pool": "x"}, None), flavor_res("white", {}, None, domain="white"),
+        res("ResourceQuota", "platform", namespace="kube-system", spec={"hard": {"requests.nvidia.com/gpu": "100"}}),
+        *objects,
+    )
+    assert_reports(reported(gpu_policies.check_gpu_quota_within_supply, *resources), expected)
+
+
+def test_gpu_quota_within_supply_is_silent_when_no_flavor_carries_a_supply():
+    resources = (tenant_space("a"), flavor_res("cpu", {}, None), quota_res("a", {"requests.nvidia.com/gpu": "8"}))
+    assert reported(gpu_policies.check_gpu_quota_within_supply, *resources) == []
+
+
+def test_gpu_quota_within_supply_counts_mig_instances_from_the_node_layouts():
+    resources = (
+        OPERATOR, gpu_node("m1", {"pool": "mig", MIG_CONFIG_LABEL: "halves"}), gpu_node("m2", {"pool": "mig", MIG_CONFIG_LABEL: "halves"}),
+        flavor_res("mig", {"pool": "mig"}, {"nvidia.com/mig-3g.40gb": 100, "nvidia.com/gpu": 1}),
+        queue_res("a", [(["nvidia.com/mig-3g.40gb"], "mig", {"nvidia.com/mig-3g.40gb": 5})]),
+        queue_res("b", [(["nvidia.com/gpu"], "mig", {"nvidia.com/gpu": 1})]),
+        queue_res("c", [(["nvidia.com/mig-1g.10gb"], "mig", {"nvidia.com/mig-1g.10gb": 1})]),
+    )
+    assert_reports(reported(gpu_policies.check_gpu_quota_within_supply, *resources), [
+        ("mig", "promise 1 nvidia.com/mig-1g.10gb (ClusterQueue q-c: 1) but its nodes supply 0"),
+        ("mig", "promise 5 nvidia.com/mig-3g.40gb (ClusterQueue q-a: 5) but its nodes supply 4"),
+    ])
+
+
 # --------------------------------------------------------------------------- security
 
 
@@ -514,6 +865,340 @@ def test_plaintext_credentials_are_reported():
     assert "data.app.yaml.storage.accessKey" in found["kubernetes:core/v1:ConfigMap::settings"][0]
     assert "data.url (a Pulumi secret)" in found["kubernetes:core/v1:ConfigMap::leak"][0]
     assert "(env API_TOKEN of container env)" in found["kubernetes:apps/v1:Deployment::env"][0]
+
+
+# --------------------------------------------------------------------------- security, table-driven
+
+DEPLOYMENT = "kubernetes:apps/v1:Deployment"
+RELEASE = "kubernetes:helm.sh/v3:Release"
+CONFIG_MAP = "kubernetes:core/v1:ConfigMap"
+NAMESPACE = "kubernetes:core/v1:Namespace"
+
+
+def settings(*groups: dict) -> dict:
+    return {k: v["default"] for group in groups for k, v in group.items()}
+
+
+def workload(pod: dict, namespace: str = "apps", containers: list | None = None) -> dict:
+    spec = {"containers": containers if containers is not None else [{"name": "main", "image": "app:1.0"}], **pod}
+    return {"metadata": {"name": "w", "namespace": namespace}, "spec": {"template": {"spec": spec}}}
+
+
+def one_container(**fields) -> dict:
+    return workload({}, containers=[{"name": "main", "image": "app:1.0", **fields}])
+
+
+def ns_props(name: str, level: str | None, tenant: str | None = None, exception: str | None = None) -> dict:
+    labels = {"pod-security.kubernetes.io/enforce": level} if level else {}
+    if tenant:
+        labels[TENANT_LABEL] = tenant
+    annotations = {POD_SECURITY_EXCEPTION_ANNOTATION: exception} if exception else {}
+    return {"metadata": {"name": name, "labels": labels, "annotations": annotations}}
+
+
+@pytest.mark.parametrize(
+    "resource_type, props, config, expected",
+    [
+        pytest.param(NAMESPACE, ns_props("apps", "restricted"), {}, [], id="restricted"),
+        pytest.param(NAMESPACE, ns_props("apps", "baseline"), {}, [], id="platform-baseline"),
+        pytest.param(NAMESPACE, ns_props("apps", None), {}, ["label pod-security.kubernetes.io/enforce is missing"], id="missing"),
+        pytest.param(NAMESPACE, ns_props("apps", "strict"), {}, ["label pod-security.kubernetes.io/enforce is 'strict'"], id="unknown-level"),
+        *[pytest.param(NAMESPACE, ns_props(name, "privileged"), {}, [], id=f"privileged-reviewed-{name}") for name in ("kube-system", "gpu-operator", "hami-system", "dra-driver-nvidia-gpu", "falco", "trivy-system")],
+        pytest.param(NAMESPACE, ns_props("apps", "privileged"), {}, ["Namespace apps outside the reviewed allow-list enforces Pod Security 'privileged'"], id="privileged-unreviewed"),
+        pytest.param(NAMESPACE, ns_props("apps", "privileged"), {"privilegedNamespaces": ["apps"]}, [], id="privileged-by-setting"),
+        pytest.param(NAMESPACE, ns_props("falco", "privileged", tenant="a"), {}, ["Namespace falco of tenant 'a' enforces Pod Security 'privileged'"], id="privileged-tenant"),
+        pytest.param(NAMESPACE, ns_props("tenant-a", "baseline", tenant="a"), {}, ["Namespace tenant-a of tenant 'a' enforces Pod Security 'baseline' without a reviewed exception"], id="tenant-baseline"),
+        pytest.param(NAMESPACE, ns_props("tenant-a", "baseline", tenant="a", exception="CUDA IPC"), {}, [], id="tenant-baseline-by-exception"),
+        pytest.param(NAMESPACE, ns_props("tenant-a", "restricted", tenant="a"), {}, [], id="tenant-restricted"),
+        pytest.param(RELEASE, {"name": "app", "chart": "app", "namespace": "apps", "createNamespace": True}, {}, ["creates its namespace apps (createNamespace)"], id="chart-creating-its-namespace"),
+        pytest.param(RELEASE, {"name": "app", "chart": "app", "namespace": "apps"}, {}, [], id="chart-in-an-existing-namespace"),
+        pytest.param("kubernetes:helm.sh/v4:Chart", {"name": "app", "chart": "app", "namespace": "apps", "createNamespace": True}, {}, [], id="chart-v4-creates-nothing"),
+        pytest.param(CONFIG_MAP, ns_props("apps", None), {}, [], id="not-a-namespace"),
+    ],
+)
+def test_namespace_pod_security_levels(resource_type, props, config, expected):
+    found = list(security_policies.check_namespace_pod_security(resource_type, props, {**settings(security_policies.PRIVILEGED_SETTINGS), **config}))
+    assert len(found) == len(expected), found
+    for message, phrase in zip(found, expected):
+        assert phrase in message
+
+
+@pytest.mark.parametrize(
+    "props, expected",
+    [
+        pytest.param(workload({}), [], id="plain"),
+        *[pytest.param(workload({key: True}), [key], id=key) for key in ("hostNetwork", "hostPID", "hostIPC")],
+        pytest.param(workload({"hostNetwork": False, "hostPID": False}), [], id="host-namespaces-off"),
+        pytest.param(workload({"volumes": [{"name": "logs", "hostPath": {"path": "/var/log"}}, {"name": "tmp", "emptyDir": {}}]}), ["hostPath volume logs (/var/log)"], id="host-path"),
+        pytest.param(one_container(securityContext={"privileged": True}), ["privileged container main"], id="privileged"),
+        pytest.param(one_container(securityContext={"privileged": False}), [], id="unprivileged"),
+        pytest.param(one_container(securityContext={"windowsOptions": {"hostProcess": True}}), ["host-process container main"], id="host-process"),
+        *[pytest.param(one_container(securityContext={"capabilities": {"add": [cap]}}), [], id=f"baseline-{cap}") for cap in ("AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD", "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT")],
+        pytest.param(one_container(securityContext={"capabilities": {"add": ["cap_chown", "NET_ADMIN"]}}), ["capabilities NET_ADMIN added to container main"], id="net-admin"),
+        pytest.param(one_container(securityContext={"capabilities": {"add": ["CAP_SYS_ADMIN"]}}), ["capabilities SYS_ADMIN added to container main"], id="sys-admin"),
+        pytest.param(one_container(ports=[{"containerPort": 80, "hostPort": 8080}, {"containerPort": 81}]), ["hostPort 8080 on container main"], id="host-port"),
+        pytest.param(workload({}, "gpu-operator", [{"name": "driver", "securityContext": {"privileged": True}}]), [], id="reviewed-namespace"),
+    ],
+)
+def test_no_privileged_outside_allowlist_for_workloads(props, expected):
+    found = list(security_policies.check_no_privileged_outside_allowlist(DEPLOYMENT, props, settings(security_policies.PRIVILEGED_SETTINGS)))
+    if not expected:
+        assert found == []
+    else:
+        (message,) = found
+        assert f"({'; '.join(expected)}) in namespace apps" in message
+
+
+@pytest.mark.parametrize(
+    "namespace, values, expected",
+    [
+        pytest.param("apps", {"securityContext": {"privileged": True}}, "values.securityContext.privileged: true", id="privileged-value"),
+        pytest.param("apps", {"agents": [{"hostNetwork": True}]}, "values.agents[0].hostNetwork: true", id="host-network-in-a-list"),
+        pytest.param("apps", {"hostPID": "true", "privileged": False}, None, id="not-literally-true"),
+        pytest.param("falco", {"driver": {"privileged": True}}, None, id="reviewed-namespace"),
+        pytest.param("apps", {"hostIPC": True}, "values.hostIPC: true", id="host-ipc"),
+        pytest.param("apps", {"collector": {"hostPID": True}}, "values.collector.hostPID: true", id="host-pid"),
+    ],
+)
+def test_no_privileged_outside_allowlist_for_chart_values(namespace, values, expected):
+    found = list(security_policies.check_no_privileged_outside_allowlist(RELEASE, {"name": "x", "chart": "x", "namespace": namespace, "values": values}, settings(security_policies.PRIVILEGED_SETTINGS)))
+    assert [expected in m for m in found] == ([True] if expected else [])
+
+
+@pytest.mark.parametrize(
+    "variable, escapes",
+    [*[pytest.param(v, True, id=v) for v in ("NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "NVIDIA_MIG_CONFIG_DEVICES", "NVIDIA_MIG_MONITOR_DEVICES", "LD_PRELOAD",
+                                                 "CUDA_DISABLE_CONTROL", "CUDA_DEVICE_SM_LIMIT", "CUDA_DEVICE_MEMORY_SHARED_CACHE", "CUDA_OVERSUBSCRIBE", "GPU_CORE_UTILIZATION_POLICY")],
+     pytest.param("CUDA_DEVICE_MEMORY_LIMIT_0", True, id="memory-limit-of-one-device"),
+     pytest.param("CUDA_VISIBLE_DEVICES", False, id="cuda-visible-devices"),
+     pytest.param("NVIDIA_VISIBLE", False, id="prefix-of-an-escape")],
+)
+def test_gpu_escape_variables_in_env_config_maps_and_values(variable, escapes):
+    allowed = settings(security_policies.PRIVILEGED_SETTINGS)
+    check = security_policies.check_no_gpu_escape_variables
+    cases = [
+        (DEPLOYMENT, one_container(env=[{"name": variable, "value": "x"}])),
+        (CONFIG_MAP, {"metadata": {"name": "c", "namespace": "apps"}, "data": {variable: "x"}}),
+        ("kubernetes:core/v1:Secret", {"metadata": {"name": "s", "namespace": "apps"}, "stringData": {variable: "x"}}),
+        (RELEASE, {"name": "x", "chart": "x", "namespace": "apps", "values": {"extraEnv": [{"name": variable, "value": "x"}]}}),
+        (RELEASE, {"name": "x", "chart": "x", "namespace": "apps", "values": {"worker": {"ENV": {variable: "x"}}}}),
+    ]
+    assert [bool(list(check(t, props, allowed))) for t, props in cases] == [escapes] * len(cases)
+    reviewed = [(CONFIG_MAP, {"metadata": {"name": "c", "namespace": "hami-system"}, "data": {variable: "x"}}),
+                (RELEASE, {"name": "x", "chart": "x", "namespace": "hami-system", "values": {"env": [{"name": variable}]}}),
+                (DEPLOYMENT, {**one_container(env=[{"name": variable, "value": "x"}]), "metadata": {"name": "w", "namespace": "gpu-operator"}})]
+    assert [list(check(t, props, allowed)) for t, props in reviewed] == [[], [], []]
+
+
+@pytest.mark.parametrize(
+    "path, escapes",
+    [*[pytest.param(p, True, id=p) for p in ("/var/run/nvidia-container-devices", "/run/nvidia-container-devices", "/etc/ld.so.preload", "/usr/local/vgpu", "/usr/local/nvidia",
+                                                 "/run/nvidia", "/dev/nvidia")],
+     pytest.param("/run/nvidia/driver", True, id="under-run-nvidia"),
+     pytest.param("/run/nvidia/", True, id="trailing-slash"),
+     pytest.param("/dev/nvidia0", True, id="a-device-node"),
+     pytest.param("/var/run/nvidia-container-devices/all", True, id="device-list"),
+     pytest.param("/run/nvidia-container-devices/all", True, id="device-list-under-run"),
+     pytest.param("/usr/local/nvidia/lib64", True, id="driver-libraries"),
+     pytest.param("/run/nvidia-persistenced", True, id="anything-under-run-nvidia"),
+     pytest.param("/etc/ld.so.preload.d", False, id="sibling-of-the-preload-file"),
+     pytest.param("/usr/local/cuda", False, id="cuda-toolkit"),
+     pytest.param("/", False, id="root"),
+     pytest.param("/data", False, id="data")],
+)
+def test_gpu_escape_mounts(path, escapes):
+    props = one_container(volumeMounts=[{"name": "v", "mountPath": path}])
+    found = list(security_policies.check_no_gpu_escape_variables(DEPLOYMENT, props, settings(security_policies.PRIVILEGED_SETTINGS)))
+    assert [f"mount {path} in container main" in m for m in found] == ([True] if escapes else [])
+
+
+def test_admission_rules_patterns_are_not_workloads():
+    pattern = {"metadata": {"name": "p"}, "spec": {"rules": [{"validate": {"pattern": {"spec": {"containers": [{"name": "*", "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "x"}, {"name": "PASSWORD", "value": "hunter2"}], "securityContext": {"privileged": True}}]}}}}]}}
+    allowed = settings(security_policies.PRIVILEGED_SETTINGS)
+    for check in (security_policies.check_no_gpu_escape_variables, security_policies.check_no_privileged_outside_allowlist):
+        assert list(check("kubernetes:kyverno.io/v1:ClusterPolicy", pattern, allowed)) == []
+    assert list(security_policies.check_no_plaintext_secrets("kubernetes:kyverno.io/v1:ClusterPolicy", pattern, {})) == []
+    assert list(security_policies.check_no_plaintext_secrets("kubernetes:example.com/v1:Runner", pattern["spec"]["rules"][0]["validate"]["pattern"], {}))
+
+
+SECURE_TOOLKIT = {
+    "ACCEPT_NVIDIA_VISIBLE_DEVICES_ENVVAR_WHEN_UNPRIVILEGED": "false",
+    "ACCEPT_NVIDIA_VISIBLE_DEVICES_AS_VOLUME_MOUNTS": "true",
+    "NVIDIA_CONTAINER_TOOLKIT_OPT_IN_FEATURES": "other,disable-cuda-compat-lib-hook",
+}
+
+
+def operator_props(strategy: str | None = "volume-mounts", toolkit_env: dict | None = None, version: str = "v25.10.0", **toolkit) -> dict:
+    """The GPU Operator's release; `toolkit` sets keys of its `toolkit` values (`toolkit_version` is `toolkit.version`)."""
+    toolkit = {("version" if k == "toolkit_version" else k): v for k, v in toolkit.items()}
+    env = toolkit_env if toolkit_env is not None else SECURE_TOOLKIT
+    plugin_env = [{"name": "DEVICE_LIST_STRATEGY", "value": strategy}] if strategy is not None else []
+    values = {"toolkit": {"env": [{"name": k, "value": v} for k, v in env.items()], **toolkit}, "devicePlugin": {"env": plugin_env}}
+    return {"name": "gpu-operator", "chart": "gpu-operator", "namespace": "gpu-operator", "version": version, "values": values}
+
+
+@pytest.mark.parametrize(
+    "props, config, expected",
+    [
+        pytest.param(operator_props(), {}, [], id="secure"),
+        pytest.param(operator_props("cdi-cri"), {}, [], id="cdi-cri"),
+        pytest.param(operator_props("cdi-annotations"), {}, [], id="cdi-annotations"),
+        pytest.param(operator_props("cdi-cri, cdi-annotations"), {}, [], id="two-safe-strategies"),
+        pytest.param(operator_props("volume-mounts,envvar"), {}, ["DEVICE_LIST_STRATEGY is volume-mounts,envvar"], id="one-unsafe-strategy"),
+        pytest.param(operator_props("envvar"), {}, ["DEVICE_LIST_STRATEGY is envvar"], id="envvar"),
+        pytest.param(operator_props(None), {}, ["DEVICE_LIST_STRATEGY is unset (envvar)"], id="strategy-unset"),
+        pytest.param(operator_props(toolkit_env={**SECURE_TOOLKIT, "ACCEPT_NVIDIA_VISIBLE_DEVICES_AS_VOLUME_MOUNTS": "false"}), {}, ["must set ACCEPT_NVIDIA_VISIBLE_DEVICES_AS_VOLUME_MOUNTS=true"], id="volume-mounts-not-accepted"),
+        pytest.param(operator_props("cdi-cri", toolkit_env={k: v for k, v in SECURE_TOOLKIT.items() if "VOLUME" not in k}), {}, [], id="cdi-needs-no-volume-mounts"),
+        pytest.param(operator_props(toolkit_env={k: v for k, v in SECURE_TOOLKIT.items() if "UNPRIVILEGED" not in k}), {}, ["must set ACCEPT_NVIDIA_VISIBLE_DEVICES_ENVVAR_WHEN_UNPRIVILEGED=false"], id="envvar-accepted"),
+        pytest.param(operator_props(toolkit_env={k: v for k, v in SECURE_TOOLKIT.items() if "OPT_IN" not in k}), {}, ["must include disable-cuda-compat-lib-hook"], id="compat-hook-on"),
+        pytest.param(operator_props(toolkit_env={k: v for k, v in SECURE_TOOLKIT.items() if "OPT_IN" not in k}), {"allowCudaCompatLibHook": True}, [], id="compat-hook-allowed"),
+        pytest.param(operator_props(version="v25.3.0"), {}, ["chart version 'v25.3.0' is older than v25.3.1"], id="old-chart"),
+        pytest.param(operator_props(version="v25.3.1"), {}, [], id="chart-at-the-floor"),
+        pytest.param(operator_props(version="v24.9.0"), {"minOperatorVersion": "v24.1.0"}, [], id="floor-by-setting"),
+        pytest.param(operator_props(version="latest"), {}, ["chart version 'latest' is older than"], id="unreadable-chart-version"),
+        pytest.param(operator_props(version="=v26.3.0"), {}, ["chart version '=v26.3.0'"], id="chart-version-not-exact"),
+        pytest.param(operator_props(version="v26.3.0-rc.1"), {}, [], id="prerelease"),
+        pytest.param(operator_props(toolkit_version="v1.17.7"), {}, ["toolkit.version 'v1.17.7' is older than v1.17.8"], id="old-toolkit"),
+        pytest.param(operator_props(toolkit_version="v1.17.8"), {}, [], id="toolkit-at-the-floor"),
+        pytest.param(operator_props(enabled=False), {}, ["toolkit.enabled is false"], id="toolkit-off"),
+        pytest.param({**operator_props(), "chart": "other"}, {}, [], id="another-chart"),
+    ],
+)
+def test_gpu_operator_secure_toolkit(props, config, expected):
+    found = list(security_policies.check_gpu_operator_secure_toolkit(RELEASE, props, {**settings(security_policies.TOOLKIT_SETTINGS), **config}))
+    assert len(found) == len(expected), found
+    for message, phrase in zip(found, expected):
+        assert phrase in message
+
+
+@pytest.mark.parametrize(
+    "image, require_digest, problem",
+    [
+        pytest.param("registry.example.com:5000/team/app:1.2.3", False, None, id="tagged-behind-a-port"),
+        pytest.param("registry.example.com:5000/team/app", False, "has no tag (it means latest)", id="port-is-no-tag"),
+        pytest.param("app:latest", False, "uses the tag latest", id="latest"),
+        pytest.param("app", False, "has no tag (it means latest)", id="untagged"),
+        pytest.param("app:1.0", True, "is not pinned by digest", id="tag-when-a-digest-is-required"),
+        pytest.param("app@sha256:" + "a" * 64, True, None, id="digest"),
+        pytest.param("app@sha256:" + "a" * 63, True, "is not pinned by digest", id="short-digest"),
+    ],
+)
+def test_images_pinned_to_a_version_or_digest(image, require_digest, problem):
+    assert security_policies.image_problem(image, require_digest) == problem
+
+
+@pytest.mark.parametrize(
+    "values, expected",
+    [
+        pytest.param({"image": {"repository": "org/app", "tag": "1.0"}}, [], id="repository-and-tag"),
+        pytest.param({"image": {"repository": "org/app", "tag": "latest"}}, ["image 'org/app:latest' (values.image.tag) uses the tag latest"], id="repository-latest"),
+        pytest.param({"image": {"repository": "org/app", "tag": ""}}, [], id="chart-default-tag"),
+        pytest.param({"image": {"repository": "org/app", "tag": 1.21}}, [], id="numeric-tag"),
+        pytest.param({"image": {"repository": "org/app", "digest": "sha256:" + "b" * 64}}, [], id="repository-and-digest"),
+        pytest.param({"image": {"repository": "org/app", "tag": "sha256:" + "c" * 64}}, [], id="digest-as-tag"),
+        pytest.param({"sidecar": {"image": "org/side"}}, ["image 'org/side' (values.sidecar.image) has no tag"], id="full-reference"),
+        pytest.param({"podSecurity": {"version": "latest"}}, [], id="a-lone-version"),
+        pytest.param({"tool": {"tag": "latest"}}, ["image ':latest' (values.tool.tag) uses the tag latest"], id="a-lone-latest-tag"),
+        pytest.param({"images": [{"image": "org/a", "version": "2.0"}]}, [], id="image-and-version-in-a-list"),
+    ],
+)
+def test_images_pinned_in_chart_values(values, expected):
+    found = list(security_policies.check_images_pinned(RELEASE, {"name": "x", "chart": "x", "values": values}, settings(security_policies.IMAGE_SETTINGS)))
+    assert len(found) == len(expected), found
+    for message, phrase in zip(found, expected):
+        assert phrase in message
+
+
+@pytest.mark.parametrize(
+    "image, expected",
+    [
+        pytest.param({"repository": "org/app", "digest": "sha256:" + "d" * 64}, [], id="digest"),
+        pytest.param({"repository": "org/app", "tag": "sha256:" + "e" * 64}, [], id="digest-in-the-tag"),
+        pytest.param({"repository": "org/app", "tag": "1.0"}, ["image 'org/app:1.0' (values.image.tag) is not pinned by digest"], id="tag"),
+        pytest.param({"repository": "org/app", "digest": "sha512:abc"}, ["image 'org/app@sha512:abc' (values.image.digest) is not pinned by digest"], id="digest-of-another-algorithm"),
+    ],
+)
+def test_images_pinned_by_digest_when_required(image, expected):
+    found = list(security_policies.check_images_pinned(RELEASE, {"name": "x", "chart": "x", "values": {"image": image}}, {"requireDigest": True}))
+    assert [any(e in m for e in expected) for m in found] == [True] * len(expected)
+
+
+def test_images_pinned_in_workloads_and_nothing_else():
+    props = workload({}, containers=[{"name": "a", "image": "app:1.0"}, {"name": "b", "image": "app"}])
+    props["metadata"].update(labels={"tag": "latest"}, annotations={"image": "org/notes"})  # metadata names no image
+    assert [m.endswith("image 'app' (spec.template.spec.containers[1].image) has no tag (it means latest); pin an exact version or a digest.") for m in security_policies.check_images_pinned(DEPLOYMENT, props, {"requireDigest": False})] == [True]
+    deny_latest = {"metadata": {"name": "p"}, "spec": {"rules": [{"validate": {"pattern": {"spec": {"containers": [{"image": "!*:latest"}]}}}}]}}
+    assert list(security_policies.check_images_pinned("kubernetes:kyverno.io/v1:ClusterPolicy", deny_latest, {"requireDigest": False})) == []
+
+
+@pytest.mark.parametrize(
+    "key, holds",
+    [
+        *[pytest.param(k, True, id=k) for k in ("password", "dbPassword", "admin_passwd", "passphrase", "apiToken", "API_KEY", "accessKey", "aws_secret_access_key",
+                                                  "secretKey", "privateKey", "clientSecret", "sharedSecret", "credentials", "awsCredential", ".dockerconfigjson")],
+        *[pytest.param(k, False, id=k) for k in ("passwordSecretKey", "tokenSecretName", "existingSecret", "existingPassword", "createCredentials", "useToken", "enablePassword",
+                                                   "generatePassword", "autoToken", "requireToken", "allowToken", "skipPassword", "tokenTTL", "username",
+                                                   "secretKeyRef", "credentialsSecretKey")],
+    ],
+)
+def test_credential_keys(key, holds):
+    assert security_policies.credential_key(key) is holds
+
+
+@pytest.mark.parametrize(
+    "value, what",
+    [
+        pytest.param("-----BEGIN EC PRIVATE KEY-----\nMHc\n", "a private key", id="private-key"),
+        pytest.param("id AKIAABCDEFGHIJKLMNOP", "an AWS access key", id="aws-key"),
+        pytest.param("ghp_" + "a" * 36, "a GitHub token", id="github-token"),
+        pytest.param("nvapi-" + "b" * 20, "an NGC API key", id="ngc-key"),
+        pytest.param("xoxb-1234567890-abc", "a Slack token", id="slack-token"),
+        pytest.param("eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.sig", "a JSON web token", id="jwt"),
+        pytest.param("https://user:hunter2@example.com/x", "a password in a URL", id="url-password"),
+        pytest.param("https://user:${PASSWORD}@example.com/x", None, id="url-placeholder"),
+        pytest.param("https://example.com/a@b", None, id="url-without-password"),
+        pytest.param("xoxb-short", None, id="short-slack-like"),
+        pytest.param("AKIAABCDEFGHIJKLMNO", None, id="short-aws-like"),
+        pytest.param("plain text", None, id="plain"),
+    ],
+)
+def test_credential_patterns_in_values(value, what):
+    found = list(security_policies.secrets_in({"note": value}, "data"))
+    assert found == ([f"data.note ({what})"] if what else [])
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        pytest.param({"password": "hunter2"}, ["values.password"], id="credential-key"),
+        pytest.param({"password": ""}, [], id="empty"),
+        pytest.param({"password": "${DB_PASSWORD}"}, [], id="placeholder"),
+        pytest.param({"password": "{{ .Values.x }}"}, [], id="template"),
+        pytest.param({"password": "$(DB_PASSWORD)"}, [], id="variable"),
+        pytest.param({"password": 1234}, [], id="not-text"),
+        pytest.param({"env": [{"name": "DB_PASSWORD", "value": "hunter2"}]}, ["values.env[0] (DB_PASSWORD)"], id="env-entry"),
+        pytest.param({"env": [{"name": "DB_PASSWORD", "valueFrom": {"secretKeyRef": {"name": "db"}}}]}, [], id="env-reference"),
+        pytest.param({"env": [{"name": "LOG_LEVEL", "value": "debug"}]}, [], id="env-harmless"),
+        pytest.param({"url": "[secret]"}, ["values.url (a Pulumi secret)"], id="pulumi-secret"),
+        pytest.param({"config": "auth:\n  token: abc123\n"}, ["values.config.auth.token"], id="embedded-yaml"),
+        pytest.param({"config": '{"apiKey": "abc"}'}, ["values.config.apiKey"], id="embedded-json"),
+        pytest.param({"list": ["ghp_" + "a" * 36]}, ["values.list[0] (a GitHub token)"], id="in-a-list"),
+        pytest.param({"tokens": '["ghp_' + "a" * 36 + '"]'}, ["values.tokens[0] (a GitHub token)"], id="embedded-json-list"),
+        pytest.param({"url": "[secret]:abc"}, ["values.url (a Pulumi secret)"], id="pulumi-secret-with-a-suffix"),
+    ],
+)
+def test_plaintext_secrets_in_values(value, expected):
+    assert list(security_policies.secrets_in(value, "values")) == expected
+
+
+def test_plaintext_secrets_checked_in_charts_config_maps_and_env_but_not_secrets():
+    check = security_policies.check_no_plaintext_secrets
+    env = one_container(env=[{"name": "API_TOKEN", "value": "s3cr3t"}, {"name": "MODE", "value": "fast"}])
+    assert ["(env API_TOKEN of container main)" in m for m in check(DEPLOYMENT, env, {})] == [True]
+    assert list(check("kubernetes:core/v1:Secret", {"metadata": {"name": "s"}, "stringData": {"password": "x"}}, {})) == []
+    assert ["(binaryData.password)" in m for m in check(CONFIG_MAP, {"metadata": {"name": "c"}, "binaryData": {"password": "eA=="}}, {})] == [True]
+    assert ["(values.auth.password)" in m for m in check(RELEASE, {"name": "x", "chart": "x", "values": {"auth": {"password": "x"}}}, {})] == [True]
+    assert list(check(NAMESPACE, {"metadata": {"name": "n", "annotations": {"password": "x"}}}, {})) == []
 
 
 # --------------------------------------------------------------------------- reliability

@@ -185,3 +185,11 @@ def test_readme_documents_every_policy_with_its_level():
     assert rows == {p.name: p.enforcement_level.value for p in POLICIES}
     assert "--policy-pack-config policies/config.dev.json" in section
 
+
+
+def test_every_policy_setting_is_typed_described_and_defaulted_validly():
+    for policy in POLICIES:
+        for name, schema in (policy.config_schema.properties if policy.config_schema else {}).items():
+            assert schema["type"] in ("string", "boolean", "array") and schema["description"], (policy.name, name)
+            assert schema["type"] != "array" or schema["items"] == {"type": "string"}, (policy.name, name)
+            jsonschema.validate(schema["default"], schema)

@@ -38,6 +38,7 @@ from ai_factory.components.tenant_stack import (
 from ai_factory.factory.model.catalog import CHARTS
 from ai_factory.factory.checking.findings import Finding
 from ai_factory.factory.checking.oracles import Oracles
+from ai_factory.factory.checking.scheduling import selects
 from ai_factory.factory.planning.placement import (
     DEDICATED_LABEL,
     DEVICE_PLUGIN_CONFIG_LABEL,
@@ -653,8 +654,7 @@ def _network_policy_peer_findings(view: View, m: Manifest, t: TenantNamespace, d
     if not selector.get("matchLabels") and not selector.get("matchExpressions"):
         yield _finding("network-allow-rules", m, f"allows {direction} of tenant {t.tenant} {prefix} every namespace (empty namespaceSelector)", t.tenant)
         return
-    wanted = selector.get("matchLabels") or {}
-    namespaces = {ns for ns, labels in view.namespace_labels.items() if all(labels.get(k) == v for k, v in wanted.items())}
+    namespaces = {ns for ns, labels in view.namespace_labels.items() if selects(selector, labels)}
     pod_selector = peer.get("podSelector") or {}
     yield from _peer_namespace_findings(view, m, t, direction, prefix, namespaces, bool(pod_selector.get("matchLabels") or pod_selector.get("matchExpressions")))
 
@@ -923,8 +923,9 @@ def vcluster_hardening(rendered: Rendered, oracles: Oracles) -> Iterable[Finding
     audiences: dict[str, list[str]] = {}
     for release, home in _vcluster_releases(view):
         for arg in _get((release.obj.get("spec") or {}).get("values") or {}, "controlPlane.distro.k8s.apiServer.extraArgs", []) or []:
-            if str(arg).startswith("--oidc-client-id="):
-                audiences.setdefault(str(arg), []).append(home.tenant if home else release.namespace or "")
+            # Only tenants' clients: a release outside every tenant namespace is reported as such.
+            if str(arg).startswith("--oidc-client-id=") and home:
+                audiences.setdefault(str(arg), []).append(home.tenant)
     for release, home in _vcluster_releases(view):
         tenant = home.tenant if home else None
         values = (release.obj.get("spec") or {}).get("values") or {}

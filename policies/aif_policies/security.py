@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from fnmatch import fnmatchcase
 from typing import Any, Iterator
 
 import yaml
 
+from ai_factory.components.kyverno import ESCAPE_VARIABLES, FORBIDDEN_MOUNTS
 from ai_factory.components.tenant_stack import POD_SECURITY_EXCEPTION_ANNOTATION
 from ai_factory.factory.model.config import MIN_CONTAINER_TOOLKIT
 from ai_factory.factory.model.secrets import REDACTED
@@ -171,26 +173,18 @@ def check_no_privileged_outside_allowlist(resource_type: str, props: Mapping[str
 
 # --------------------------------------------------------------------------- no-gpu-escape-variables
 
-ESCAPE_VARIABLES = frozenset(
-    # Pick GPUs around the device plugin (NVIDIA/gpu-operator#700), run code in the toolkit's hooks
-    # (CVE-2025-23266), or switch HAMi's limits off (Project-HAMi/HAMi#636).
-    {"NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "LD_PRELOAD", "CUDA_DISABLE_CONTROL",
-     "CUDA_DEVICE_SM_LIMIT", "CUDA_DEVICE_MEMORY_SHARED_CACHE"}
-)
-ESCAPE_VARIABLE_PREFIXES = ("CUDA_DEVICE_MEMORY_LIMIT",)
-ESCAPE_MOUNTS = ("/var/run/nvidia-container-devices", "/etc/ld.so.preload", "/usr/local/vgpu", "/run/nvidia", "/dev/nvidia")
-"""The device list the toolkit reads, HAMi's shim and its preload file, the driver's state, device nodes."""
-
 
 def is_escape_variable(name: Any) -> bool:
-    return isinstance(name, str) and (name in ESCAPE_VARIABLES or name.startswith(ESCAPE_VARIABLE_PREFIXES))
+    # The lists the Kyverno layer denies at admission (and `factory check` reads), so the three
+    # enforcements cannot drift apart.
+    return isinstance(name, str) and any(fnmatchcase(name, pattern) for pattern in ESCAPE_VARIABLES)
 
 
 def is_escape_mount(path: Any) -> bool:
     if not isinstance(path, str):
         return False
     path = path.rstrip("/") or "/"
-    return any(path == p or path.startswith(p + "/") or (p == "/dev/nvidia" and path.startswith(p)) for p in ESCAPE_MOUNTS)
+    return any(fnmatchcase(path, pattern) for pattern in FORBIDDEN_MOUNTS)
 
 
 def escapes_in_pod(pod_spec: Mapping[str, Any]) -> Iterator[str]:
