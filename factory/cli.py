@@ -91,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     diff = commands.add_parser("diff", help="list what removing a tenant would change (only its own objects, or exit 1)")
     diff.add_argument("env", help="environment name (reads Pulumi.<env>.yaml) or a stack file's path")
     diff.add_argument("--without-tenant", required=True, metavar="NAME", help="the tenant to remove")
+    diff.add_argument("--format", choices=("text", "json"), default="text", help="text (default), or json: every change with its diff, grouped counts, the unexpected ones")
 
     for command in (render, check, plan, diff):
         command.add_argument(
@@ -136,7 +137,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "plan":
         return _plan(args, args.out or Path("build") / stack_name(stack_file(args.env)) / "plan.json")
     if args.command == "diff":
-        return _diff(args.env, args.without_tenant)
+        return _diff(args.env, args.without_tenant, args.format)
     if args.command == "charts":
         return _charts(args)
     return _check(args.target, args.upstream, args.charts, args.quiet, args.format)
@@ -196,11 +197,11 @@ def _plan(args: argparse.Namespace, out: Path) -> int:
     return 0
 
 
-def _diff(env: str, tenant: str) -> int:
+def _diff(env: str, tenant: str, fmt: str = "text") -> int:
     from ai_factory.factory.rendering.diff import without_tenant
 
     removal = without_tenant(env, tenant)
-    print(removal.render(env))
+    print(removal.to_json(env) if fmt == "json" else removal.render(env), end="" if fmt == "json" else "\n")
     return EXIT_FINDINGS if removal.unexpected else 0
 
 

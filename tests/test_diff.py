@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import copy
 
 import pytest
@@ -269,3 +270,18 @@ def test_changed_objects_are_shown_as_unified_diffs(shared_domain_stack, capsys)
     assert lines[at + 1 : at + 3] == [f"    --- a/{quota}", f"    +++ b/{quota}"]
     changed = [line for line in lines[at + 3 :] if line.startswith(("    -", "    +"))]
     assert any(line.startswith("    -    requests.nvidia.com/mig-1g.10gb") for line in changed), lines[at:]
+
+
+def test_diff_as_json_lists_every_change_with_its_diff_and_counts_them_by_tenant_and_layer(capsys):
+    from ai_factory.factory.cli import main
+
+    assert main(["diff", "dev", "--without-tenant", "search", "--format", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["tenant"], report["unexpected"]) == ("search", [])
+    mine = [c for c in report["changes"] if c["tenant"] == "search"]
+    assert mine and all(c["change"] == "deleted" and c["layer"] == "tenant-search" for c in mine)
+    changed = [c for c in report["changes"] if c["change"] == "changed"]
+    assert changed and all(c["diff"][0].startswith("--- a/") for c in changed)
+    group = next(g for g in report["groups"] if g["tenant"] == "search")
+    assert (group["layer"], group["deleted"]) == ("tenant-search", len(mine))
+    assert sum(g["deleted"] + g["added"] + g["changed"] for g in report["groups"]) == len(report["changes"])

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -291,6 +292,41 @@ class TenantRemoval:
             lines += [f"re-planning {verb} Pulumi resource {_key(e)} (tenant {e['tenant']})" for e in entries if e.get("tenant")]
         return lines
 
+    def changes(self) -> list[dict[str, Any]]:
+        """Every object the removal and the re-planning change, each with its unified diff."""
+        out = []
+        for step, difference in (("removal", self.removal), ("re-planning", self.release)):
+            for change, objects in (("deleted", difference.removed), ("added", difference.added)):
+                out += [{"step": step, "change": change, "path": m.path, "tenant": m.tenant, "layer": m.layer, "diff": []} for m in objects]
+            out += [
+                {"step": step, "change": "changed", "path": b.path, "tenant": b.tenant, "layer": b.layer, "diff": [line[4:] for line in _object_diff(b, a)]}
+                for b, a in difference.changed
+            ]
+        return out
+
+    def groups(self) -> list[dict[str, Any]]:
+        """The changes counted per (tenant, layer): one summary line each."""
+        counts: dict[tuple[str, str], dict[str, int]] = {}
+        for c in self.changes():
+            group = counts.setdefault((c["tenant"] or "", c["layer"]), {"deleted": 0, "added": 0, "changed": 0})
+            group[c["change"]] += 1
+        return [{"tenant": t or None, "layer": layer, **n} for (t, layer), n in sorted(counts.items())]
+
+    def to_json(self, env: str) -> str:
+        return json.dumps(
+            {
+                "environment": env,
+                "tenant": self.tenant,
+                "trust_domain": self.domain,
+                "groups": self.groups(),
+                "changes": self.changes(),
+                "unexpected": self.unexpected,
+                "notes": self.notes,
+            },
+            indent=2,
+            sort_keys=True,
+        ) + "\n"
+
     def render(self, env: str) -> str:
         mine = [m for m in self.removal.removed if m.tenant == self.tenant]
         resources = [e for e in self.removal.resources_removed if e.get("tenant") == self.tenant]
@@ -328,6 +364,9 @@ class TenantRemoval:
             lines += [f"  {line}" for line in unexpected]
         else:
             lines.append("no other object changes: nothing shared with another trust domain, nothing of another tenant")
+        lines.append("changes by tenant and layer:")
+        for g in self.groups():
+            lines.append(f"  {g['tenant'] or 'platform'} / {g['layer']}: {g['deleted']} deleted, {g['added']} added, {g['changed']} changed")
         return "\n".join(lines)
 
 
