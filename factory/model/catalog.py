@@ -135,4 +135,12 @@ CHARTS: dict[str, ChartSource] = {
         version="0.34.0",
         oracle_dir="trivy-operator/chart",
     ),
+    # prometheus-community/helm-charts tag kube-prometheus-stack-88.5.3 (operator v0.93.1); the oracle's
+    # values.yaml is main at the same chart version. No values schema; subchart values not in the oracle.
+    "kube-prometheus-stack": ChartSource(
+        name="kube-prometheus-stack",
+        repository="https://prometheus-community.github.io/helm-charts",
+        version="88.5.3",
+        oracle_dir="prometheus-operator/chart",
+    ),
 }

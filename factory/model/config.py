@@ -445,6 +445,40 @@ class TrivyLayer(Model):
     namespace: DnsLabel = "trivy-system"
 
 
+GpuModelName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][-A-Za-z0-9.]*$", max_length=40)]
+
+
+class GpuPrices(Model):
+    """The price table of the bill: one price per GPU-equivalent hour and GPU model. A
+    GPU-equivalent is the same unit in every sharing mode (see README, "Metering"), so one price
+    per model prices whole GPUs, MIG instances, HAMi slices, time-slices and DRA devices alike."""
+
+    currency: Annotated[str, StringConstraints(pattern=r"^[A-Z]{3}$")] = "EUR"
+    """ISO 4217 code, the bill's FOCUS `BillingCurrency`."""
+    gpu_hour: dict[GpuModelName, Annotated[float, Field(ge=0, le=10_000)]] = Field(default={}, max_length=64)
+    """Price of one GPU-equivalent hour per GPU model of the fleet (`fleet.pools[].gpu.model`).
+    `ai-factory bill` refuses a table that misses a model of the fleet."""
+
+
+class MetricsLayer(Model):
+    """kube-prometheus-stack (Prometheus Operator, Prometheus, Alertmanager, kube-state-metrics,
+    node exporter), monitors for the GPU Operator's DCGM exporter and HAMi, the GPU metering
+    recording rules, and a label-enforcing query proxy per tenant (see components/metrics.py)."""
+
+    enabled: bool = False
+    chart: Chart = Chart.pinned("kube-prometheus-stack")
+    namespace: DnsLabel = "monitoring"
+    retention_days: int = Field(default=45, ge=2, le=3650)
+    """How long Prometheus keeps series; a bill can only cover a period still retained (the default
+    covers a month and its closing two weeks)."""
+    storage_gib: int = Field(default=200, ge=10, le=65536)
+    """Size of each Prometheus replica's volume. Prometheus stops keeping data at 85% of it
+    (`retentionSize`), whichever of time and size comes first."""
+    storage_class: DnsLabel | None = None
+    """StorageClass of the volume; None: the cluster's default class."""
+    prices: GpuPrices = GpuPrices()
+
+
 class Layers(Model):
     gpu_operator: GpuOperatorLayer = GpuOperatorLayer()
     kueue: KueueLayer = KueueLayer()
@@ -460,6 +494,7 @@ class Layers(Model):
     kyverno: KyvernoLayer = KyvernoLayer()
     falco: FalcoLayer = FalcoLayer()
     trivy: TrivyLayer = TrivyLayer()
+    metrics: MetricsLayer = MetricsLayer()
 
 
 # --------------------------------------------------------------------------- identity
