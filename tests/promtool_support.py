@@ -19,10 +19,12 @@ import yaml
 from ai_factory.factory.metering.rules import INTERVAL_SECONDS
 
 SAMPLES = 60
-"""Every synthetic series covers minutes 0..59; windows end at 59m30s, between two evaluations,
-so whether a range is closed or open on the left (it changed in Prometheus 3) does not matter."""
+"""Every synthetic series covers minutes 1..60 and windows end at 60m30s, between two evaluations,
+so whether a range is closed or open on the left (it changed in Prometheus 3) does not matter.
+Minute 0 holds no input: promtool evaluates rule groups in no fixed order, and the tenants'
+constant series exist from the first evaluation of their groups on (as after a Prometheus start)."""
 WINDOW = "1h"
-EVAL_TIME = "59m30s"
+EVAL_TIME = "60m30s"
 
 
 def promtool() -> str:
@@ -74,7 +76,7 @@ class RuleTest:
             "tests": [
                 {
                     "interval": f"{INTERVAL_SECONDS}s",
-                    "input_series": [{"series": s, "values": v} for s, v in self.series],
+                    "input_series": [{"series": s, "values": f"_ {v}"} for s, v in self.series],
                     "promql_expr_test": [
                         {
                             "expr": expr,

@@ -158,7 +158,7 @@ def _mutate(record: str, old: str, new: str):
     def apply(groups):
         groups = copy.deepcopy(groups)
         changed = 0
-        for rule in groups[0]["rules"]:
+        for rule in groups[-1]["rules"]:
             if rule["record"] == record and old in rule["expr"]:
                 rule["expr"] = rule["expr"].replace(old, new)
                 changed += 1
@@ -168,13 +168,13 @@ def _mutate(record: str, old: str, new: str):
     return apply
 
 
-def _drop(record: str, labels: dict[str, str] | None = None):
+def _drop(record: str):
     def apply(groups):
         groups = copy.deepcopy(groups)
-        rules = groups[0]["rules"]
-        kept = [r for r in rules if not (r["record"] == record and (labels is None or r.get("labels", {}).items() >= labels.items()))]
+        rules = groups[-1]["rules"]
+        kept = [r for r in rules if r["record"] != record]
         assert len(kept) < len(rules)
-        groups[0]["rules"] = kept
+        groups[-1]["rules"] = kept
         return groups
 
     return apply

@@ -148,7 +148,6 @@ def inventory_rules(metering: Metering) -> list[dict[str, Any]]:
         _constant(NODE_GPUS, n.gpus, {"node": n.name, "pool": n.pool, "gpu_model": n.gpu_model, "mode": n.mode})
         for n in metering.nodes
     ]
-    rules += [_constant(NAMESPACE_TENANT, 1, {"namespace": ns, "tenant": tenant}) for tenant, ns in metering.tenants]
     rules += [
         _constant(PROFILE_SHARE, p.share, {"gpu_model": p.gpu_model, "profile": p.profile, "resource": p.resource})
         for p in metering.profiles
@@ -239,8 +238,24 @@ def usage_rules() -> list[dict[str, Any]]:
     ]
 
 
-def rule_groups(metering: Metering) -> list[dict[str, Any]]:
-    """The `spec.groups` of the PrometheusRule: one group, evaluated in order, so every rule sees the
-    results of the rules above it at the same timestamp (which is what makes the invariant exact)."""
+def platform_group(metering: Metering) -> dict[str, Any]:
+    """The platform's group. One group, evaluated in order: every rule sees the results of the rules
+    above it at the same timestamp, which is what makes the invariant exact."""
     rules = inventory_rules(metering) + allocation_rules() + usage_rules()
-    return [{"name": GROUP, "interval": f"{INTERVAL_SECONDS}s", "rules": rules}]
+    return {"name": GROUP, "interval": f"{INTERVAL_SECONDS}s", "rules": rules}
+
+
+def tenant_group(tenant: str, namespace: str) -> dict[str, Any]:
+    """The tenant's namespace → tenant series, in a PrometheusRule of the tenant's namespace (it goes
+    with the tenant). Prometheus enforces the `namespace` label of rules outside the platform's
+    namespaces, so such a rule cannot claim another namespace."""
+    return {
+        "name": f"{GROUP}-{namespace}",
+        "interval": f"{INTERVAL_SECONDS}s",
+        "rules": [_constant(NAMESPACE_TENANT, 1, {"namespace": namespace, "tenant": tenant})],
+    }
+
+
+def rule_groups(metering: Metering) -> list[dict[str, Any]]:
+    """Every group Prometheus loads: the tenants' (constants, evaluated first) and the platform's."""
+    return [tenant_group(tenant, ns) for tenant, ns in metering.tenants] + [platform_group(metering)]
