@@ -20,6 +20,11 @@ recording rules, and what each tenant sees.
   policy lets its pods reach that proxy and nothing else of the layer. The proxy is a platform
   object (the tenant cannot change its arguments), labelled with the tenant's trust domain so it
   goes with the tenant (`ai-factory diff --without-tenant`).
+- **OpenCost** (`opencost`) on the same Prometheus prices CPU, memory and storage per namespace
+  with custom on-premises prices; its GPU price is 0, since GPUs are priced from the metering
+  rules (per model, and per MIG/HAMi/time-slice share, which OpenCost cannot see). The two meet
+  at the namespace: a tenant's OpenCost allocation (`aggregate=namespace`, `tenant-<name>`) and
+  its bill lines (`SubAccountId`) are the same tenant.
 - **Tenants' workloads** are discovered by a PodMonitor in the tenant's namespace scraping every
   pod port named `metrics`; monitors only ever select targets in their own namespace
   (`ignoreNamespaceSelectors`).
@@ -39,7 +44,7 @@ from ai_factory.components.registry import Layer
 from ai_factory.components.tenant_stack import NAMESPACE_LABEL
 from ai_factory.factory.metering.rules import Metering, platform_group, tenant_group
 from ai_factory.factory.model.catalog import ChartSource
-from ai_factory.factory.model.config import FactoryConfig, Tenant
+from ai_factory.factory.model.config import FactoryConfig, OpenCostSettings, Tenant
 from ai_factory.factory.model.tenancy import LABEL_PREFIX, TRUST_DOMAIN_LABEL, TenantNames, tenant_names
 from ai_factory.factory.planning.model import Plan
 
@@ -76,6 +81,8 @@ class MetricsArgs:
     """Where HAMi runs (None: no HAMi pool)."""
     tenants: tuple[TenantNames, ...]
     """Every tenant, for its query proxy."""
+    opencost: OpenCostSettings | None
+    opencost_chart: ChartSource | None
 
     @classmethod
     def from_config(cls, cfg: FactoryConfig, plan: Plan) -> MetricsArgs:
@@ -92,6 +99,8 @@ class MetricsArgs:
             gpu_operator_namespace=gpu_operator.namespace if gpu_operator.enabled and gpu_operator.dcgm_exporter else None,
             hami_namespace=cfg.layers.hami.namespace if hami else None,
             tenants=tuple(tenant_names(t) for t in sorted(cfg.tenants, key=lambda t: t.name)),
+            opencost=layer.opencost if layer.opencost.enabled else None,
+            opencost_chart=layer.opencost.chart.source("opencost") if layer.opencost.enabled else None,
         )
 
     @property
@@ -134,6 +143,29 @@ def chart_values(args: MetricsArgs) -> dict[str, Any]:
     }
 
 
+def opencost_values(args: MetricsArgs, settings: OpenCostSettings) -> dict[str, Any]:
+    """OpenCost in the layer's namespace (its ServiceMonitor is then a platform one), reading the
+    operator's Prometheus; custom (on-premises) prices, GPUs at 0 (see `OpenCostSettings`)."""
+    return {
+        "opencost": {
+            "prometheus": {"internal": {"enabled": True, "serviceName": PROMETHEUS_SERVICE, "namespaceName": args.namespace, "port": 9090}},
+            "customPricing": {
+                "enabled": True,
+                "provider": "custom",
+                "costModel": {
+                    "description": "ai-factory: CPU, memory and storage; GPUs are priced by the metering rules",
+                    "CPU": settings.cpu_core_hour,
+                    "RAM": settings.ram_gib_hour,
+                    "GPU": 0,
+                    "storage": settings.storage_gib_hour,
+                },
+            },
+            "metrics": {"serviceMonitor": {"enabled": True}},
+            "ui": {"enabled": False},
+        }
+    }
+
+
 def hami_service_monitors(args: MetricsArgs) -> list[tuple[str, str]]:
     """(component label, port name) of HAMi's metrics Services, as its chart names them."""
     return [("hami-scheduler", "monitor"), ("hami-device-plugin", "monitorport")] if args.hami_namespace else []
@@ -148,6 +180,8 @@ class Metrics(FactoryComponent):
         ns = namespace(self, args.namespace, pod_security="baseline")
         release = helm_release(self, RELEASE, args.chart, namespace=ns.metadata.name, values=chart_values(args), depends_on=[ns])
         after_release = {"depends_on": [release]}  # the chart installs the monitoring CRDs
+        if args.opencost is not None and args.opencost_chart is not None:
+            helm_release(self, "opencost", args.opencost_chart, namespace=ns.metadata.name, values=opencost_values(args, args.opencost), **after_release)
         k8s.apiextensions.CustomResource(
             self.child_name("gpu-metering-rules"),
             api_version=MONITORING,

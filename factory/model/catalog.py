@@ -143,4 +143,11 @@ CHARTS: dict[str, ChartSource] = {
         version="88.5.3",
         oracle_dir="prometheus-operator/chart",
     ),
+    # opencost/opencost-helm-chart main = tag opencost-2.5.17 (OpenCost 1.120.1). No values schema.
+    "opencost": ChartSource(
+        name="opencost",
+        repository="https://opencost.github.io/opencost-helm-chart",
+        version="2.5.17",
+        oracle_dir="opencost/chart",
+    ),
 }

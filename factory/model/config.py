@@ -460,6 +460,20 @@ class GpuPrices(Model):
     `ai-factory bill` refuses a table that misses a model of the fleet."""
 
 
+class OpenCostSettings(Model):
+    """OpenCost, on the same Prometheus, prices what is not a GPU: CPU, memory and storage per
+    namespace (a tenant's namespace is `tenant-<name>`). Its GPU price is 0: OpenCost prices every
+    GPU alike and cannot see MIG instances or HAMi slices; GPU cost is the metering rules' and the
+    bill's (`prices`)."""
+
+    enabled: bool = True
+    chart: Chart = Chart.pinned("opencost")
+    cpu_core_hour: Annotated[float, Field(ge=0, le=1000)] = 0.031611
+    ram_gib_hour: Annotated[float, Field(ge=0, le=1000)] = 0.004237
+    storage_gib_hour: Annotated[float, Field(ge=0, le=1000)] = 0.00005479452
+    """OpenCost's own on-premises defaults (per vCPU, GiB of memory and GiB of volume, per hour)."""
+
+
 class MetricsLayer(Model):
     """kube-prometheus-stack (Prometheus Operator, Prometheus, Alertmanager, kube-state-metrics,
     node exporter), monitors for the GPU Operator's DCGM exporter and HAMi, the GPU metering
@@ -477,6 +491,7 @@ class MetricsLayer(Model):
     storage_class: DnsLabel | None = None
     """StorageClass of the volume; None: the cluster's default class."""
     prices: GpuPrices = GpuPrices()
+    opencost: OpenCostSettings = OpenCostSettings()
 
 
 class Layers(Model):
