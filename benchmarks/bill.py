@@ -79,12 +79,13 @@ def main() -> None:
         started = time.perf_counter()
         result = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
         elapsed = time.perf_counter() - started
-        peak_mib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        peak_mib, cpu = usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime
         if result.returncode:
             sys.exit(result.stderr)
         lines = len((root / "bill" / "bill.csv").read_text().splitlines()) - 1
         print(f"tenants {tenants}  days {days}  samples {count:,}  export {export.stat().st_size / 2**20:,.0f} MiB")
-        print(f"bill: {elapsed:.1f} s, peak {peak_mib:,.0f} MiB, {lines} lines")
+        print(f"bill: {elapsed:.1f} s wall, {cpu:.1f} s CPU (all processes), peak {peak_mib:,.0f} MiB per process, {lines} lines")
         print(result.stdout.strip())
 
 

@@ -30,6 +30,7 @@ import os
 import shutil
 import tempfile
 from collections import defaultdict
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -44,6 +45,8 @@ MAX_LISTED_PROBLEMS = 50
 """Problems of an export are listed up to this many (then counted), not one per bad line."""
 RECONCILE_TOLERANCE_HOURS = 1e-6
 MIN_STEP, MAX_STEP = 1, 3600
+MIN_PART_BYTES = 32 * 1024**2
+"""An export is read in parallel parts of at least this size (smaller ones in one process)."""
 READ = {TENANT_ALLOCATED, TENANT_USED, POOL_IDLE, POOL_GPUS}
 
 FOCUS_COLUMNS = (
@@ -133,9 +136,71 @@ class Sums:
     physical: dict[PoolKey, float]
 
 
-def read_export(path: Path, cfg: FactoryConfig, period: Period) -> Sums:
-    """Sum every metering series of the export over the period; every problem at once."""
-    problems: list[str] = []
+Pools = dict[str, tuple[str, str]]
+
+
+def _read_part(path: Path, begin: int, stop: int, pools: Pools, tenants: frozenset[str], period: tuple[float, float]):
+    """Sums and problems of the lines in bytes [begin, stop) of the export (whole lines); problems
+    carry the line's number within the part, and the part's line count comes back too."""
+    start, end = period
+    sums: dict[str, dict[tuple[str, ...], float]] = {name: defaultdict(float) for name in READ}
+    problems: list[tuple[int, str]] = []
+    number = 0
+    with path.open("rb") as f:
+        f.seek(begin)
+        while f.tell() < stop:
+            raw = f.readline()
+            number += 1
+            if not raw.strip():
+                continue
+            try:
+                series = json.loads(raw)
+                metric, values = series["metric"], series["values"]
+                name = metric["__name__"]
+            except (ValueError, KeyError, TypeError):
+                problems.append((number, 'not a range-query series ({"metric": {"__name__": ...}, "values": [[t, v], ...]})'))
+                continue
+            if name not in READ:
+                continue
+            pool = metric.get("pool", "")
+            if pool not in pools:
+                problems.append((number, f"{name} of unknown pool {pool!r} (the fleet's pools: {', '.join(sorted(pools))})"))
+                continue
+            if (metric.get("gpu_model"), metric.get("mode")) != pools[pool]:
+                problems.append((number, f"{name} says pool {pool} is {metric.get('gpu_model')}/{metric.get('mode')}; the config says {'/'.join(pools[pool])}"))
+                continue
+            key: tuple[str, ...] = (pool, *pools[pool])
+            if name in (TENANT_ALLOCATED, TENANT_USED):
+                tenant = metric.get("tenant", "")
+                if tenant not in tenants:
+                    problems.append((number, f"{name} of unknown tenant {tenant!r}"))
+                    continue
+                key = (tenant, *key)
+            try:
+                total = math.fsum(float(v) for t, v in values if start <= t < end)
+            except (ValueError, TypeError):
+                problems.append((number, 'values must be [unix time, "number"] pairs'))
+                continue
+            sums[name][key] += total
+    return {name: dict(part) for name, part in sums.items()}, problems, number
+
+
+def _parts(path: Path, size: int, jobs: int) -> list[tuple[int, int]]:
+    """Byte ranges of about equal size, cut after a newline."""
+    cuts = [0]
+    with path.open("rb") as f:
+        for i in range(1, jobs):
+            f.seek(max(cuts[-1], size * i // jobs))
+            f.readline()
+            cuts.append(min(f.tell(), size))
+    cuts.append(size)
+    return [(a, b) for a, b in zip(cuts, cuts[1:]) if b > a]
+
+
+def read_export(path: Path, cfg: FactoryConfig, period: Period, jobs: int = 1) -> Sums:
+    """Sum every metering series of the export over the period; every problem at once. With
+    `jobs` > 1, parts of the file are read in that many processes (results do not depend on it
+    beyond float rounding far below the bill's six decimals)."""
     try:
         size = path.stat().st_size
     except OSError as err:
@@ -143,44 +208,24 @@ def read_export(path: Path, cfg: FactoryConfig, period: Period) -> Sums:
     if size > MAX_EXPORT_BYTES:
         raise ConfigError([f"export: {path} is {size} bytes, more than {MAX_EXPORT_BYTES}"], "bill")
     pools = {p.name: (p.gpu.model, p.sharing) for p in cfg.fleet.pools}
-    tenants = {t.name for t in cfg.tenants} | {UNASSIGNED}
-    start, end = period.bounds
+    tenants = frozenset({t.name for t in cfg.tenants} | {UNASSIGNED})
+    parts = _parts(path, size, max(1, min(jobs, size // MIN_PART_BYTES)))
+    arguments = [(path, a, b, pools, tenants, period.bounds) for a, b in parts]
+    if len(parts) > 1:
+        with ProcessPoolExecutor(len(parts)) as pool:
+            results = list(pool.map(_read_part, *zip(*arguments)))
+    else:
+        results = [_read_part(*a) for a in arguments]
     sums = Sums(defaultdict(float), defaultdict(float), defaultdict(float), defaultdict(float))
     targets = {TENANT_ALLOCATED: sums.allocated, TENANT_USED: sums.used, POOL_IDLE: sums.idle, POOL_GPUS: sums.physical}
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            where = f"export line {number}"
-            try:
-                series = json.loads(line)
-                metric, values = series["metric"], series["values"]
-                name = metric["__name__"]
-            except (ValueError, KeyError, TypeError):
-                problems.append(f"{where}: not a range-query series ({{\"metric\": {{\"__name__\": ...}}, \"values\": [[t, v], ...]}})")
-                continue
-            if name not in READ:
-                continue
-            pool = metric.get("pool", "")
-            if pool not in pools:
-                problems.append(f"{where}: {name} of unknown pool {pool!r} (the fleet's pools: {', '.join(sorted(pools))})")
-                continue
-            if (metric.get("gpu_model"), metric.get("mode")) != pools[pool]:
-                problems.append(f"{where}: {name} says pool {pool} is {metric.get('gpu_model')}/{metric.get('mode')}; the config says {'/'.join(pools[pool])}")
-                continue
-            key: tuple[str, ...] = (pool, *pools[pool])
-            if name in (TENANT_ALLOCATED, TENANT_USED):
-                tenant = metric.get("tenant", "")
-                if tenant not in tenants:
-                    problems.append(f"{where}: {name} of unknown tenant {tenant!r}")
-                    continue
-                key = (tenant, *key)
-            try:
-                total = math.fsum(float(v) for t, v in values if start <= float(t) < end)
-            except (ValueError, TypeError):
-                problems.append(f"{where}: values must be [unix time, \"number\"] pairs")
-                continue
-            targets[name][key] += total
+    problems: list[str] = []
+    first = 0
+    for part_sums, part_problems, lines in results:
+        for name, values in part_sums.items():
+            for key, total in values.items():
+                targets[name][key] += total
+        problems += [f"export line {first + n}: {message}" for n, message in part_problems]
+        first += lines
     if problems:
         listed = problems[:MAX_LISTED_PROBLEMS]
         if len(problems) > len(listed):
@@ -354,7 +399,7 @@ def unreconciled(bill: Bill) -> list[str]:
     ]
 
 
-def make_bill(cfg: FactoryConfig, env: str, export: Path, start: str, end: str, out: Path, step: int = INTERVAL_SECONDS) -> Bill:
+def make_bill(cfg: FactoryConfig, env: str, export: Path, start: str, end: str, out: Path, step: int = INTERVAL_SECONDS, jobs: int = 2) -> Bill:
     """Check everything, compute, then write; a problem anywhere writes nothing (ConfigError)."""
     problems = price_problems(cfg)
     if not MIN_STEP <= step <= MAX_STEP:
@@ -370,7 +415,7 @@ def make_bill(cfg: FactoryConfig, env: str, export: Path, start: str, end: str, 
         problems += period_problems(period)
     if problems or period is None:
         raise ConfigError(problems, "bill")
-    sums = read_export(export, cfg, period)
+    sums = read_export(export, cfg, period, jobs)
     bill = compute(cfg, env, period, sums, step)
     problems = unreconciled(bill)
     if problems:
