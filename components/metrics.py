@@ -18,8 +18,8 @@ recording rules, and what each tenant sees.
   `--label=namespace --label-value=<its namespace>`, which rewrites every query to that
   namespace; a CiliumNetworkPolicy lets only the tenant's namespace reach it, and the tenant's own
   policy lets its pods reach that proxy and nothing else of the layer. The proxy is a platform
-  object (the tenant cannot change its arguments), labelled with the tenant's trust domain so it
-  goes with the tenant (`ai-factory diff --without-tenant`).
+  object (the tenant cannot change its arguments), labelled `ai-factory.io/serves-tenant`: it goes
+  with the tenant (`ai-factory diff --without-tenant`).
 - **OpenCost** (`opencost`) on the same Prometheus prices CPU, memory and storage per namespace
   with custom on-premises prices; its GPU price is 0, since GPUs are priced from the metering
   rules (per model, and per MIG/HAMi/time-slice share, which OpenCost cannot see). The two meet
@@ -45,7 +45,7 @@ from ai_factory.components.tenant_stack import NAMESPACE_LABEL
 from ai_factory.factory.metering.rules import Metering, platform_group, tenant_group
 from ai_factory.factory.model.catalog import ChartSource
 from ai_factory.factory.model.config import FactoryConfig, OpenCostSettings, Tenant
-from ai_factory.factory.model.tenancy import LABEL_PREFIX, TRUST_DOMAIN_LABEL, TenantNames, tenant_names
+from ai_factory.factory.model.tenancy import SERVES_TENANT_LABEL, TenantNames, tenant_names
 from ai_factory.factory.planning.model import Plan
 
 TOKEN = "ai-factory:observability:Metrics"
@@ -58,8 +58,6 @@ PROMETHEUS_POD_LABELS = {"app.kubernetes.io/name": "prometheus"}
 PROXY_IMAGE = "quay.io/prometheuscommunity/prom-label-proxy:v0.14.0"
 PROXY_PORT = 8080
 PROXY_LABELS = {"app.kubernetes.io/name": "prom-label-proxy"}
-SERVES_TENANT_LABEL = f"{LABEL_PREFIX}/serves-tenant"
-"""Which tenant a platform object serves (not `ai-factory.io/tenant`: the tenant does not own it)."""
 ENFORCED_LABEL = "namespace"
 TENANT_METRICS_PORT = "metrics"
 """The pod port name a tenant's workloads expose metrics on."""
@@ -210,9 +208,9 @@ class Metrics(FactoryComponent):
 
     def _query_proxy(self, layer_namespace: str, names: TenantNames, ns: k8s.core.v1.Namespace) -> None:
         """The tenant's prom-label-proxy: a platform object (the tenant cannot change what it
-        enforces) of the tenant's trust domain, so it goes with the tenant."""
+        enforces) serving that tenant only, so it goes with the tenant."""
         name = proxy_name(names)
-        served = labels(self.layer, extra={**proxy_selector(names), TRUST_DOMAIN_LABEL: names.trust_domain})
+        served = labels(self.layer, extra=proxy_selector(names))
         meta = {"name": name, "namespace": layer_namespace, "labels": served}
         k8s.apiextensions.CustomResource(
             self.child_name(f"{name}-ingress"),
