@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ai_factory.components.metrics import MetricsArgs, chart_values
+from ai_factory.components.metrics import MetricsArgs, chart_values, opencost_values
 from ai_factory.factory.metering.rules import TENANT_ALLOCATED, POOL_IDLE
 from ai_factory.factory.model.config import MetricsLayer
 from ai_factory.factory.model.loading import validate
@@ -40,6 +40,13 @@ def test_only_platform_namespaces_escape_namespace_enforcement(raw):
     spec = chart_values(_args(raw))["prometheus"]["prometheusSpec"]
     assert spec["enforcedNamespaceLabel"] == "namespace" and spec["ignoreNamespaceSelectors"] is True
     assert {e["namespace"] for e in spec["excludedFromEnforcement"]} == {"monitoring", "gpu-operator", "hami-system"}
+
+
+def test_opencost_prices_no_gpu_and_reads_the_operators_prometheus(raw):
+    args = _args(raw)
+    values = opencost_values(args, args.opencost)["opencost"]
+    assert values["customPricing"]["costModel"]["GPU"] == 0
+    assert values["prometheus"]["internal"] | {"enabled": True} == {"enabled": True, "serviceName": "prometheus-operated", "namespaceName": "monitoring", "port": 9090}
 
 
 def _of(dev, kind, namespace=None):
