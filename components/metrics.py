@@ -123,7 +123,10 @@ def chart_values(args: MetricsArgs) -> dict[str, Any]:
         "grafana": {"enabled": False},
         # Needs the host's PID and network namespaces: not in a reviewed privileged namespace yet.
         "nodeExporter": {"enabled": False},
-        "alertmanager": {"enabled": True},
+        # Receivers hold credentials: the configuration Secret is the site's (from OpenBao through an
+        # ExternalSecret), never rendered into the bundle; until it exists the operator runs Alertmanager
+        # with an empty configuration.
+        "alertmanager": {"enabled": True, "alertmanagerSpec": {"useExistingSecret": True}},
         "prometheus": {
             "prometheusSpec": {
                 "retention": f"{args.retention_days}d",
