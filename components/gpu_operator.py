@@ -60,6 +60,9 @@ TOOLKIT_ENV = (
 DEVICE_PLUGIN_ENV = ({"name": "DEVICE_LIST_STRATEGY", "value": "volume-mounts"},)
 MIG_PARTED_CONFIGMAP = "ai-factory-mig-parted"
 DEVICE_PLUGIN_CONFIGMAP = "ai-factory-device-plugin"
+DROP_TARGET_POD_LABELS = {"action": "labeldrop", "regex": "namespace|pod|container"}
+"""Scrape relabeling for exporters that attribute series to pods (DCGM, HAMi): they name the pod
+in these labels, which the scrape target's own labels of the same names would rename `exported_*`."""
 DEVICE_PLUGIN_DEFAULT_CONFIG = "default"
 """Device-plugin config of every node without a `nvidia.com/device-plugin.config` label: no sharing."""
 
@@ -125,7 +128,9 @@ def chart_values(args: GpuOperatorArgs, pull_secret: str | None) -> dict:
         "toolkit": {"enabled": True, "version": args.toolkit_version, "env": list(TOOLKIT_ENV)},
         "devicePlugin": {"enabled": True, "env": list(DEVICE_PLUGIN_ENV)},
         "gfd": {"enabled": True},
-        "dcgmExporter": {"enabled": args.dcgm_exporter},
+        # The operator creates the exporter's ServiceMonitor; the metrics layer meters GPUs by the
+        # exporter's pod attribution labels, which the target's own labels must not shadow.
+        "dcgmExporter": {"enabled": args.dcgm_exporter, "serviceMonitor": {"enabled": True, "relabelings": [DROP_TARGET_POD_LABELS]}},
         "migManager": {"enabled": args.mig},
         "mig": {"strategy": "mixed" if args.mig else "single"},
         "node-feature-discovery": {"worker": {"tolerations": tolerations()}},

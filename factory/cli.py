@@ -1,4 +1,4 @@
-"""`ai-factory render|check|plan|diff ...` (also `python -m ai_factory.factory`): the offline tools."""
+"""`ai-factory render|check|plan|diff|bill ...` (also `python -m ai_factory.factory`): the offline tools."""
 
 from __future__ import annotations
 
@@ -101,6 +101,14 @@ def main(argv: list[str] | None = None) -> int:
             "PULUMI_CONFIG_PASSPHRASE_FILE); without this flag they are verified whenever a passphrase is set",
         )
 
+    bill = commands.add_parser("bill", help="write a per-tenant GPU bill (FOCUS CSV, totals, chart) for a period from an export of the metering series")
+    bill.add_argument("env", help="environment name (reads Pulumi.<env>.yaml) or a stack file's path")
+    bill.add_argument("--export", type=Path, required=True, help="JSON lines of Prometheus range-query series (see factory/metering/bill.py)")
+    bill.add_argument("--start", required=True, help="start of the period, ISO 8601 (UTC unless an offset is given), included")
+    bill.add_argument("--end", required=True, help="end of the period, ISO 8601, excluded")
+    bill.add_argument("--step", type=int, default=None, help="seconds each sample counts for (default: the rules' interval, 60)")
+    bill.add_argument("--out", type=Path, help="output directory (default: build/<env>/bill)")
+
     args = parser.parse_args(argv)
     if args.project_dir is not None:
         if not args.project_dir.is_dir():
@@ -136,6 +144,8 @@ def _run(args: argparse.Namespace) -> int:
         return _render(args.env, args.out or Path("build") / stack_name(stack_file(args.env)), args.quiet)
     if args.command == "plan":
         return _plan(args, args.out or Path("build") / stack_name(stack_file(args.env)) / "plan.json")
+    if args.command == "bill":
+        return _bill(args)
     if args.command == "diff":
         return _diff(args.env, args.without_tenant, args.format)
     if args.command == "charts":
@@ -194,6 +204,19 @@ def _plan(args: argparse.Namespace, out: Path) -> int:
     messages = sys.stderr if args.format == "json" else sys.stdout
     for target in written + ([args.map] if args.map is not None else []):
         print(f"wrote {target}", file=messages)
+    return 0
+
+
+def _bill(args: argparse.Namespace) -> int:
+    from ai_factory.factory.metering.bill import make_bill
+    from ai_factory.factory.metering.rules import INTERVAL_SECONDS
+    from ai_factory.factory.model.loading import load_stack_file
+
+    cfg = load_stack_file(args.env)
+    out = args.out or Path("build") / stack_name(stack_file(args.env)) / "bill"
+    bill = make_bill(cfg, stack_name(stack_file(args.env)), args.export, args.start, args.end, out, args.step or INTERVAL_SECONDS)
+    print(bill.summary())
+    print(f"wrote {out}/bill.csv, totals.csv, gpu-hours.svg")
     return 0
 
 

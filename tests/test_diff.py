@@ -11,7 +11,7 @@ from ai_factory.components.kyverno import granted_gpu_resources_rule, placement_
 from ai_factory.factory.cli import main
 from ai_factory.factory.rendering.diff import TenantRemoval, difference, tenant_removal, without_tenant
 from ai_factory.factory.rendering.bundle import Manifest, Rendered
-from ai_factory.factory.model.tenancy import TENANT_LABEL, TRUST_DOMAIN_LABEL
+from ai_factory.factory.model.tenancy import SERVES_TENANT_LABEL, TENANT_LABEL, TRUST_DOMAIN_LABEL
 from tests.conftest import REPO
 
 SEARCH_EVAL = """\
@@ -77,6 +77,19 @@ def test_a_shared_or_other_tenants_object_touched_by_a_removal_is_reported():
         "removal changes manifests/tenant-b/_cluster/configmap-b.yaml (tenant b)",
     ]
     assert "UNEXPECTED: 2 other change(s):" in removal.render("env")
+
+
+def _serving(name: str, tenant: str) -> Manifest:
+    m = manifest("Service", name, None)
+    m.obj["metadata"]["labels"] = {SERVES_TENANT_LABEL: tenant}
+    return m
+
+
+def test_a_platform_object_serving_only_the_removed_tenant_goes_with_it_and_one_serving_another_is_reported():
+    before = rendered(manifest("Namespace", "tenant-a", "a"), _serving("proxy-a", "a"), _serving("proxy-b", "b"))
+    removal = TenantRemoval("a", "a", difference(before, rendered()), difference(rendered(), rendered()))
+    assert removal.unexpected == ["removal deletes manifests/fleet/_cluster/service-proxy-b.yaml (platform)"]
+    assert "platform objects serving it only go too (1):\n  - deleted manifests/fleet/_cluster/service-proxy-a.yaml" in removal.render("env")
 
 
 def test_a_tenant_object_that_survives_its_removal_is_reported():

@@ -157,6 +157,21 @@ CHARTS: dict[str, ChartSource] = {
         version="2.4.1",
         oracle_dir="node-problem-detector/chart",
     ),
+    # prometheus-community/helm-charts tag kube-prometheus-stack-88.5.3 (operator v0.93.1); the oracle's
+    # values.yaml is main at the same chart version. No values schema; subchart values not in the oracle.
+    "kube-prometheus-stack": ChartSource(
+        name="kube-prometheus-stack",
+        repository="https://prometheus-community.github.io/helm-charts",
+        version="88.5.3",
+        oracle_dir="prometheus-operator/chart",
+    ),
+    # opencost/opencost-helm-chart main = tag opencost-2.5.17 (OpenCost 1.120.1). No values schema.
+    "opencost": ChartSource(
+        name="opencost",
+        repository="https://opencost.github.io/opencost-helm-chart",
+        version="2.5.17",
+        oracle_dir="opencost/chart",
+    ),
 }
 
 

@@ -532,6 +532,53 @@ class HealthLayer(Model):
     """Overrides of the built-in XID table (`components.health.XID_TABLE`), e.g. `{31: needs-reset}`."""
     remediation: HealthRemediation = HealthRemediation()
     slo: SloTargets = SloTargets()
+GpuModelName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][-A-Za-z0-9.]*$", max_length=40)]
+
+
+class GpuPrices(Model):
+    """The price table of the bill: one price per GPU-equivalent hour and GPU model. A
+    GPU-equivalent is the same unit in every sharing mode (see README, "Metering"), so one price
+    per model prices whole GPUs, MIG instances, HAMi slices, time-slices and DRA devices alike."""
+
+    currency: Annotated[str, StringConstraints(pattern=r"^[A-Z]{3}$")] = "EUR"
+    """ISO 4217 code, the bill's FOCUS `BillingCurrency`."""
+    gpu_hour: dict[GpuModelName, Annotated[float, Field(ge=0, le=10_000)]] = Field(default={}, max_length=64)
+    """Price of one GPU-equivalent hour per GPU model of the fleet (`fleet.pools[].gpu.model`).
+    `ai-factory bill` refuses a table that misses a model of the fleet."""
+
+
+class OpenCostSettings(Model):
+    """OpenCost, on the same Prometheus, prices what is not a GPU: CPU, memory and storage per
+    namespace (a tenant's namespace is `tenant-<name>`). Its GPU price is 0: OpenCost prices every
+    GPU alike and cannot see MIG instances or HAMi slices; GPU cost is the metering rules' and the
+    bill's (`prices`)."""
+
+    enabled: bool = True
+    chart: Chart = Chart.pinned("opencost")
+    cpu_core_hour: Annotated[float, Field(ge=0, le=1000)] = 0.031611
+    ram_gib_hour: Annotated[float, Field(ge=0, le=1000)] = 0.004237
+    storage_gib_hour: Annotated[float, Field(ge=0, le=1000)] = 0.00005479452
+    """OpenCost's own on-premises defaults (per vCPU, GiB of memory and GiB of volume, per hour)."""
+
+
+class MetricsLayer(Model):
+    """kube-prometheus-stack (Prometheus Operator, Prometheus, Alertmanager, kube-state-metrics,
+    node exporter), monitors for the GPU Operator's DCGM exporter and HAMi, the GPU metering
+    recording rules, and a label-enforcing query proxy per tenant (see components/metrics.py)."""
+
+    enabled: bool = False
+    chart: Chart = Chart.pinned("kube-prometheus-stack")
+    namespace: DnsLabel = "monitoring"
+    retention_days: int = Field(default=45, ge=2, le=3650)
+    """How long Prometheus keeps series; a bill can only cover a period still retained (the default
+    covers a month and its closing two weeks)."""
+    storage_gib: int = Field(default=200, ge=10, le=65536)
+    """Size of each Prometheus replica's volume. Prometheus stops keeping data at 85% of it
+    (`retentionSize`), whichever of time and size comes first."""
+    storage_class: DnsLabel | None = None
+    """StorageClass of the volume; None: the cluster's default class."""
+    prices: GpuPrices = GpuPrices()
+    opencost: OpenCostSettings = OpenCostSettings()
 
 
 class Layers(Model):
@@ -550,6 +597,7 @@ class Layers(Model):
     falco: FalcoLayer = FalcoLayer()
     trivy: TrivyLayer = TrivyLayer()
     health: HealthLayer = HealthLayer()
+    metrics: MetricsLayer = MetricsLayer()
 
 
 # --------------------------------------------------------------------------- identity

@@ -15,6 +15,9 @@ LABEL_PREFIX = "ai-factory.io"
 TENANT_LABEL = f"{LABEL_PREFIX}/tenant"
 TRUST_LABEL = f"{LABEL_PREFIX}/trust"
 TRUST_DOMAIN_LABEL = f"{LABEL_PREFIX}/trust-domain"
+SERVES_TENANT_LABEL = f"{LABEL_PREFIX}/serves-tenant"
+"""On a platform object that exists for one tenant only (its metrics query proxy, ...): the tenant
+does not own it (no `ai-factory.io/tenant`), but it goes with the tenant."""
 OIDC_PREFIX = "oidc:"
 """API servers run with `--oidc-username-prefix=oidc:` and `--oidc-groups-prefix=oidc:`, so no
 identity-provider group can ever be taken for a Kubernetes group such as `system:masters`."""

@@ -54,7 +54,12 @@ HELM_SHA256 = "210d576a6dc04b7864af4b5d9a5af58860bbc03d19174ffeddbd29d01d1b59a9"
 HELM_VERSION = "v4.1.4"
 
 _MAX_ERROR = 800
-_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+class _YAML_LOADER(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # noqa: N801
+    """The safe loader, reading a plain `=` (YAML 1.1's value-key type, which the safe loader
+    cannot construct) as the string it is to Kubernetes: kube-prometheus-stack's rules render one."""
+
+
+_YAML_LOADER.add_constructor("tag:yaml.org,2002:value", lambda loader, node: loader.construct_scalar(node))
 _CACHE_FORMAT = 2
 CLUSTER_SCOPED_CORE_KINDS = frozenset(
     {

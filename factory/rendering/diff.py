@@ -44,7 +44,7 @@ from ai_factory.factory.planning.placement import DEDICATED_LABEL, UNASSIGNED, o
 from ai_factory.factory.planning.from_config import plan_for, previous_plan
 from ai_factory.factory.planning.quotas import CPU_FLAVOR
 from ai_factory.factory.rendering.bundle import Manifest, Rendered, dump_yaml, render_raw
-from ai_factory.factory.model.tenancy import TRUST_DOMAIN_LABEL
+from ai_factory.factory.model.tenancy import SERVES_TENANT_LABEL, TRUST_DOMAIN_LABEL
 
 DIFF_CONTEXT_LINES = 2
 """Unchanged lines shown around each change of an object's unified diff."""
@@ -212,6 +212,13 @@ class TenantRemoval:
     def _releases(self, *objects: Manifest) -> bool:
         """A platform object that follows the plan releasing the tenant's GPUs (and of no other domain)."""
         return not objects[0].tenant and not self._other_domains(*objects)
+    def _serves_tenant(self, m: Manifest) -> bool:
+        """A platform object that exists for this tenant only (`SERVES_TENANT_LABEL`): it goes with it."""
+        labels = (m.obj.get("metadata") or {}).get("labels") or {}
+        return m.tenant is None and labels.get(SERVES_TENANT_LABEL) == self.tenant
+
+    def _goes_with_tenant(self, m: Manifest) -> bool:
+        return self._of_domain(m) or self._serves_tenant(m)
 
     @property
     def _domain_flavors(self) -> set[str]:
@@ -259,12 +266,13 @@ class TenantRemoval:
 
     @property
     def unexpected(self) -> list[str]:
-        """Every change that is not the tenant's objects going, its grant returning to its trust
-        domain, or the plan releasing its GPUs into platform objects; one line each (an object's
+        """Every change that is not the tenant's objects (and the platform objects serving it only)
+        going, its grant returning to its trust domain, or the plan releasing its GPUs into platform
+        objects; one line each (an object's
         diff follows its line). Must be empty."""
         t, removal, release = self.tenant, self.removal, self.release
-        domain_origins = {m.origin for m in [*removal.removed, *(b for b, _ in removal.changed)] if self._of_domain(m)}
-        lines = [f"removal deletes {m.path} ({_owner(m.tenant)})" for m in removal.removed if m.tenant != t and not self._of_domain(m)]
+        domain_origins = {m.origin for m in [*removal.removed, *(b for b, _ in removal.changed)] if self._goes_with_tenant(m)}
+        lines = [f"removal deletes {m.path} ({_owner(m.tenant)})" for m in removal.removed if m.tenant != t and not self._goes_with_tenant(m)]
         lines += [f"removal keeps {m.path} (tenant {t})" for m in removal.remaining if m.tenant == t]
         lines += [f"removal keeps Pulumi resource {_key(e)} (tenant {t})" for e in removal.remaining_resources if e.get("tenant") == t]
         lines += [f"removal adds {m.path} ({_owner(m.tenant)})" for m in removal.added]
@@ -340,6 +348,10 @@ class TenantRemoval:
             lines.append("  protected resources stop `pulumi up` until unprotected (`pulumi state unprotect`): off-boarding is deliberate")
         if any(e.get("retainOnDelete") for e in resources):
             lines.append("  resources kept in the cluster only leave the Pulumi state: delete the namespace once its volumes are backed up")
+        serving = [f"  - deleted {m.path}" for m in self.removal.removed if self._serves_tenant(m)]
+        if serving:
+            lines.append(f"platform objects serving it only go too ({len(serving)}):")
+            lines += serving
         returned = self.returned_to_domain
         if returned:
             count = sum(not line.startswith("    ") for line in returned)
