@@ -49,7 +49,7 @@ def monkeypatch_module():
 def test_findings_point_at_the_config_that_caused_them_and_at_their_rendered_file(located):
     tenant, layer, node, unknown = located
     assert tenant.config == Location("Pulumi.dev.yaml", dev_line("- name: partner-acme"))
-    assert tenant.rendered == Location("build/dev/manifests/tenant-partner-acme/_cluster/namespace-tenant-partner-acme.yaml")
+    assert tenant.rendered == Location("build/dev/manifests/tenants/tenant-partner-acme/_cluster/namespace-tenant-partner-acme.yaml")
     assert layer.config == Location("Pulumi.dev.yaml", dev_line("keycloak:"))
     assert node.config == Location("Pulumi.dev.yaml", dev_line("- name: h100-train"))
     assert unknown.config is None and unknown.rendered is None
@@ -61,7 +61,7 @@ def test_sarif_is_valid_against_the_sarif_2_1_0_schema_and_leads_with_the_stack_
     first = log["runs"][0]["results"][0]
     assert first["ruleId"] == "pod-security"
     assert first["locations"][0]["physicalLocation"] == {"artifactLocation": {"uri": "Pulumi.dev.yaml"}, "region": {"startLine": dev_line("- name: partner-acme")}}
-    assert first["relatedLocations"][0]["physicalLocation"]["artifactLocation"]["uri"].startswith("build/dev/manifests/tenant-partner-acme/")
+    assert first["relatedLocations"][0]["physicalLocation"]["artifactLocation"]["uri"].startswith("build/dev/manifests/tenants/tenant-partner-acme/")
     assert "locations" not in log["runs"][0]["results"][3]
     assert [r["id"] for r in log["runs"][0]["tool"]["driver"]["rules"]] == sorted({r.check for r in located})
 
@@ -113,7 +113,7 @@ def run_check(*args: str) -> subprocess.CompletedProcess:
 
 def test_cli_writes_findings_of_a_rendered_directory_as_sarif(dev, oracles, tmp_path):
     dev.write(tmp_path / "out")
-    quota = tmp_path / "out/manifests/tenant-search/tenant-search/resourcequota-tenant-quota.yaml"
+    quota = tmp_path / "out/manifests/tenants/tenant-search/tenant-search/resourcequota-tenant-quota.yaml"
     quota.write_text(quota.read_text().replace("services.nodeports: '0'", "services.nodeports: '5'"))
     proc = run_check(str(tmp_path / "out"), "--format", "sarif")
     assert proc.returncode == 1, proc.stderr
