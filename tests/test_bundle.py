@@ -129,10 +129,10 @@ def test_stages_apply_sources_and_crd_releases_then_controllers_then_custom_reso
     assert all(names.index(n) < names.index(name) for name, ns in needs.items() for n in ns), "listed in dependency order"
     assert needs["ai-factory-crds"] == ["ai-factory-sources"]
     assert needs["ai-factory-controllers"] == ["ai-factory-sources"]
-    assert needs["ai-factory-resources"] == ["ai-factory-crds"]
+    assert needs["ai-factory-resources"] == ["ai-factory-controllers", "ai-factory-crds"]  # the metrics layer's monitors follow its proxies
     # The program lays node labels before every layer, and tenants after every layer.
     assert needs["ai-factory-sources"] == ["ai-factory-patches-fleet"]
-    assert needs["ai-factory-tenant-search"] == ["ai-factory-controllers", "ai-factory-resources"]
+    assert needs["ai-factory-tenant-search"] == ["ai-factory-resources"]  # which waits for the controllers
     assert needs["ai-factory-patches-tenant-search"] == ["ai-factory-tenant-search"]
     stage_of = {(m.kind, m.name): m.stage for m in dev.manifests}
     assert stage_of["HelmRepository", "helm-ngc-nvidia-com-nvidia"] == stage_of["Namespace", "gpu-operator"] == "sources"

@@ -261,7 +261,7 @@ def test_without_a_plan_lock_the_report_shows_the_re_plan_moving_other_tenants_g
     # From scratch, partner-beta's dedicated node goes to the node partner-acme leaves.
     assert main(["diff", str(two_partners_stack), "--without-tenant", "partner-acme"]) == 1
     out = capsys.readouterr().out
-    assert "  re-planning changes manifests/fleet/_cluster/node-gpu-h100-02.yaml (trust domain partner-beta)" in out
+    assert "  re-planning changes manifests/patches/fleet/_cluster/node-gpu-h100-02.yaml (trust domain partner-beta)" in out
     assert "    -    ai-factory.io/dedicated: partner-beta" in out
     assert "has no plan lock (plans/partners.json): `pulumi up` re-plans every tenant from scratch" in out
     assert "`ai-factory plan " + str(two_partners_stack) + " --lock`" in out
@@ -278,7 +278,7 @@ def test_with_the_plan_locked_the_same_removal_moves_no_other_tenant(two_partner
 def test_changed_objects_are_shown_as_unified_diffs(shared_domain_stack, capsys):
     assert main(["diff", str(shared_domain_stack), "--without-tenant", "search-eval"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    quota = "manifests/tenant-search/tenant-search/resourcequota-tenant-quota.yaml"
+    quota = "manifests/tenants/tenant-search/tenant-search/resourcequota-tenant-quota.yaml"
     at = next(i for i, line in enumerate(lines) if line.startswith(f"  ~ changed {quota}"))
     assert lines[at + 1 : at + 3] == [f"    --- a/{quota}", f"    +++ b/{quota}"]
     changed = [line for line in lines[at + 3 :] if line.startswith(("    -", "    +"))]

@@ -523,7 +523,10 @@ def _label(m: Manifest, stack: str) -> None:
         metadata.setdefault("annotations", {}).update(PATCH_ANNOTATIONS)
         return
     labels = metadata.setdefault("labels", {})
-    for key, value in recommended_labels(m.layer, stack).items():
+    defaults = recommended_labels(m.layer, stack)
+    # A component's own application name (prom-label-proxy, ...) names its instance too.
+    defaults["app.kubernetes.io/instance"] = f"{labels.get('app.kubernetes.io/name', m.layer)}-{stack}"
+    for key, value in defaults.items():
         labels.setdefault(key, value)
 
 

@@ -370,15 +370,15 @@ class TenantRemoval:
             lines.append(f"its trust domain's offerings change, and with them {count} object(s) of its peer tenants that follow them:")
             lines += peers
         lines += [f"note: {n}" for n in self.notes]
+        lines.append("changes by tenant and layer:")
+        for g in self.groups():
+            lines.append(f"  {g['tenant'] or 'platform'} / {g['layer']}: {g['deleted']} deleted, {g['added']} added, {g['changed']} changed")
         unexpected = self.unexpected
         if unexpected:
             lines.append(f"UNEXPECTED: {sum(not line.startswith(' ') for line in unexpected)} other change(s):")
             lines += [f"  {line}" for line in unexpected]
         else:
             lines.append("no other object changes: nothing shared with another trust domain, nothing of another tenant")
-        lines.append("changes by tenant and layer:")
-        for g in self.groups():
-            lines.append(f"  {g['tenant'] or 'platform'} / {g['layer']}: {g['deleted']} deleted, {g['added']} added, {g['changed']} changed")
         return "\n".join(lines)
 
 
