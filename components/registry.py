@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import importlib
 import pkgutil
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
@@ -79,7 +80,8 @@ class Layer:
 def _discover() -> tuple[Layer, ...]:
     """Every `LAYER` declared by a module of this package, dependencies first, then by name."""
     declared: dict[str, Layer] = {}
-    for module in sorted(pkgutil.iter_modules(_package_path()), key=lambda m: m.name):
+    # This package is imported before any of its modules, so its path is known here.
+    for module in sorted(pkgutil.iter_modules(sys.modules[__package__].__path__), key=lambda m: m.name):
         if module.name.startswith("_") or module.name == "registry":
             continue
         layer = getattr(importlib.import_module(f"{__package__}.{module.name}"), "LAYER", None)
@@ -97,12 +99,6 @@ def _discover() -> tuple[Layer, ...]:
         ordered.append(ready[0])
         placed.add(ready[0].name)
     return tuple(ordered)
-
-
-def _package_path() -> list[str]:
-    import ai_factory.components as package
-
-    return list(package.__path__)
 
 
 @functools.cache

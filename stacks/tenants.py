@@ -23,22 +23,20 @@ import shutil
 import threading
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import pulumi
 import yaml
 from pulumi import automation as auto
 from pydantic import BaseModel, ConfigDict
 
-from ai_factory.components.tenant_stack import TenantStack, tenant_stack_args
 from ai_factory.factory.model.config import Tenant
 from ai_factory.factory.model.loading import project_dir as current_project
 from ai_factory.factory.model.loading import ConfigError, read_stack_file, stack_file, validate, validate_tenant, with_registered_tenants
 from ai_factory.factory.model.onboarding import REGISTRY_DIR, is_registered, register, self_service_problems, unregister
 from ai_factory.factory.planning.from_config import plan_for, previous_plan
 from ai_factory.components.registry import tenant_hooks
-from ai_factory.factory.rendering.platform import tenant_stack_name
-from ai_factory.factory.rendering.program import ROOT
+from ai_factory.factory.rendering.platform import own_tenant_stack
 from ai_factory.stacks import backend as ops
 from ai_factory.stacks.backend import Backend, KeyedLocks, OnEvent, OnOutput, StackResult, check_name
 from ai_factory.stacks.contract import CONTRACT_OUTPUT, CONTRACT_SECRETS_OUTPUT, ContractError, PlatformContract, owner_conflicts
@@ -94,7 +92,7 @@ async def tenant_program() -> None:
     # Checked before the CLI ran too; checked again against the contract the engine read.
     if problems := contract.tenant_problems(tenant):
         raise pulumi.RunError(ConfigError(problems, source=source).render())
-    stack = TenantStack(tenant_stack_name(ROOT, tenant.name), tenant_stack_args(cfg, plan, tenant, tenant_hooks(cfg, plan)))
+    stack = own_tenant_stack(cfg, plan, tenant, tenant_hooks(cfg, plan))
     pulumi.export("tenant", tenant.model_dump(mode="json"))
     for output in TENANT_OUTPUTS:
         pulumi.export(output, getattr(stack, output))
@@ -179,11 +177,7 @@ class TenantStacks:
         tenant = validate_tenant(tenant.model_dump(mode="json") if isinstance(tenant, Tenant) else tenant)
         contract = self.platforms.contract(env)
         problems = contract.tenant_problems(tenant)
-        # Owners are the tenant's to change: no group another tenant holds, registered or deployed.
-        owners = {name: set(groups) for name, groups in contract.registered_owners().items()}
-        for deployed in self.list(env):
-            owners.setdefault(deployed.name, set()).update(deployed.owners)
-        problems += owner_conflicts(tenant, owners)
+        problems += owner_conflicts(tenant, self._owners(env, contract.registered_owners()))
         if problems:
             raise ConfigError(problems, source=f"tenant {tenant.name!r} of {env}")
         return tenant
@@ -200,7 +194,7 @@ class TenantStacks:
         if any(t.name == tenant.name for t in cfg.tenants):
             raise TenantExists(f"tenant {tenant.name!r} of {env} is registered already")
         problems = self_service_problems(cfg, tenant, env)
-        problems += owner_conflicts(tenant, {t.name: set(t.owners.groups) for t in cfg.tenants} | {d.name: set(d.owners) for d in self.list(env)})
+        problems += owner_conflicts(tenant, self._owners(env, {t.name: t.owners.groups for t in cfg.tenants}))
         if problems:
             raise ConfigError(problems, source=f"tenant {tenant.name!r} of {env}")
         with_tenant = validate({**raw, "tenants": [*raw.get("tenants", []), tenant.model_dump(mode="json")]}, source=f"tenant {tenant.name!r} of {env}")
@@ -354,6 +348,14 @@ class TenantStacks:
         return TenantRecord(deployed=_deployed(outputs), exists=exists, registered=registered)
 
     # ------------------------------------------------------------------ plumbing
+
+    def _owners(self, env: str, registered: Mapping[str, Iterable[str]]) -> dict[str, set[str]]:
+        """Owner groups per tenant, registered or deployed: owners are the tenant's to change, so
+        no tenant may take a group another tenant holds either way."""
+        owners = {name: set(groups) for name, groups in registered.items()}
+        for deployed in self.list(env):
+            owners.setdefault(deployed.name, set()).update(deployed.owners)
+        return owners
 
     def _settings(self, env: str, tenant: Tenant) -> dict[str, str]:
         """The stack's config: the tenant, its platform stack, the platform's provider settings."""

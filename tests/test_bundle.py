@@ -26,22 +26,11 @@ from ai_factory.factory.rendering.bundle import (
     load_rendered,
 )
 from ai_factory.factory.rendering.harness import run_program
-from tests.conftest import render
-from tests.scheduling_env import bigger_environment
-from tests.test_scheduling import with_layers
+# The scheduling tests' bigger environments with KAI (every kind of custom resource the library
+# emits but Volcano's: KAI queues, DRA, HAMi, MIG) and with Volcano.
+from tests.test_scheduling import big_kai, big_volcano  # noqa: F401 (fixtures)
 
 RECOMMENDED = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/managed-by")
-
-
-@pytest.fixture(scope="module")
-def big_kai(dev_raw) -> Rendered:
-    """Every kind of custom resource the library emits but Volcano's: KAI queues, DRA, HAMi, MIG."""
-    return render(with_layers(bigger_environment(copy.deepcopy(dev_raw[0])), kai_scheduler=True))
-
-
-@pytest.fixture(scope="module")
-def big_volcano(dev_raw) -> Rendered:
-    return render(with_layers(bigger_environment(copy.deepcopy(dev_raw[0])), volcano=True))
 
 
 def kustomization(rendered: Rendered, name: str) -> dict:

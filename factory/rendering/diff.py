@@ -28,7 +28,7 @@ import copy
 import difflib
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 from ai_factory.components.kyverno import (
     GPU_RESOURCES_RULE,
@@ -300,24 +300,25 @@ class TenantRemoval:
             lines += [f"re-planning {verb} Pulumi resource {_key(e)} (tenant {e['tenant']})" for e in entries if e.get("tenant")]
         return lines
 
-    def changes(self) -> list[dict[str, Any]]:
-        """Every object the removal and the re-planning change, each with its unified diff."""
-        out = []
+    def _changed_objects(self) -> Iterator[tuple[str, str, Manifest, Manifest | None]]:
+        """(step, change, object, its new version when changed) for every object either step changes."""
         for step, difference in (("removal", self.removal), ("re-planning", self.release)):
             for change, objects in (("deleted", difference.removed), ("added", difference.added)):
-                out += [{"step": step, "change": change, "path": m.path, "tenant": m.tenant, "layer": m.layer, "diff": []} for m in objects]
-            out += [
-                {"step": step, "change": "changed", "path": b.path, "tenant": b.tenant, "layer": b.layer, "diff": [line[4:] for line in _object_diff(b, a)]}
-                for b, a in difference.changed
-            ]
-        return out
+                yield from ((step, change, m, None) for m in objects)
+            yield from ((step, "changed", before, after) for before, after in difference.changed)
+
+    def changes(self) -> list[dict[str, Any]]:
+        """Every object the removal and the re-planning change, each with its unified diff."""
+        return [
+            {"step": step, "change": change, "path": m.path, "tenant": m.tenant, "layer": m.layer, "diff": [line[4:] for line in _object_diff(m, after)] if after else []}
+            for step, change, m, after in self._changed_objects()
+        ]
 
     def groups(self) -> list[dict[str, Any]]:
-        """The changes counted per (tenant, layer): one summary line each."""
+        """The changes counted per (tenant, layer): one summary line each (no diff is computed)."""
         counts: dict[tuple[str, str], dict[str, int]] = {}
-        for c in self.changes():
-            group = counts.setdefault((c["tenant"] or "", c["layer"]), {"deleted": 0, "added": 0, "changed": 0})
-            group[c["change"]] += 1
+        for _, change, m, _ in self._changed_objects():
+            counts.setdefault((m.tenant or "", m.layer), {"deleted": 0, "added": 0, "changed": 0})[change] += 1
         return [{"tenant": t or None, "layer": layer, **n} for (t, layer), n in sorted(counts.items())]
 
     def to_json(self, env: str) -> str:

@@ -3,21 +3,31 @@ layer registry (`ai_factory.components.registry`) declares them."""
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import pulumi
 
-from ai_factory.components._common import FactoryComponent
+from ai_factory.components._common import FactoryComponent, TenantHook
 from ai_factory.components.registry import enabled_layers, tenant_hooks
 from ai_factory.components.tenant_stack import TenantStack, tenant_stack_args
-from ai_factory.factory.model.config import FactoryConfig
+from ai_factory.factory.model.config import FactoryConfig, Tenant
 from ai_factory.factory.planning.model import Plan
 
 TOKEN = "ai-factory:index:Platform"
+ROOT = "ai-factory"
+"""The root component's Pulumi name: every resource's name starts with it."""
 
 
 def tenant_stack_name(platform: str, tenant: str) -> str:
     """The Pulumi name of a tenant's stack component, under the platform or in a stack of its own
     (`stacks/tenants.py`), so a tenant's objects keep their names when it moves between the two."""
     return f"{platform}-tenant-{tenant}"
+
+
+def own_tenant_stack(cfg: FactoryConfig, plan: Plan, tenant: Tenant, hooks: Sequence[TenantHook]) -> TenantStack:
+    """A tenant with a stack of its own (`managed_by: tenant-stack`), as that stack builds it:
+    outside the platform component, named as the platform would name it."""
+    return TenantStack(tenant_stack_name(ROOT, tenant.name), tenant_stack_args(cfg, plan, tenant, hooks))
 
 
 class Platform(FactoryComponent):

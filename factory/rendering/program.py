@@ -8,13 +8,8 @@ import pulumi
 from ai_factory.factory.model.loading import ConfigError, load_pulumi_config
 from ai_factory.factory.planning.from_config import plan_for, previous_plan
 from ai_factory.factory.planning.model import Plan
-from ai_factory.components.tenant_stack import TenantStack, tenant_stack_args
-from ai_factory.factory.rendering.platform import Platform, tenant_stack_name
+from ai_factory.factory.rendering.platform import ROOT, Platform, own_tenant_stack
 from ai_factory.stacks.contract import CONTRACT_OUTPUT, CONTRACT_SECRETS_OUTPUT, platform_contract, platform_secrets
-
-
-ROOT = "ai-factory"
-"""The root component's Pulumi name: every resource's name starts with it."""
 
 
 def main(plan: Plan | None = None, *, with_tenant_stacks: bool = False) -> None:
@@ -31,7 +26,7 @@ def main(plan: Plan | None = None, *, with_tenant_stacks: bool = False) -> None:
     platform = Platform(ROOT, cfg, plan)
     if with_tenant_stacks:
         for tenant in (t for t in cfg.tenants if t.managed_by == "tenant-stack"):
-            TenantStack(tenant_stack_name(ROOT, tenant.name), tenant_stack_args(cfg, plan, tenant, platform.hooks))
+            own_tenant_stack(cfg, plan, tenant, platform.hooks)
     # What tenant stacks read through a StackReference (stacks/contract.py): the contract in
     # clear, the configuration's secret values as a secret.
     pulumi.export(CONTRACT_OUTPUT, platform_contract(cfg, plan, pulumi.get_stack()).to_output())
