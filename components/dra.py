@@ -211,4 +211,7 @@ LAYER = Layer(
     requires=("fleet",),
     sharing=("dra",),
     tenant_hook=lambda cfg, plan: DraClaimTemplates.from_plan(plan),
+    privileged_namespaces={
+        "dra-driver-nvidia-gpu": "NVIDIA DRA kubelet plugin: prepares GPUs on the host through kubelet's plugin socket",
+    },
 )

@@ -148,4 +148,7 @@ LAYER = Layer(
     component=Falco,
     args=lambda cfg, plan: FalcoArgs.from_config(cfg),
     requires=("fleet",),
+    privileged_namespaces={
+        "falco": "Falco: its eBPF probe reads every syscall of the node (privileged, host PID and /proc)",
+    },
 )

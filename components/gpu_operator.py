@@ -256,4 +256,8 @@ LAYER = Layer(
     component=GpuOperator,
     args=GpuOperatorArgs.from_config,
     requires=("fleet",),
+    privileged_namespaces={
+        "gpu-operator": "GPU Operator operands: the driver loads kernel modules; toolkit, device plugin, MIG Manager "
+        "and DCGM mount host paths and device nodes",
+    },
 )

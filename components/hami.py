@@ -147,4 +147,7 @@ LAYER = Layer(
     args=HamiArgs.from_config,
     requires=("fleet",),
     sharing=("hami",),
+    privileged_namespaces={
+        "hami-system": "HAMi device plugin: mounts its CUDA shim and /etc/ld.so.preload into GPU containers",
+    },
 )

@@ -73,6 +73,7 @@ from ai_factory.factory.checking import health as health_checks
 from ai_factory.factory.model.catalog import ChartSource
 from ai_factory.factory.model.config import FactoryConfig, Pool
 from ai_factory.factory.model.gpus import GPU_MODELS
+from ai_factory.factory.model.raw import as_dict, as_list, did_you_mean
 from ai_factory.factory.planning.credits import tenant_shares
 from ai_factory.factory.planning.model import Plan
 
@@ -492,6 +493,72 @@ class Health(FactoryComponent):
         self.register_outputs({"namespace": self.namespace})
 
 
+def remediation_limits(raw: dict[str, Any]) -> list[str]:
+    """Blast-radius limits name real pools and sites, allow at least one node and at most the nodes
+    there are; a site's pools together stay within the site's limit (one Node Healthcheck per pool
+    counts only its own pool, so a site's limit holds only if its pools' limits add up under it)."""
+    problems: list[str] = []
+    fleet = as_dict(raw.get("fleet"))
+    pools = as_list(fleet.get("pools"))
+    site_names = {name for s in map(as_dict, as_list(fleet.get("sites"))) if isinstance(name := s.get("name"), str)}
+    remediation = as_dict(as_dict(as_dict(raw.get("layers")).get("health")).get("remediation"))
+    path = "layers.health.remediation"
+    sizes: dict[str, tuple[str, int]] = {}
+    for pool in map(as_dict, pools):
+        name, site = pool.get("name"), pool.get("site")
+        count = pool.get("nodes") if pool.get("node_list") is None else len(as_list(pool.get("node_list")))
+        if isinstance(name, str) and isinstance(site, str) and isinstance(count, int) and count >= 1:
+            sizes.setdefault(name, (site, count))
+    overrides = as_dict(remediation.get("pools"))
+    for name in overrides:
+        if name not in sizes:
+            problems.append(f"{path}.pools.{name}: unknown pool{did_you_mean(name, sizes)}")
+    for name in as_dict(remediation.get("sites")):
+        if name not in site_names:
+            problems.append(f"{path}.sites.{name}: unknown site{did_you_mean(name, site_names)}")
+    default = remediation.get("pool_limit", {"nodes": 1})
+    per_site: dict[str, list[tuple[str, int]]] = {}
+    for name, (site, count) in sorted(sizes.items()):
+        limit_path, limit = (f"{path}.pools.{name}", overrides[name]) if name in overrides else (f"{path}.pool_limit", default)
+        resolved, problem = _resolve_limit(limit_path, limit, count, f"pool {name}")
+        if problem:
+            problems.append(problem)
+        if resolved is not None:
+            per_site.setdefault(site, []).append((name, resolved))
+    for site, limit in sorted(as_dict(remediation.get("sites")).items()):
+        members = per_site.get(site, [])
+        total = sum(sizes[name][1] for name, _ in members)
+        if not members:
+            continue
+        resolved, problem = _resolve_limit(f"{path}.sites.{site}", limit, total, f"site {site}")
+        if problem:
+            problems.append(problem)
+        elif resolved is not None and sum(n for _, n in members) > resolved:
+            listed = ", ".join(f"{name} {n}" for name, n in members)
+            problems.append(
+                f"{path}.sites.{site}: the pools of site {site} may remediate {sum(n for _, n in members)} nodes at once "
+                f"({listed}), more than the site's limit of {resolved}; lower a pool's limit or raise the site's"
+            )
+    return problems
+
+
+def _resolve_limit(path: str, limit: Any, total: int, where: str) -> tuple[int | None, str | None]:
+    """A well-formed limit in nodes out of `total` and the problem with it, if any (malformed
+    limits are the field validation's to report)."""
+    limit = as_dict(limit)
+    nodes, percent = limit.get("nodes"), limit.get("percent")
+    if isinstance(nodes, int) and not isinstance(nodes, bool) and nodes >= 1 and percent is None:
+        if nodes > total:
+            return None, f"{path}.nodes: {nodes} is above the {total} node{'s' if total != 1 else ''} of {where}"
+        return nodes, None
+    if isinstance(percent, int) and not isinstance(percent, bool) and 1 <= percent <= 100 and nodes is None:
+        resolved = total * percent // 100
+        if resolved == 0:
+            return None, f"{path}.percent: {percent}% of the {total} node{'s' if total != 1 else ''} of {where} is 0 nodes: nothing could ever be remediated"
+        return resolved, None
+    return None, None
+
+
 LAYER = Layer(
     name="health",
     section="health",
@@ -500,6 +567,11 @@ LAYER = Layer(
     args=HealthArgs.from_config,
     requires=("fleet",),
     checks=(health_checks.detection_coverage, health_checks.remediation_blast_radius),
+    config_checks=(remediation_limits,),
+    privileged_namespaces={
+        "node-problem-detector": "Node Problem Detector: reads the kernel log (/dev/kmsg) and the host's /var/log",
+        "medik8s": "Self Node Remediation agents: reboot their node through its watchdog device",
+    },
     # The medik8s operators come from OLM; prometheus-operator from the metrics layer or the cluster.
     external_crds=("remediation.medik8s.io", "self-node-remediation.medik8s.io", "monitoring.coreos.com"),
 )

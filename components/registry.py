@@ -7,8 +7,10 @@ from the config and the plan, its per-tenant hook and the offline checks it cont
 component (`ai_factory.factory.rendering.platform`), the tenant hooks (also rebuilt by tenant
 stacks from the platform contract), `depends_on` ordering and `factory check` all read `layers()`.
 
-Adding a layer is one new module in `components/` declaring `LAYER`, plus its config section
-(`Layers` in `ai_factory.factory.model.config`) and its chart pin; nothing else is edited.
+Adding a layer is one new module in `components/` declaring `LAYER` (with its cross-section config
+rules and privileged namespaces, if any), plus its config section (a field of `Layers` in
+`ai_factory.factory.model.config`) and, for a new chart, its row in the version table
+`ai_factory.factory.model.catalog.CHARTS`; nothing else is edited.
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ import functools
 import importlib
 import pkgutil
 import sys
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 import pulumi
 
@@ -32,6 +34,8 @@ if TYPE_CHECKING:
     from ai_factory.factory.rendering.bundle import Rendered
 
     Check = Callable[[Rendered, Oracles], Iterable[Finding]]
+
+ConfigCheck = Callable[[dict[str, Any]], list[str]]
 
 
 class RegistryError(Exception):
@@ -62,6 +66,13 @@ class Layer:
     external_crds: tuple[str, ...] = ()
     """CRD groups the layer's objects need that no chart of the bundle installs (operators the
     cluster gets from OLM or its add-ons): a prerequisite of the cluster, named in the README."""
+    config_checks: tuple[ConfigCheck, ...] = ()
+    """Rules relating the layer's config section to the rest of the config, over the raw document
+    (`ai_factory.factory.model.raw`), run by validation with every other rule: one problem per
+    string, starting with its field path."""
+    privileged_namespaces: Mapping[str, str] = field(default_factory=dict)
+    """Namespaces whose pods must break Pod Security baseline (kernel modules, host paths, device
+    nodes), each with why: the reviewed allow-list of the policy pack and of `factory check`."""
 
     def enabled(self, cfg: FactoryConfig) -> bool:
         settings = getattr(cfg.layers, self.section) if self.section else None
@@ -130,6 +141,12 @@ def external_crds(layer_names: Iterable[str]) -> set[str]:
     """The CRD groups the named layers expect the cluster to have already."""
     present = set(layer_names)
     return {group for l in layers() if l.name in present for group in l.external_crds}
+
+
+def privileged_namespaces() -> dict[str, str]:
+    """Every layer's privileged namespaces with why, whether or not the layer is enabled (the pack
+    reviews a stack without knowing its config)."""
+    return {namespace: why for l in layers() for namespace, why in sorted(l.privileged_namespaces.items())}
 
 
 def checks_for(layer_names: Iterable[str]) -> list[Check]:

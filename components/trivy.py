@@ -65,4 +65,7 @@ LAYER = Layer(
     component=Trivy,
     args=lambda cfg, plan: TrivyArgs.from_config(cfg),
     requires=("fleet",),
+    privileged_namespaces={
+        "trivy-system": "Trivy Operator's node collector: reads kubelet and API-server files on the host (hostPath, host PID)",
+    },
 )

@@ -49,3 +49,40 @@ def test_crd_groups_a_layer_expects_from_the_cluster_are_the_only_ones_without_a
     monkeypatch.setattr(ordering, "external_crds", lambda names: set())
     flagged = {f.ref for f in ordering.bundle_order(dev, None) if "remediation.medik8s.io" in f.message}
     assert {"NodeHealthCheck/ai-factory-gpu-h100-train"} <= flagged
+
+
+def test_a_layers_config_checks_run_with_validation_and_report_with_every_other_problem(raw, monkeypatch):
+    import dataclasses
+
+    from ai_factory.components import registry
+    from ai_factory.factory.model.loading import ConfigError, validate
+
+    assert layer("health").config_checks
+    extra = dataclasses.replace(layer("falco"), name="probe", config_checks=(lambda doc: ["layers.probe: checked"],))
+    monkeypatch.setattr(registry, "layers", lambda: (*registry._discover(), extra))
+    raw["tenants"][0]["trust"] = "unheard-of"
+    raw["layers"]["health"]["remediation"] = {"pools": {"no-such-pool": {"nodes": 1}}}
+    try:
+        validate(raw)
+    except ConfigError as error:
+        problems = error.problems
+    else:
+        raise AssertionError("validation accepted a broken config")
+    assert "layers.probe: checked" in problems
+    assert any(p.startswith("layers.health.remediation.pools.no-such-pool: unknown pool") for p in problems)
+    assert any(p.startswith("tenants[0].trust") for p in problems)
+
+
+def test_the_packs_privileged_allow_list_is_what_the_layers_declare(monkeypatch):
+    import dataclasses
+
+    from ai_factory.components import registry
+    from ai_factory.policies.aif_policies.security import privileged_namespaces
+
+    assert {"gpu-operator", "node-problem-detector", "medik8s", "kube-system"} <= privileged_namespaces({})
+    without_npd = tuple(
+        dataclasses.replace(l, privileged_namespaces={}) if l.name == "health" else l for l in registry._discover()
+    )
+    monkeypatch.setattr(registry, "layers", lambda: without_npd)
+    assert not {"node-problem-detector", "medik8s"} & privileged_namespaces({})
+    assert "gpu-operator" in privileged_namespaces({})

@@ -15,7 +15,6 @@ plus the cross-references between sections) as a `ConfigError`, before anything 
 
 from __future__ import annotations
 
-import difflib
 import re
 import types
 import typing
@@ -41,6 +40,7 @@ from ai_factory.factory.model.gpus import GPU_MODELS
 from ai_factory.factory.model.onboarding import RegistryError, registered_tenants, registry_dir
 from ai_factory.factory.planning.placement import UNASSIGNED, offering_name
 from ai_factory.factory.model import bounded_yaml
+from ai_factory.factory.model.raw import as_dict, as_list, did_you_mean
 from ai_factory.factory.model.secrets import PassphraseCrypter, SecretsError, offline_placeholder, parse_ciphertext, parse_salt, passphrase_from_env
 
 PROJECT_FILE = "Pulumi.yaml"
@@ -153,7 +153,7 @@ def with_registered_tenants(raw: dict[str, Any], env: str, directory: Path) -> d
         raise ConfigError([f"tenants: {err}"], source=str(registry_dir(env, directory))) from None
     if not registered:
         return raw
-    return {**raw, "tenants": [*_as_list(raw.get("tenants")), *registered]}
+    return {**raw, "tenants": [*as_list(raw.get("tenants")), *registered]}
 
 
 def stack_file_lines(path: Path) -> dict[str, int]:
@@ -226,9 +226,9 @@ def config_key_problem(key: str, project: str) -> str | None:
         hint = f" (did you mean '{project}:{key}'?)" if key in SECTIONS else ""
         return f"{key}: a config key is `<namespace>:<name>`{hint}"
     if namespace not in known_namespaces(project):
-        return f"{key}: unknown config namespace {namespace!r}{_did_you_mean(namespace, known_namespaces(project))}"
+        return f"{key}: unknown config namespace {namespace!r}{did_you_mean(namespace, known_namespaces(project))}"
     if namespace == project and section not in SECTIONS:
-        return f"{section}: unknown key{_did_you_mean(section, SECTIONS)}"
+        return f"{section}: unknown key{did_you_mean(section, SECTIONS)}"
     return None
 
 
@@ -338,7 +338,7 @@ def validate_tenant(raw: Any, source: str = "tenant") -> Tenant:
         tenant = Tenant.model_validate(raw)
     except ValidationError as err:
         problems += [_format_error("tenant", e, root=Tenant) for e in err.errors()]
-    problems += _tenant_rules("tenant", _as_dict(raw))
+    problems += _tenant_rules("tenant", as_dict(raw))
     if problems:
         raise ConfigError(problems, source=source)
     return tenant
@@ -351,63 +351,63 @@ def cross_check(raw: dict[str, Any]) -> list[str]:
     """Rules that relate parts of the config. Written over the raw data (guarding every access) so
     they run even where a section has field errors, and every problem shows up in one report."""
     problems: list[str] = []
-    fleet = _as_dict(raw.get("fleet"))
-    sites = _as_list(fleet.get("sites"))
-    pools = _as_list(fleet.get("pools"))
-    tenants = _as_list(raw.get("tenants"))
+    fleet = as_dict(raw.get("fleet"))
+    sites = as_list(fleet.get("sites"))
+    pools = as_list(fleet.get("pools"))
+    tenants = as_list(raw.get("tenants"))
 
     problems += _duplicates("fleet.sites", sites)
     problems += _duplicates("fleet.pools", pools)
     problems += _duplicates("tenants", tenants)
 
-    site_names = {name for s in map(_as_dict, sites) if isinstance(name := s.get("name"), str)}
+    site_names = {name for s in map(as_dict, sites) if isinstance(name := s.get("name"), str)}
     pools_by_name: dict[str, dict] = {}
     node_names: Counter[str] = Counter()
-    for i, pool in enumerate(map(_as_dict, pools)):
+    for i, pool in enumerate(map(as_dict, pools)):
         path = f"fleet.pools[{i}]"
         if isinstance(pool.get("name"), str):
             pools_by_name.setdefault(pool["name"], pool)
         if isinstance(pool.get("site"), str) and pool["site"] not in site_names:
-            problems.append(f"{path}.site: unknown site {pool['site']!r}{_did_you_mean(pool['site'], site_names)}")
-        model = _as_dict(pool.get("gpu")).get("model")
+            problems.append(f"{path}.site: unknown site {pool['site']!r}{did_you_mean(pool['site'], site_names)}")
+        model = as_dict(pool.get("gpu")).get("model")
         if isinstance(model, str) and model not in GPU_MODELS:
-            problems.append(f"{path}.gpu.model: unknown GPU model {model!r}{_did_you_mean(model, GPU_MODELS)}")
+            problems.append(f"{path}.gpu.model: unknown GPU model {model!r}{did_you_mean(model, GPU_MODELS)}")
         elif pool.get("sharing") == "mig" and isinstance(model, str) and not GPU_MODELS[model].mig_capable:
             problems.append(f"{path}.sharing: {model} has no MIG; use exclusive, time-slicing, hami or dra")
         if (pool.get("nodes") is None) == (pool.get("node_list") is None):
             problems.append(f"{path}: give exactly one of `nodes` (a count) or `node_list`")
-        for node in map(_as_dict, _as_list(pool.get("node_list"))):
+        for node in map(as_dict, as_list(pool.get("node_list"))):
             if isinstance(node.get("name"), str):
                 node_names[node["name"]] += 1
-        per_node = _valid_int(_as_dict(pool.get("gpu")).get("per_node"), 1, MAX_GPUS_PER_NODE)
-        for j, numa in enumerate(map(_as_dict, _as_list(_as_dict(pool.get("topology")).get("numa")))):
-            outside = [gpu for gpu in _as_list(numa.get("gpus")) if isinstance(gpu, int) and per_node and not 0 <= gpu < per_node]
+        per_node = _valid_int(as_dict(pool.get("gpu")).get("per_node"), 1, MAX_GPUS_PER_NODE)
+        for j, numa in enumerate(map(as_dict, as_list(as_dict(pool.get("topology")).get("numa")))):
+            outside = [gpu for gpu in as_list(numa.get("gpus")) if isinstance(gpu, int) and per_node and not 0 <= gpu < per_node]
             if outside:
                 problems.append(f"{path}.topology.numa[{j}].gpus: GPU index(es) {', '.join(map(str, outside))} outside 0..{per_node - 1}")
     problems += [f"fleet.pools: node {name!r} is listed {n} times" for name, n in node_names.items() if n > 1]
-    total_nodes = sum(_node_count(pool) or 0 for pool in map(_as_dict, pools))
+    total_nodes = sum(_node_count(pool) or 0 for pool in map(as_dict, pools))
     if total_nodes > MAX_FLEET_NODES:
         problems.append(f"fleet.pools: {total_nodes} nodes in all; a fleet is one Kubernetes cluster, at most {MAX_FLEET_NODES} nodes")
     problems += _check_device_layers(raw, pools)
     problems += _check_hami_memory_scaling(pools_by_name, tenants)
     problems += _check_tenancy(raw, tenants)
     problems += _check_security_layers(raw)
-    problems += _check_health(raw, pools, site_names)
     problems += _check_scheduling(raw, pools, tenants)
-    for i, pool in enumerate(_as_list(_as_dict(raw.get("self_service")).get("pools"))):
+    for i, pool in enumerate(as_list(as_dict(raw.get("self_service")).get("pools"))):
         if isinstance(pool, str) and pool not in pools_by_name:
-            problems.append(f"self_service.pools[{i}]: unknown pool {pool!r}{_did_you_mean(pool, pools_by_name)}")
+            problems.append(f"self_service.pools[{i}]: unknown pool {pool!r}{did_you_mean(pool, pools_by_name)}")
     problems += _check_owners(tenants)
+    problems += _check_layers(raw)
     problems += _check_offering_names(pools_by_name, tenants)
 
     domains: dict[str, list[tuple[str, str]]] = {}
-    for i, tenant in enumerate(map(_as_dict, tenants)):
+    for i, tenant in enumerate(map(as_dict, tenants)):
         name = tenant.get("name")
         domain = tenant.get("trust_domain") or name
         if isinstance(domain, str) and isinstance(name, str):
             domains.setdefault(domain, []).append((name, tenant.get("trust")))
         problems += _tenant_rules(f"tenants[{i}]", tenant)
-        for j, demand in enumerate(map(_as_dict, _as_list(tenant.get("gpus")))):
+        for j, demand in enumerate(map(as_dict, as_list(tenant.get("gpus")))):
             problems += _check_demand(f"tenants[{i}].gpus[{j}]", demand, pools_by_name, tenant.get("trust"))
     for domain, members in sorted(domains.items()):
         if len(members) > 1 and any(trust == "low" for _, trust in members):
@@ -425,12 +425,12 @@ LAYER_SHARING = ("hami", "dra")
 def _check_device_layers(raw: dict[str, Any], pools: list) -> list[str]:
     """A pool's sharing mode needs its device layer, and DRA needs a Kubernetes that serves it."""
     problems = []
-    version = _as_dict(raw.get("kubernetes")).get("version", KubernetesSpec().version)
+    version = as_dict(raw.get("kubernetes")).get("version", KubernetesSpec().version)
     minor = _minor_version(version) if isinstance(version, str) else ()
-    layers = _as_dict(raw.get("layers"))
-    for i, pool in enumerate(map(_as_dict, pools)):
+    layers = as_dict(raw.get("layers"))
+    for i, pool in enumerate(map(as_dict, pools)):
         sharing = pool.get("sharing")
-        if sharing in LAYER_SHARING and _as_dict(layers.get(sharing)).get("enabled", True) is False:
+        if sharing in LAYER_SHARING and as_dict(layers.get(sharing)).get("enabled", True) is False:
             problems.append(f"fleet.pools[{i}].sharing: pool {pool.get('name')!r} uses {sharing} but layers.{sharing} is disabled")
         if sharing == "dra" and minor and minor < DRA_MIN_KUBERNETES:
             problems.append(
@@ -447,10 +447,10 @@ def _check_security_layers(raw: dict[str, Any]) -> list[str]:
     """Keycloak needs what cannot be defaulted (the realm it serves, its administrator, its
     database); tenants' secret stores need OpenBao."""
     problems = []
-    layers = _as_dict(raw.get("layers"))
-    keycloak = _as_dict(layers.get("keycloak"))
+    layers = as_dict(raw.get("layers"))
+    keycloak = as_dict(layers.get("keycloak"))
     if keycloak.get("enabled", True) is not False:
-        issuer = _as_dict(raw.get("identity")).get("issuer_url")
+        issuer = as_dict(raw.get("identity")).get("issuer_url")
         if raw.get("identity") is None:
             problems.append("identity: required by layers.keycloak (the issuer of the realm it serves)")
         elif isinstance(issuer, str) and not KEYCLOAK_ISSUER.match(issuer):
@@ -458,10 +458,10 @@ def _check_security_layers(raw: dict[str, Any]) -> list[str]:
         for key in ("admin_password", "database"):
             if keycloak.get(key) is None:
                 problems.append(f"layers.keycloak.{key}: required while the layer is enabled")
-    openbao = _as_dict(layers.get("openbao"))
+    openbao = as_dict(layers.get("openbao"))
     if openbao.get("enabled", True) is not False and openbao.get("storage_provisioner") is None:
         problems.append("layers.openbao.storage_provisioner: required while the layer is enabled (the CSI driver of its Retain StorageClass)")
-    if _as_dict(layers.get("external_secrets")).get("enabled", True) is not False and openbao.get("enabled", True) is False:
+    if as_dict(layers.get("external_secrets")).get("enabled", True) is not False and openbao.get("enabled", True) is False:
         problems.append("layers.external_secrets.enabled: tenants' secret stores read OpenBao; enable layers.openbao or disable this layer")
     return problems
 
@@ -474,28 +474,28 @@ def _check_tenancy(raw: dict[str, Any], tenants: list) -> list[str]:
     """vCluster API servers need the OIDC issuer; Pod Security exceptions and platform flows must
     name real tenants and platform namespaces."""
     problems = []
-    trust = {t.get("name"): t.get("trust") for t in map(_as_dict, tenants) if isinstance(t.get("name"), str)}
+    trust = {t.get("name"): t.get("trust") for t in map(as_dict, tenants) if isinstance(t.get("name"), str)}
     if raw.get("identity") is None:
-        for i, tenant in enumerate(map(_as_dict, tenants)):
+        for i, tenant in enumerate(map(as_dict, tenants)):
             if tenant.get("isolation", "namespace" if tenant.get("trust") == "high" else "vcluster") == "vcluster":
                 problems.append(f"tenants[{i}].isolation: a vCluster signs users in with OIDC; set `identity` (the issuer)")
-    tenancy = _as_dict(_as_dict(raw.get("layers")).get("tenancy"))
-    exceptions = _as_list(tenancy.get("pod_security_exceptions"))
+    tenancy = as_dict(as_dict(raw.get("layers")).get("tenancy"))
+    exceptions = as_list(tenancy.get("pod_security_exceptions"))
     seen: Counter[str] = Counter()
-    for i, exception in enumerate(map(_as_dict, exceptions)):
+    for i, exception in enumerate(map(as_dict, exceptions)):
         path, name = f"layers.tenancy.pod_security_exceptions[{i}].tenant", exception.get("tenant")
         if not isinstance(name, str):
             continue
         seen[name] += 1
         if name not in trust:
-            problems.append(f"{path}: unknown tenant {name!r}{_did_you_mean(name, trust)}")
+            problems.append(f"{path}: unknown tenant {name!r}{did_you_mean(name, trust)}")
         elif trust[name] == "low":
             problems.append(f"{path}: a low-trust tenant runs Pod Security restricted, without exception")
         if seen[name] == 2:
             problems.append(f"{path}: tenant {name!r} has more than one exception")
-    flows = _as_list(tenancy.get("platform_flows"))
+    flows = as_list(tenancy.get("platform_flows"))
     problems += _duplicates("layers.tenancy.platform_flows", flows)
-    for i, flow in enumerate(map(_as_dict, flows)):
+    for i, flow in enumerate(map(as_dict, flows)):
         namespace = flow.get("namespace")
         if isinstance(namespace, str) and namespace.startswith(RESERVED_NAMESPACE_PREFIX):
             problems.append(f"layers.tenancy.platform_flows[{i}].namespace: {namespace!r} is a tenant namespace; flows go to platform services only")
@@ -507,22 +507,22 @@ def _check_scheduling(raw: dict[str, Any], pools: list, tenants: list) -> list[s
     slices go through Kueue (KAI and Volcano cannot meter them), time slices too under KAI, KAI and
     Volcano never both place pods, and a trust domain's cohort and queue have one organisation."""
     problems = []
-    layers = _as_dict(raw.get("layers"))
-    kueue = _as_dict(layers.get("kueue")).get("enabled", True) is not False
-    kai = _as_dict(layers.get("kai_scheduler")).get("enabled", False) is True
-    volcano = _as_dict(layers.get("volcano")).get("enabled", False) is True
+    layers = as_dict(raw.get("layers"))
+    kueue = as_dict(layers.get("kueue")).get("enabled", True) is not False
+    kai = as_dict(layers.get("kai_scheduler")).get("enabled", False) is True
+    volcano = as_dict(layers.get("volcano")).get("enabled", False) is True
     if kai and volcano:
         problems.append("layers.volcano.enabled: KAI Scheduler and Volcano cannot both place pods on the GPU nodes (each sees the GPUs the other gave away as free); enable one")
-    if not (kueue or kai or volcano) and any(_as_list(t.get("gpus")) for t in map(_as_dict, tenants)):
+    if not (kueue or kai or volcano) and any(as_list(t.get("gpus")) for t in map(as_dict, tenants)):
         problems.append("layers.kueue.enabled: tenants demand GPUs but no scheduling layer is on (kueue, kai_scheduler or volcano); every GPU must pass through a queue")
     if not kueue:
-        for i, pool in enumerate(map(_as_dict, pools)):
+        for i, pool in enumerate(map(as_dict, pools)):
             if pool.get("sharing") == "hami":
                 problems.append(f"fleet.pools[{i}].sharing: HAMi slices are admitted and metered by Kueue only (KAI Scheduler and Volcano cannot); enable layers.kueue")
             elif pool.get("sharing") == "time-slicing" and kai:
                 problems.append(f"fleet.pools[{i}].sharing: KAI Scheduler does not count time-sliced replicas (nvidia.com/gpu.shared) against queues; enable layers.kueue")
     organisations: dict[str, set[str]] = {}
-    for tenant in map(_as_dict, tenants):
+    for tenant in map(as_dict, tenants):
         domain = tenant.get("trust_domain") or tenant.get("name")
         if isinstance(domain, str):
             organisations.setdefault(domain, set()).add(str(tenant.get("organisation") or "(none)"))
@@ -537,11 +537,11 @@ def _check_hami_memory_scaling(pools: dict[str, dict], tenants: list) -> list[st
     one domain on one HAMi pool must agree on `memory_oversubscription`, or a tenant that did not
     opt in could be placed in memory that is not there."""
     scalings: dict[tuple[str, str], dict[str, Any]] = {}
-    for tenant in map(_as_dict, tenants):
+    for tenant in map(as_dict, tenants):
         domain = tenant.get("trust_domain") or tenant.get("name")
-        for demand in map(_as_dict, _as_list(tenant.get("gpus"))):
+        for demand in map(as_dict, as_list(tenant.get("gpus"))):
             pool = demand.get("pool")
-            if isinstance(pool, str) and isinstance(domain, str) and _as_dict(pools.get(pool)).get("sharing") == "hami":
+            if isinstance(pool, str) and isinstance(domain, str) and as_dict(pools.get(pool)).get("sharing") == "hami":
                 scalings.setdefault((pool, domain), {})[str(tenant.get("name"))] = demand.get("memory_oversubscription", 1.0)
     return [
         f"tenants: trust domain {domain!r} asks for different HAMi memory oversubscription on pool {pool!r} "
@@ -570,11 +570,11 @@ def pool_supply(pool: dict, profile_max: int = 1) -> int | None:
     GPU offers under the pool's sharing (time-sliced replicas, HAMi splits, `profile_max` MIG
     instances of one profile); None while a field it needs is invalid (its own error says so)."""
     nodes = _node_count(pool)
-    per_node = _valid_int(_as_dict(pool.get("gpu")).get("per_node"), 1, MAX_GPUS_PER_NODE)
+    per_node = _valid_int(as_dict(pool.get("gpu")).get("per_node"), 1, MAX_GPUS_PER_NODE)
     sharing = pool.get("sharing", "exclusive")
     per_gpu = {
-        "time-slicing": _valid_int(_as_dict(pool.get("time_slicing")).get("replicas", TimeSlicing().replicas), 2, 64),
-        "hami": _valid_int(_as_dict(pool.get("hami")).get("split_count", HamiPool().split_count), 1, 64),
+        "time-slicing": _valid_int(as_dict(pool.get("time_slicing")).get("replicas", TimeSlicing().replicas), 2, 64),
+        "hami": _valid_int(as_dict(pool.get("hami")).get("split_count", HamiPool().split_count), 1, 64),
         "mig": profile_max,
     }.get(sharing, 1)
     if nodes is None or per_node is None or per_gpu is None:
@@ -605,7 +605,7 @@ def _tenant_rules(path: str, tenant: dict) -> list[str]:
         problems.append(f"{path}.{field}: {UNASSIGNED!r} is reserved for the nodes the plan gives to no trust domain")
     for kind in ("groups", "users"):
         seen: Counter[str] = Counter()
-        for j, owner in enumerate(_as_list(_as_dict(tenant.get("owners")).get(kind))):
+        for j, owner in enumerate(as_list(as_dict(tenant.get("owners")).get(kind))):
             if not isinstance(owner, str):
                 continue  # a field error
             seen[owner] += 1
@@ -619,8 +619,8 @@ def _check_owners(tenants: list) -> list[str]:
     problems = []
     for kind in ("groups", "users"):
         holders: dict[str, Any] = {}
-        for i, tenant in enumerate(map(_as_dict, tenants)):
-            for owner in _as_list(_as_dict(tenant.get("owners")).get(kind)):
+        for i, tenant in enumerate(map(as_dict, tenants)):
+            for owner in as_list(as_dict(tenant.get("owners")).get(kind)):
                 if isinstance(owner, str) and holders.setdefault(owner, tenant.get("name")) != tenant.get("name"):
                     problems.append(f"tenants[{i}].owners.{kind}: {kind[:-1]} {owner!r} already owns tenant {holders[owner]!r}; an identity {kind[:-1]} administers one tenant")
     return problems
@@ -631,9 +631,9 @@ def _check_offering_names(pools: dict[str, dict], tenants: list) -> list[str]:
     must never meet in one name (pool `a` of domain `b-c` and pool `a-b` of domain `c`)."""
     problems = []
     seen: dict[str, tuple[str, str]] = {}
-    for i, tenant in enumerate(map(_as_dict, tenants)):
+    for i, tenant in enumerate(map(as_dict, tenants)):
         domain = tenant.get("trust_domain") or tenant.get("name")
-        for j, demand in enumerate(map(_as_dict, _as_list(tenant.get("gpus")))):
+        for j, demand in enumerate(map(as_dict, as_list(tenant.get("gpus")))):
             pool = demand.get("pool")
             if not (isinstance(domain, str) and isinstance(pool, str) and pool in pools):
                 continue
@@ -653,7 +653,7 @@ def _check_demand(path: str, demand: dict, pools: dict[str, dict], trust: Any) -
         return []
     pool = pools.get(pool_name)
     if pool is None:
-        return [f"{path}.pool: unknown pool {pool_name!r}{_did_you_mean(pool_name, pools)}"]
+        return [f"{path}.pool: unknown pool {pool_name!r}{did_you_mean(pool_name, pools)}"]
     sharing = pool.get("sharing", "exclusive")
     if not isinstance(sharing, str):
         return []  # the pool's own field error says what is wrong
@@ -668,13 +668,13 @@ def _check_demand(path: str, demand: dict, pools: dict[str, dict], trust: Any) -
         problems.append(f"{path}.{key}: required by {sharing} pool {pool_name!r}")
     if demand.get("memory_oversubscription", 1.0) != 1.0 and sharing != "hami":
         problems.append(f"{path}.memory_oversubscription: only HAMi pools can oversubscribe GPU memory")
-    model_name = _as_dict(pool.get("gpu")).get("model")
+    model_name = as_dict(pool.get("gpu")).get("model")
     model = GPU_MODELS.get(model_name) if isinstance(model_name, str) else None
     if sharing == "mig" and model is not None:
         profiles = {p.name: p for p in model.mig_profiles}
-        for profile, count in _as_dict(demand.get("mig")).items():
+        for profile, count in as_dict(demand.get("mig")).items():
             if profile not in profiles:
-                problems.append(f"{path}.mig.{profile}: not a MIG profile of {model.name}{_did_you_mean(str(profile), profiles)}")
+                problems.append(f"{path}.mig.{profile}: not a MIG profile of {model.name}{did_you_mean(str(profile), profiles)}")
             else:
                 supply = pool_supply(pool, profiles[profile].max_count)
                 problems += _beyond_supply(f"{path}.mig.{profile}", count, pool_name, supply, f"{profile} instances")
@@ -685,87 +685,24 @@ def _check_demand(path: str, demand: dict, pools: dict[str, dict], trust: Any) -
 
 
 def _duplicates(path: str, items: list) -> list[str]:
-    names = Counter(item.get("name") for item in map(_as_dict, items) if isinstance(item.get("name"), str))
+    names = Counter(item.get("name") for item in map(as_dict, items) if isinstance(item.get("name"), str))
     return [
         f"{path}[{i}].name: duplicate name {item['name']!r}"
-        for i, item in enumerate(map(_as_dict, items))
+        for i, item in enumerate(map(as_dict, items))
         if isinstance(item.get("name"), str) and names[item["name"]] > 1 and i != _first_index(items, item["name"])
     ]
 
 
+def _check_layers(raw: dict[str, Any]) -> list[str]:
+    """Each layer's own cross-section rules (`Layer.config_checks`), declared in its module."""
+    # Imported here: the registry imports every layer module, and they import the model.
+    from ai_factory.components.registry import layers
+
+    return [problem for layer in layers() for check in layer.config_checks for problem in check(raw)]
+
+
 def _first_index(items: list, name: str) -> int:
-    return next(i for i, item in enumerate(map(_as_dict, items)) if item.get("name") == name)
-
-
-def _check_health(raw: dict[str, Any], pools: list, site_names: set[str]) -> list[str]:
-    """Blast-radius limits name real pools and sites, allow at least one node and at most the nodes
-    there are; a site's pools together stay within the site's limit (one Node Healthcheck per pool
-    counts only its own pool, so a site's limit holds only if its pools' limits add up under it)."""
-    problems: list[str] = []
-    remediation = _as_dict(_as_dict(_as_dict(raw.get("layers")).get("health")).get("remediation"))
-    path = "layers.health.remediation"
-    sizes: dict[str, tuple[str, int]] = {}
-    for pool in map(_as_dict, pools):
-        name, site = pool.get("name"), pool.get("site")
-        count = pool.get("nodes") if pool.get("node_list") is None else len(_as_list(pool.get("node_list")))
-        if isinstance(name, str) and isinstance(site, str) and isinstance(count, int) and count >= 1:
-            sizes.setdefault(name, (site, count))
-    overrides = _as_dict(remediation.get("pools"))
-    for name in overrides:
-        if name not in sizes:
-            problems.append(f"{path}.pools.{name}: unknown pool{_did_you_mean(name, sizes)}")
-    for name in _as_dict(remediation.get("sites")):
-        if name not in site_names:
-            problems.append(f"{path}.sites.{name}: unknown site{_did_you_mean(name, site_names)}")
-    default = remediation.get("pool_limit", {"nodes": 1})
-    per_site: dict[str, list[tuple[str, int]]] = {}
-    for name, (site, count) in sorted(sizes.items()):
-        limit_path, limit = (f"{path}.pools.{name}", overrides[name]) if name in overrides else (f"{path}.pool_limit", default)
-        resolved, problem = _resolve_limit(limit_path, limit, count, f"pool {name}")
-        if problem:
-            problems.append(problem)
-        if resolved is not None:
-            per_site.setdefault(site, []).append((name, resolved))
-    for site, limit in sorted(_as_dict(remediation.get("sites")).items()):
-        members = per_site.get(site, [])
-        total = sum(sizes[name][1] for name, _ in members)
-        if not members:
-            continue
-        resolved, problem = _resolve_limit(f"{path}.sites.{site}", limit, total, f"site {site}")
-        if problem:
-            problems.append(problem)
-        elif resolved is not None and sum(n for _, n in members) > resolved:
-            listed = ", ".join(f"{name} {n}" for name, n in members)
-            problems.append(
-                f"{path}.sites.{site}: the pools of site {site} may remediate {sum(n for _, n in members)} nodes at once "
-                f"({listed}), more than the site's limit of {resolved}; lower a pool's limit or raise the site's"
-            )
-    return problems
-
-
-def _resolve_limit(path: str, limit: Any, total: int, where: str) -> tuple[int | None, str | None]:
-    """A well-formed limit in nodes out of `total` and the problem with it, if any (malformed
-    limits are the field validation's to report)."""
-    limit = _as_dict(limit)
-    nodes, percent = limit.get("nodes"), limit.get("percent")
-    if isinstance(nodes, int) and not isinstance(nodes, bool) and nodes >= 1 and percent is None:
-        if nodes > total:
-            return None, f"{path}.nodes: {nodes} is above the {total} node{'s' if total != 1 else ''} of {where}"
-        return nodes, None
-    if isinstance(percent, int) and not isinstance(percent, bool) and 1 <= percent <= 100 and nodes is None:
-        resolved = total * percent // 100
-        if resolved == 0:
-            return None, f"{path}.percent: {percent}% of the {total} node{'s' if total != 1 else ''} of {where} is 0 nodes: nothing could ever be remediated"
-        return resolved, None
-    return None, None
-
-
-def _as_dict(value: Any) -> dict:
-    return value if isinstance(value, dict) else {}
-
-
-def _as_list(value: Any) -> list:
-    return value if isinstance(value, list) else []
+    return next(i for i, item in enumerate(map(as_dict, items)) if item.get("name") == name)
 
 
 # --------------------------------------------------------------------------- messages
@@ -799,7 +736,7 @@ def _format_error(section: str, error: dict, root: Any = None) -> str:
     kind, ctx = error["type"], error.get("ctx") or {}
     if kind == "extra_forbidden":
         allowed = _allowed_keys(section, loc[:-1], root)
-        return f"{path}: unknown key{_did_you_mean(str(loc[-1]), allowed)}"
+        return f"{path}: unknown key{did_you_mean(str(loc[-1]), allowed)}"
     messages = {
         "missing": "required",
         "greater_than_equal": f"must be >= {ctx.get('ge')}",
@@ -855,12 +792,3 @@ def _unwrap(annotation: Any, want_item: bool) -> Any:
         else:
             return annotation
 
-
-def _did_you_mean(word: str, choices: Iterable[str]) -> str:
-    choices = sorted(c for c in choices if isinstance(c, str))
-    close = difflib.get_close_matches(word, choices, n=1) if isinstance(word, str) else []
-    if close:
-        return f" (did you mean {close[0]!r}?)"
-    if 0 < len(choices) <= 12:
-        return f" (expected one of: {', '.join(choices)})"
-    return ""

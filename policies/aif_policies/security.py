@@ -15,6 +15,7 @@ from typing import Any, Iterator
 
 import yaml
 
+from ai_factory.components import registry
 from ai_factory.components.kyverno import ESCAPE_VARIABLES, FORBIDDEN_MOUNTS
 from ai_factory.components.tenant_stack import POD_SECURITY_EXCEPTION_ANNOTATION
 from ai_factory.factory.model.config import MIN_CONTAINER_TOOLKIT
@@ -39,31 +40,25 @@ from ai_factory.policies.aif_policies.kube import (
 
 # --------------------------------------------------------------------------- the reviewed allow-list
 
-PRIVILEGED_NAMESPACES: dict[str, str] = {
-    # Platform namespaces whose pods must break Pod Security baseline, and why. Review any addition.
+KUBERNETES_PRIVILEGED_NAMESPACES: dict[str, str] = {
     "kube-system": "Kubernetes' own node daemons (kube-proxy, CNI agents installed there)",
-    "gpu-operator": "GPU Operator operands: the driver loads kernel modules; toolkit, device plugin, MIG Manager "
-    "and DCGM mount host paths and device nodes",
-    "hami-system": "HAMi device plugin: mounts its CUDA shim and /etc/ld.so.preload into GPU containers",
-    "dra-driver-nvidia-gpu": "NVIDIA DRA kubelet plugin: prepares GPUs on the host through kubelet's plugin socket",
-    "falco": "Falco: its eBPF probe reads every syscall of the node (privileged, host PID and /proc)",
-    "trivy-system": "Trivy Operator's node collector: reads kubelet and API-server files on the host (hostPath, host PID)",
-    "node-problem-detector": "Node Problem Detector: reads the kernel log (/dev/kmsg) and the host's /var/log",
-    "medik8s": "Self Node Remediation agents: reboot their node through its watchdog device",
 }
+"""Namespaces no layer owns whose pods must break Pod Security baseline. Each layer declares its own
+(`Layer.privileged_namespaces`, with why), reviewed with the layer."""
 PRIVILEGED_SETTINGS = {
     "privilegedNamespaces": {
         "type": "array",
         "items": {"type": "string"},
         "default": [],
         "description": "Namespaces added to the reviewed allow-list of platform namespaces whose pods may be privileged "
-        "or use host namespaces, paths and ports (PRIVILEGED_NAMESPACES in policies/aif_policies/security.py).",
+        "or use host namespaces, paths and ports (the layers' declared privileged namespaces, `Layer.privileged_namespaces`).",
     }
 }
 
 
 def privileged_namespaces(config: Mapping[str, Any]) -> set[str]:
-    return set(PRIVILEGED_NAMESPACES) | {str(n) for n in as_list(config.get("privilegedNamespaces"))}
+    reviewed = KUBERNETES_PRIVILEGED_NAMESPACES | registry.privileged_namespaces()
+    return set(reviewed) | {str(n) for n in as_list(config.get("privilegedNamespaces"))}
 
 
 # --------------------------------------------------------------------------- namespace-pod-security
@@ -96,7 +91,7 @@ def check_namespace_pod_security(resource_type: str, props: Mapping[str, Any], c
         owner = f"of tenant {tenant!r}" if tenant else "outside the reviewed allow-list"
         yield (
             f"Namespace {name} {owner} enforces Pod Security 'privileged': only reviewed platform namespaces may "
-            "(PRIVILEGED_NAMESPACES in policies/aif_policies/security.py, or the policy's privilegedNamespaces setting); "
+            "(a layer's privileged_namespaces in its LAYER declaration, or the policy's privilegedNamespaces setting); "
             "enforce 'restricted' (tenants) or 'baseline'."
         )
     elif tenant and level == "baseline" and not as_map(metadata(props).get("annotations")).get(POD_SECURITY_EXCEPTION_ANNOTATION):
@@ -167,7 +162,7 @@ def check_no_privileged_outside_allowlist(resource_type: str, props: Mapping[str
         yield (
             f"{describe(resource_type, props)} asks for privileged or host access ({'; '.join(found)}) in namespace "
             f"{where or '(none)'}, which is not a reviewed platform namespace: drop it, or move the workload to a "
-            "namespace of PRIVILEGED_NAMESPACES (policies/aif_policies/security.py) after review."
+            "namespace a layer declares privileged (`Layer.privileged_namespaces`) after review."
         )
 
 
