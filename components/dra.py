@@ -22,6 +22,7 @@ namespace, through a `TenantHook` (`DraClaimTemplates`) that the tenant stack at
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -29,11 +30,12 @@ import pulumi_kubernetes as k8s
 from ai_factory.components._common import GPU_MODEL_LABEL, FactoryComponent, helm_release, labels, namespace
 from ai_factory.components.gpu_operator import tolerations
 from ai_factory.factory.model.catalog import ChartSource
-from ai_factory.factory.model.config import FactoryConfig, Tenant
+from ai_factory.factory.model.config import FactoryConfig, KubernetesSpec, Tenant
 from ai_factory.factory.planning.model import Plan
 from ai_factory.factory.planning.placement import DRA_LABEL
 from ai_factory.factory.model.tenancy import TenantNames
 from ai_factory.components.registry import Layer
+from ai_factory.factory.model.raw import as_dict, as_list
 
 TOKEN = "ai-factory:accelerators:DraDriver"
 DRIVER = "gpu.nvidia.com"
@@ -202,6 +204,24 @@ class DraClaimTemplates:
             )
 
 
+DRA_MIN_KUBERNETES = (1, 34)
+"""resource.k8s.io/v1 (DeviceClass, ResourceClaimTemplate) is served from Kubernetes 1.34."""
+
+
+def kubernetes_serves_dra(raw: dict[str, Any]) -> list[str]:
+    """DRA pools need a Kubernetes that serves resource.k8s.io/v1."""
+    version = as_dict(raw.get("kubernetes")).get("version", KubernetesSpec().version)
+    try:
+        minor = tuple(int(part) for part in version.split(".")) if isinstance(version, str) else ()
+    except ValueError:
+        return []  # not a version: the field check of kubernetes.version reports it
+    return [
+        f"fleet.pools[{i}].sharing: dra needs Kubernetes >= 1.34 (resource.k8s.io/v1); kubernetes.version is {version}"
+        for i, pool in enumerate(map(as_dict, as_list(as_dict(raw.get("fleet")).get("pools"))))
+        if pool.get("sharing") == "dra" and minor and minor < DRA_MIN_KUBERNETES
+    ]
+
+
 LAYER = Layer(
     name="dra",
     section="dra",
@@ -214,4 +234,5 @@ LAYER = Layer(
     privileged_namespaces={
         "dra-driver-nvidia-gpu": "NVIDIA DRA kubelet plugin: prepares GPUs on the host through kubelet's plugin socket",
     },
+    config_checks=(kubernetes_serves_dra,),
 )

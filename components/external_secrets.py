@@ -31,6 +31,7 @@ from ai_factory.factory.model.config import FactoryConfig, Tenant
 from ai_factory.factory.model.secrets import SecretValue
 from ai_factory.factory.model.tenancy import TenantNames
 from ai_factory.components.registry import Layer
+from ai_factory.factory.model.raw import as_dict
 
 TOKEN = "ai-factory:secrets:ExternalSecrets"
 RELEASE = "external-secrets"
@@ -176,6 +177,14 @@ class TenantSecretsHook:
         )
 
 
+def openbao_enabled(raw: dict[str, Any]) -> list[str]:
+    """Tenants' secret stores read OpenBao."""
+    layers = as_dict(raw.get("layers"))
+    if as_dict(layers.get("external_secrets")).get("enabled", True) is not False and as_dict(layers.get("openbao")).get("enabled", True) is False:
+        return ["layers.external_secrets.enabled: tenants' secret stores read OpenBao; enable layers.openbao or disable this layer"]
+    return []
+
+
 LAYER = Layer(
     name="external-secrets",
     section="external_secrets",
@@ -184,4 +193,5 @@ LAYER = Layer(
     args=lambda cfg, plan: ExternalSecretsArgs.from_config(cfg),
     requires=("fleet", "openbao"),
     tenant_hook=lambda cfg, plan: TenantSecretsHook.from_config(cfg),
+    config_checks=(openbao_enabled,),
 )

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
 import pulumi
 
@@ -34,6 +35,7 @@ from ai_factory.factory.model.config import FactoryConfig
 from ai_factory.factory.planning.model import NodePlan, Plan
 from ai_factory.factory.planning.placement import HAMI_DEVICE_PLUGIN_LABEL, HAMI_RESOURCES
 from ai_factory.components.registry import Layer
+from ai_factory.factory.model.raw import as_dict, as_list
 
 TOKEN = "ai-factory:accelerators:Hami"
 OPERATING_MODE = "hami-core"
@@ -139,6 +141,27 @@ class Hami(FactoryComponent):
         self.register_outputs({"namespace": self.namespace, "release": self.release})
 
 
+def domains_agree_on_memory_scaling(raw: dict[str, Any]) -> list[str]:
+    """HAMi scales device memory per node, and a HAMi node serves its whole trust domain: tenants of
+    one domain on one HAMi pool must agree on `memory_oversubscription`, or a tenant that did not
+    opt in could be placed in memory that is not there."""
+    pools = {p["name"]: p for p in map(as_dict, as_list(as_dict(raw.get("fleet")).get("pools"))) if isinstance(p.get("name"), str)}
+    scalings: dict[tuple[str, str], dict[str, Any]] = {}
+    for tenant in map(as_dict, as_list(raw.get("tenants"))):
+        domain = tenant.get("trust_domain") or tenant.get("name")
+        for demand in map(as_dict, as_list(tenant.get("gpus"))):
+            pool = demand.get("pool")
+            if isinstance(pool, str) and isinstance(domain, str) and as_dict(pools.get(pool)).get("sharing") == "hami":
+                scalings.setdefault((pool, domain), {})[str(tenant.get("name"))] = demand.get("memory_oversubscription", 1.0)
+    return [
+        f"tenants: trust domain {domain!r} asks for different HAMi memory oversubscription on pool {pool!r} "
+        f"({', '.join(f'{name}: {value}' for name, value in sorted(by_tenant.items()))}); HAMi sets it per node "
+        "and a node serves its whole trust domain, so the domain's tenants must agree"
+        for (pool, domain), by_tenant in sorted(scalings.items())
+        if len({float(v) for v in by_tenant.values() if isinstance(v, (int, float))}) > 1  # others are field errors
+    ]
+
+
 LAYER = Layer(
     name="hami",
     section="hami",
@@ -150,4 +173,5 @@ LAYER = Layer(
     privileged_namespaces={
         "hami-system": "HAMi device plugin: mounts its CUDA shim and /etc/ld.so.preload into GPU containers",
     },
+    config_checks=(domains_agree_on_memory_scaling,),
 )

@@ -29,6 +29,7 @@ container security settings the chart's values do not expose.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -44,6 +45,7 @@ from ai_factory.factory.model.config import FactoryConfig, Identity, KeycloakDat
 from ai_factory.factory.model.secrets import SecretValue
 from ai_factory.factory.model.tenancy import TENANT_LABEL, TRUST_LABEL, TenantNames
 from ai_factory.components.registry import Layer
+from ai_factory.factory.model.raw import as_dict
 
 TOKEN = "ai-factory:identity:Keycloak"
 RELEASE = "keycloak"
@@ -284,6 +286,25 @@ class IdentityHook:
             )
 
 
+KEYCLOAK_ISSUER = re.compile(r"^https://[^\s/]+(/[^\s]*)?/realms/[A-Za-z0-9._-]+/?$")
+"""Issuers Keycloak serves: its public URL, then `/realms/<realm>`."""
+
+
+def keycloak_requirements(raw: dict[str, Any]) -> list[str]:
+    """Keycloak needs what cannot be defaulted: the realm it serves, its administrator, its database."""
+    keycloak = as_dict(as_dict(raw.get("layers")).get("keycloak"))
+    if keycloak.get("enabled", True) is False:
+        return []
+    problems = []
+    issuer = as_dict(raw.get("identity")).get("issuer_url")
+    if raw.get("identity") is None:
+        problems.append("identity: required by layers.keycloak (the issuer of the realm it serves)")
+    elif isinstance(issuer, str) and not KEYCLOAK_ISSUER.match(issuer):
+        problems.append(f"identity.issuer_url: Keycloak issuers end in /realms/<realm>, got {issuer!r}")
+    problems += [f"layers.keycloak.{key}: required while the layer is enabled" for key in ("admin_password", "database") if keycloak.get(key) is None]
+    return problems
+
+
 LAYER = Layer(
     name="keycloak",
     section="keycloak",
@@ -292,4 +313,5 @@ LAYER = Layer(
     args=lambda cfg, plan: KeycloakArgs.from_config(cfg),
     requires=("fleet",),
     tenant_hook=lambda cfg, plan: IdentityHook.from_config(cfg),
+    config_checks=(keycloak_requirements,),
 )

@@ -27,6 +27,7 @@ from ai_factory.factory.model.catalog import ChartSource
 from ai_factory.factory.model.config import FactoryConfig
 from ai_factory.factory.model.secrets import SecretValue
 from ai_factory.components.registry import Layer
+from ai_factory.factory.model.raw import as_dict
 
 TOKEN = "ai-factory:secrets:OpenBao"
 RELEASE = "openbao"
@@ -185,6 +186,13 @@ class OpenBao(FactoryComponent):
         )
 
 
+def storage_provisioner_named(raw: dict[str, Any]) -> list[str]:
+    openbao = as_dict(as_dict(raw.get("layers")).get("openbao"))
+    if openbao.get("enabled", True) is not False and openbao.get("storage_provisioner") is None:
+        return ["layers.openbao.storage_provisioner: required while the layer is enabled (the CSI driver of its Retain StorageClass)"]
+    return []
+
+
 LAYER = Layer(
     name="openbao",
     section="openbao",
@@ -192,4 +200,5 @@ LAYER = Layer(
     component=OpenBao,
     args=lambda cfg, plan: OpenBaoArgs.from_config(cfg),
     requires=("fleet",),
+    config_checks=(storage_provisioner_named,),
 )

@@ -15,7 +15,6 @@ plus the cross-references between sections) as a `ConfigError`, before anything 
 
 from __future__ import annotations
 
-import re
 import types
 import typing
 from collections import Counter
@@ -32,7 +31,6 @@ from ai_factory.factory.model.config import (
     SECTIONS,
     FactoryConfig,
     HamiPool,
-    KubernetesSpec,
     Tenant,
     TimeSlicing,
 )
@@ -388,10 +386,7 @@ def cross_check(raw: dict[str, Any]) -> list[str]:
     total_nodes = sum(_node_count(pool) or 0 for pool in map(as_dict, pools))
     if total_nodes > MAX_FLEET_NODES:
         problems.append(f"fleet.pools: {total_nodes} nodes in all; a fleet is one Kubernetes cluster, at most {MAX_FLEET_NODES} nodes")
-    problems += _check_device_layers(raw, pools)
-    problems += _check_hami_memory_scaling(pools_by_name, tenants)
     problems += _check_tenancy(raw, tenants)
-    problems += _check_security_layers(raw)
     problems += _check_scheduling(raw, pools, tenants)
     for i, pool in enumerate(as_list(as_dict(raw.get("self_service")).get("pools"))):
         if isinstance(pool, str) and pool not in pools_by_name:
@@ -413,56 +408,6 @@ def cross_check(raw: dict[str, Any]) -> list[str]:
         if len(members) > 1 and any(trust == "low" for _, trust in members):
             names = ", ".join(sorted(n for n, _ in members))
             problems.append(f"tenants: trust domain {domain!r} mixes a low-trust tenant with others ({names}); a low-trust tenant is a domain of its own")
-    return problems
-
-
-DRA_MIN_KUBERNETES = (1, 34)
-"""resource.k8s.io/v1 (DeviceClass, ResourceClaimTemplate) is served from Kubernetes 1.34."""
-LAYER_SHARING = ("hami", "dra")
-"""Pool sharing modes served by the platform layer of the same name (`layers.hami`, `layers.dra`)."""
-
-
-def _check_device_layers(raw: dict[str, Any], pools: list) -> list[str]:
-    """A pool's sharing mode needs its device layer, and DRA needs a Kubernetes that serves it."""
-    problems = []
-    version = as_dict(raw.get("kubernetes")).get("version", KubernetesSpec().version)
-    minor = _minor_version(version) if isinstance(version, str) else ()
-    layers = as_dict(raw.get("layers"))
-    for i, pool in enumerate(map(as_dict, pools)):
-        sharing = pool.get("sharing")
-        if sharing in LAYER_SHARING and as_dict(layers.get(sharing)).get("enabled", True) is False:
-            problems.append(f"fleet.pools[{i}].sharing: pool {pool.get('name')!r} uses {sharing} but layers.{sharing} is disabled")
-        if sharing == "dra" and minor and minor < DRA_MIN_KUBERNETES:
-            problems.append(
-                f"fleet.pools[{i}].sharing: dra needs Kubernetes >= 1.34 (resource.k8s.io/v1); kubernetes.version is {version}"
-            )
-    return problems
-
-
-KEYCLOAK_ISSUER = re.compile(r"^https://[^\s/]+(/[^\s]*)?/realms/[A-Za-z0-9._-]+/?$")
-"""Issuers Keycloak serves: its public URL, then `/realms/<realm>`."""
-
-
-def _check_security_layers(raw: dict[str, Any]) -> list[str]:
-    """Keycloak needs what cannot be defaulted (the realm it serves, its administrator, its
-    database); tenants' secret stores need OpenBao."""
-    problems = []
-    layers = as_dict(raw.get("layers"))
-    keycloak = as_dict(layers.get("keycloak"))
-    if keycloak.get("enabled", True) is not False:
-        issuer = as_dict(raw.get("identity")).get("issuer_url")
-        if raw.get("identity") is None:
-            problems.append("identity: required by layers.keycloak (the issuer of the realm it serves)")
-        elif isinstance(issuer, str) and not KEYCLOAK_ISSUER.match(issuer):
-            problems.append(f"identity.issuer_url: Keycloak issuers end in /realms/<realm>, got {issuer!r}")
-        for key in ("admin_password", "database"):
-            if keycloak.get(key) is None:
-                problems.append(f"layers.keycloak.{key}: required while the layer is enabled")
-    openbao = as_dict(layers.get("openbao"))
-    if openbao.get("enabled", True) is not False and openbao.get("storage_provisioner") is None:
-        problems.append("layers.openbao.storage_provisioner: required while the layer is enabled (the CSI driver of its Retain StorageClass)")
-    if as_dict(layers.get("external_secrets")).get("enabled", True) is not False and openbao.get("enabled", True) is False:
-        problems.append("layers.external_secrets.enabled: tenants' secret stores read OpenBao; enable layers.openbao or disable this layer")
     return problems
 
 
@@ -532,26 +477,6 @@ def _check_scheduling(raw: dict[str, Any], pools: list, tenants: list) -> list[s
     return problems
 
 
-def _check_hami_memory_scaling(pools: dict[str, dict], tenants: list) -> list[str]:
-    """HAMi scales device memory per node, and a HAMi node serves its whole trust domain: tenants of
-    one domain on one HAMi pool must agree on `memory_oversubscription`, or a tenant that did not
-    opt in could be placed in memory that is not there."""
-    scalings: dict[tuple[str, str], dict[str, Any]] = {}
-    for tenant in map(as_dict, tenants):
-        domain = tenant.get("trust_domain") or tenant.get("name")
-        for demand in map(as_dict, as_list(tenant.get("gpus"))):
-            pool = demand.get("pool")
-            if isinstance(pool, str) and isinstance(domain, str) and as_dict(pools.get(pool)).get("sharing") == "hami":
-                scalings.setdefault((pool, domain), {})[str(tenant.get("name"))] = demand.get("memory_oversubscription", 1.0)
-    return [
-        f"tenants: trust domain {domain!r} asks for different HAMi memory oversubscription on pool {pool!r} "
-        f"({', '.join(f'{name}: {value}' for name, value in sorted(by_tenant.items()))}); HAMi sets it per node "
-        "and a node serves its whole trust domain, so the domain's tenants must agree"
-        for (pool, domain), by_tenant in sorted(scalings.items())
-        if len({float(v) for v in by_tenant.values() if isinstance(v, (int, float))}) > 1  # others are field errors
-    ]
-
-
 def _valid_int(value: Any, low: int, high: int) -> int | None:
     """`value` if it is an integer its field accepts; None lets the field error speak alone (no
     cross-check built on an impossible value, such as a GPU index range of `0..-1`)."""
@@ -586,13 +511,6 @@ def _beyond_supply(path: str, count: Any, pool_name: str, supply: int | None, un
     if supply is None or _valid_int(count, 1, MAX_GPU_UNITS) is None or count <= supply:
         return []
     return [f"{path}: {count} is more than pool {pool_name!r} could ever supply ({supply} {unit}); the demand cannot be planned"]
-
-
-def _minor_version(version: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(part) for part in version.split("."))
-    except ValueError:
-        return ()  # not a version: the field check of kubernetes.version reports it
 
 
 def _tenant_rules(path: str, tenant: dict) -> list[str]:
@@ -694,11 +612,19 @@ def _duplicates(path: str, items: list) -> list[str]:
 
 
 def _check_layers(raw: dict[str, Any]) -> list[str]:
-    """Each layer's own cross-section rules (`Layer.config_checks`), declared in its module."""
+    """Each layer's own cross-section rules (`Layer.config_checks`), declared in its module, and the
+    rule every layer installed for a sharing mode (`Layer.sharing`) shares: a pool using that mode
+    needs the layer on."""
     # Imported here: the registry imports every layer module, and they import the model.
     from ai_factory.components.registry import layers
 
-    return [problem for layer in layers() for check in layer.config_checks for problem in check(raw)]
+    problems = [problem for layer in layers() for check in layer.config_checks for problem in check(raw)]
+    switched = as_dict(raw.get("layers"))
+    for i, pool in enumerate(map(as_dict, as_list(as_dict(raw.get("fleet")).get("pools")))):
+        for layer in layers():
+            if pool.get("sharing") in layer.sharing and layer.section and as_dict(switched.get(layer.section)).get("enabled", True) is False:
+                problems.append(f"fleet.pools[{i}].sharing: pool {pool.get('name')!r} uses {pool['sharing']} but layers.{layer.section} is disabled")
+    return problems
 
 
 def _first_index(items: list, name: str) -> int:
