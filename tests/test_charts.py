@@ -4,6 +4,7 @@ charts' objects checked together with the library's (issue 12 items 1-2, issue 2
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 
@@ -235,3 +236,22 @@ def test_a_crd_the_chart_ships_is_preferred_to_the_oracles_copy(dev, oracles):
     shipped = Oracles(oracles.root)
     shipped.add_crds("kueue-test.tgz", [crd])
     assert shipped.validate_custom_object(queue) == [f"ClusterQueue/{queue['metadata']['name']}: spec.notAField: required field missing"]
+
+
+
+def test_charts_render_with_the_apis_the_bundles_crds_serve(dev, chart_env):
+    """HAMi's device-plugin ServiceMonitor exists only where the cluster serves
+    monitoring.coreos.com/v1/ServiceMonitor: the dev bundle installs that CRD (the metrics layer)."""
+    releases = charts.releases_of(dev)[0]
+    template = lambda rs, api_versions=(): charts.template_all(rs, chart_env.charts_dir, chart_env.helm, dev.kubernetes_version, chart_env.store, api_versions=api_versions)
+    served = charts.served_api_versions(template(releases))
+    assert "monitoring.coreos.com/v1/ServiceMonitor" in served
+    hami = next(r for r in releases if r.pin.name == "hami")
+    spec = {**hami.manifest.obj["spec"], "values": {**hami.values, "prometheus": {"enabled": True}}}
+    scraped = charts.Release(dataclasses.replace(hami.manifest, obj={**hami.manifest.obj, "spec": spec}), hami.pin)
+
+    def monitors(api_versions):
+        return [d for out in template([scraped], api_versions) for d in out.documents if d.get("kind") == "ServiceMonitor"]
+
+    assert not monitors(())
+    assert monitors(served)
