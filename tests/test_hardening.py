@@ -110,7 +110,9 @@ def test_a_secret_a_chart_makes_at_install_is_not_a_secret_written_in_the_bundle
     secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "hubble-server-certs", "namespace": "kube-system"}, "data": {"tls.key": "LS0t"}}
     chart_made = Manifest(secret, "cilium", None, f"{CHART_ORIGIN}cilium-1.20.0:kube-system/cilium")
     written = Manifest(secret, "cilium", None, "kubernetes:core/v1:Secret::ai-factory-cilium-certs")
-    assert [f.check for f in bundle_secrets(Rendered(None, "1.34", [chart_made, written], []), None)] == ["bundle-secrets"]
+    tenants = Manifest(secret, "tenant-search", "search", "kubernetes:core/v1:Secret::tenant-search-certs")
+    findings = bundle_secrets(Rendered(None, "1.34", [chart_made, written, tenants], []), None)
+    assert [(f.check, f.tenants) for f in findings] == [("bundle-secrets", ()), ("bundle-secrets", ("search",))]
 
 
 PEM_KEY = "-----BEGIN RSA PRIVATE KEY-----\nMIIE\n-----END RSA PRIVATE KEY-----\n"
@@ -122,6 +124,7 @@ CHART_SECRETS = [
     ("accepts a chart's certificate without its key", "chart", "data", {"ca.crt": base64.b64encode(b"-----BEGIN CERTIFICATE-----").decode()}, []),
     ("accepts a chart's empty Secret its controller fills", "chart", "data", {}, []),
     ("accepts a value that is not base64 text", "chart", "data", {"token": "not base64!"}, []),
+    ("accepts a value that is not a string", "chart", "data", {"tls.key": None}, []),
     ("leaves the library's own Secrets to bundle-secrets", "library", "data", {"tls.key": base64.b64encode(PEM_KEY.encode()).decode()}, []),
 ]
 
