@@ -74,7 +74,7 @@ from ai_factory.factory.model.catalog import ChartSource
 from ai_factory.factory.model.config import FactoryConfig, Pool
 from ai_factory.factory.model.gpus import GPU_MODELS
 from ai_factory.factory.model.raw import as_dict, as_list, did_you_mean
-from ai_factory.factory.planning.credits import tenant_shares
+from ai_factory.factory.planning.credits import NODE_UNAVAILABLE as UNAVAILABLE, TENANT_ENTITLED, TENANT_UNAVAILABLE, tenant_shares
 from ai_factory.factory.planning.model import Plan
 
 TOKEN = "ai-factory:health:Health"
@@ -359,11 +359,6 @@ def tenant_node_shares(plan: Plan) -> dict[str, dict[str, float]]:
                     per_node = shares.setdefault(tenant, {})
                     per_node[node.name] = round(per_node.get(node.name, 0.0) + share, 6)
     return {t: dict(sorted(n.items())) for t, n in sorted(shares.items())}
-
-
-UNAVAILABLE = "ai_factory:node_gpu_unavailable"
-TENANT_UNAVAILABLE = "ai_factory:tenant_gpu_equivalents_unavailable"
-TENANT_ENTITLED = "ai_factory:tenant_gpu_equivalents_entitled"
 
 
 def availability_rules(args: HealthArgs) -> list[dict[str, Any]]:

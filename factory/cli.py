@@ -103,7 +103,12 @@ def main(argv: list[str] | None = None) -> int:
 
     bill = commands.add_parser("bill", help="write a per-tenant GPU bill (FOCUS CSV, totals, chart) for a period from an export of the metering series")
     bill.add_argument("env", help="environment name (reads Pulumi.<env>.yaml) or a stack file's path")
-    bill.add_argument("--export", type=Path, required=True, help="JSON lines of Prometheus range-query series (see factory/metering/bill.py)")
+    source = bill.add_mutually_exclusive_group(required=True)
+    source.add_argument("--export", type=Path, help="JSON lines of Prometheus range-query series (see factory/metering/bill.py)")
+    source.add_argument(
+        "--prometheus", metavar="URL", help="query the series from this Prometheus (bearer token, if needed, in FACTORY_PROMETHEUS_TOKEN)"
+    )
+    bill.add_argument("--opencost", type=Path, help="OpenCost's /allocation response for the period (aggregate=namespace), saved as JSON")
     bill.add_argument("--start", required=True, help="start of the period, ISO 8601 (UTC unless an offset is given), included")
     bill.add_argument("--end", required=True, help="end of the period, ISO 8601, excluded")
     bill.add_argument("--step", type=int, default=None, help="seconds each sample counts for (default: the rules' interval, 60)")
@@ -214,9 +219,12 @@ def _bill(args: argparse.Namespace) -> int:
 
     cfg = load_stack_file(args.env)
     out = args.out or Path("build") / stack_name(stack_file(args.env)) / "bill"
-    bill = make_bill(cfg, stack_name(stack_file(args.env)), args.export, args.start, args.end, out, args.step or INTERVAL_SECONDS)
+    bill = make_bill(
+        cfg, stack_name(stack_file(args.env)), args.start, args.end, out,
+        export=args.export, prometheus=args.prometheus, opencost=args.opencost, step=args.step or INTERVAL_SECONDS,
+    )
     print(bill.summary())
-    print(f"wrote {out}/bill.csv, totals.csv, gpu-hours.svg")
+    print(f"wrote {out}/bill.csv, totals.csv, gpu-hours.svg" + (", credits.csv" if bill.credits else ""))
     return 0
 
 

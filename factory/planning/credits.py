@@ -27,6 +27,11 @@ from ai_factory.factory.planning.model import GpuAssignment, Plan, PoolPlan
 
 FAULT_CONDITIONS = ("GpuXidFatal", "GpuXidNeedsReset")
 SECONDS_PER_HOUR = 3600.0
+NODE_UNAVAILABLE = "ai_factory:node_gpu_unavailable"
+TENANT_UNAVAILABLE = "ai_factory:tenant_gpu_equivalents_unavailable"
+TENANT_ENTITLED = "ai_factory:tenant_gpu_equivalents_entitled"
+"""The health layer's recording rules of these figures (`components/health.py`), which
+`ai-factory bill` integrates over its period."""
 
 
 @dataclass(frozen=True)
@@ -125,20 +130,20 @@ def credits(plan: Plan, trust: Mapping[str, str], slo: SloTargets, outages: Sequ
                 for tenant, share in tenant_shares(model, pool, gpu).items():
                     entitled[tenant] += share * hours
                     lost[tenant] += share * down.get((node.name, gpu.index), 0.0)
-    result = []
-    for tenant, level in sorted(trust.items()):
-        target = getattr(slo, level)
-        mine, gone = entitled.get(tenant, 0.0), lost.get(tenant, 0.0)
-        result.append(TenantCredit(
-            tenant=tenant,
-            trust=level,
-            target=target,
-            entitled_gpu_hours=round(mine, 6),
-            lost_gpu_hours=round(gone, 6),
-            availability=round(1 - gone / mine, 6) if mine else 1.0,
-            credit_gpu_hours=round(max(0.0, gone - (1 - target) * mine), 6),
-        ))
-    return result
+    return [tenant_credit(tenant, level, getattr(slo, level), entitled.get(tenant, 0.0), lost.get(tenant, 0.0)) for tenant, level in sorted(trust.items())]
+
+
+def tenant_credit(tenant: str, trust: str, target: float, entitled: float, lost: float) -> TenantCredit:
+    """The credit of `lost` GPU-hours out of `entitled` under an availability `target`."""
+    return TenantCredit(
+        tenant=tenant,
+        trust=trust,
+        target=target,
+        entitled_gpu_hours=round(entitled, 6),
+        lost_gpu_hours=round(lost, 6),
+        availability=round(1 - lost / entitled, 6) if entitled else 1.0,
+        credit_gpu_hours=round(max(0.0, lost - (1 - target) * entitled), 6),
+    )
 
 
 def _down_hours(plan: Plan, outages: Sequence[Outage], start: float, end: float) -> dict[tuple[str, int], float]:
