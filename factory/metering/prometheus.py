@@ -35,7 +35,8 @@ def windows(period: Period, step: int, counter: bool) -> Iterator[tuple[int, int
     start, end = (int(b) for b in period.bounds)
     last = end if counter else end - 1
     points = range(start, last + 1, step)
-    for i in range(0, len(points), WINDOW_STEPS):
+    # A counter's last point is in the window before it already (but a one-point period is one).
+    for i in range(0, max(1, len(points) - counter), WINDOW_STEPS):
         chunk = points[i : i + WINDOW_STEPS + (1 if counter else 0)]
         yield chunk[0], chunk[-1]
 
