@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
 from ai_factory.factory.model.config import SloTargets
-from ai_factory.factory.model.gpus import COMPUTE_SLICES, GPU_MODELS, MEMORY_SLICES, GpuModel
+from ai_factory.factory.model.gpus import GPU_MODELS, MEMORY_SLICES, GpuModel
 from ai_factory.factory.planning.model import GpuAssignment, Plan, PoolPlan
 
 FAULT_CONDITIONS = ("GpuXidFatal", "GpuXidNeedsReset")
@@ -67,25 +67,21 @@ class TenantCredit:
 
 
 def tenant_shares(model: GpuModel, pool: PoolPlan, gpu: GpuAssignment) -> dict[str, float]:
-    """Each tenant's GPU-equivalents on one GPU: its dominant share of what it holds there (MIG:
-    max(compute/7, memory/8) of its instances; HAMi: max(memory, cores) share, at most 1;
-    time-slicing: its replicas over the GPU's). Unlike the planner's utilisation figure, which
-    takes the dominant share of the GPU's total, this is per tenant."""
+    """Each tenant's GPU-equivalents on one GPU, as the metering rules define them
+    (`factory/metering/rules.py`), so that credits and the bill count the same unit: MIG: its
+    instances' memory slices / 8; HAMi: its reserved memory over the memory HAMi registers for the
+    GPU (its memory times `hami_memory_scaling`), at most 1;
+    time-slicing: its replicas over the GPU's."""
     shares: dict[str, float] = defaultdict(float)
     if gpu.mode == "whole" and gpu.owner:
         shares[gpu.owner] = 1.0
     elif gpu.mode == "mig":
-        compute: dict[str, int] = defaultdict(int)
-        memory: dict[str, int] = defaultdict(int)
         for i in gpu.mig:
-            compute[i.tenant] += model.profile(i.profile).compute_slices
-            memory[i.tenant] += model.profile(i.profile).memory_slices
-        for tenant in compute:
-            shares[tenant] = max(compute[tenant] / COMPUTE_SLICES, memory[tenant] / MEMORY_SLICES)
+            shares[i.tenant] += model.profile(i.profile).memory_slices / MEMORY_SLICES
     elif gpu.mode == "hami":
-        for tenant in sorted({a.tenant for a in gpu.hami}):
-            mine = [a for a in gpu.hami if a.tenant == tenant]
-            shares[tenant] = min(1.0, max(sum(a.memory_mib for a in mine) / model.memory_mib, sum(a.cores_percent for a in mine) / 100))
+        for a in gpu.hami:
+            shares[a.tenant] += a.memory_mib / (model.memory_mib * gpu.hami_memory_scaling)
+        shares.update({tenant: min(1.0, share) for tenant, share in shares.items()})
     elif gpu.mode == "time-sliced":
         for s in gpu.time_slices:
             shares[s.tenant] += s.replicas / pool.time_slicing_replicas
