@@ -561,7 +561,7 @@ LAYER = Layer(
     component=Health,
     args=HealthArgs.from_config,
     requires=("fleet",),
-    checks=(health_checks.detection_coverage, health_checks.remediation_blast_radius),
+    checks=(health_checks.detection_coverage, health_checks.remediation_blast_radius, health_checks.remediation_rbac),
     config_checks=(remediation_limits,),
     privileged_namespaces={
         "node-problem-detector": "Node Problem Detector: reads the kernel log (/dev/kmsg) and the host's /var/log",

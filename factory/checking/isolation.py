@@ -277,6 +277,17 @@ class Grant:
 
 def tenant_grants(view: View) -> list[Grant]:
     """Every (binding, tenant subject) pair with the rules it grants."""
+    return [
+        Grant(binding, tenant, subject, scope, role, rules)
+        for binding, subject, scope, role, rules in bound_rules(view)
+        for tenant in sorted(view.subject_tenants(subject))
+    ]
+
+
+def bound_rules(view: View) -> Iterator[tuple[Manifest, Subject, str | None, str, tuple[Mapping[str, Any], ...] | None]]:
+    """(binding, subject, scope, role, rules) of every subject of every binding: the rules its
+    Role or ClusterRole (aggregated ClusterRoles included) grants, None when the role is not in the
+    rendered set; the scope is the RoleBinding's namespace, None for a ClusterRoleBinding."""
     roles: dict[tuple[str | None, str], list[Mapping[str, Any]]] = {}
     for m in view.of_kind("Role"):
         roles[(m.namespace, m.name)] = list(m.obj.get("rules") or [])
@@ -295,7 +306,6 @@ def tenant_grants(view: View) -> list[Grant]:
                     rules += list(other.get("rules") or [])
         return rules
 
-    grants = []
     for m in view.of_kind("RoleBinding", "ClusterRoleBinding"):
         scope = m.namespace if m.kind == "RoleBinding" else None
         ref = m.obj.get("roleRef") or {}
@@ -306,10 +316,7 @@ def tenant_grants(view: View) -> list[Grant]:
             rules = cluster_role_rules(ref.get("name", ""))
             role = f"ClusterRole/{ref.get('name')}"
         for raw in m.obj.get("subjects") or []:
-            subject = _subject(raw, scope)
-            for tenant in sorted(view.subject_tenants(subject)):
-                grants.append(Grant(m, tenant, subject, scope, role, None if rules is None else tuple(rules)))
-    return grants
+            yield m, _subject(raw, scope), scope, role, None if rules is None else tuple(rules)
 
 
 def _covers(rule: Mapping[str, Any], group: str, resource: str) -> bool:
@@ -318,7 +325,7 @@ def _covers(rule: Mapping[str, Any], group: str, resource: str) -> bool:
     return (group in groups or "*" in groups) and any(r in ("*", resource) or r.startswith(f"{resource}/") for r in resources)
 
 
-def _rule_text(rule: Mapping[str, Any]) -> str:
+def rule_text(rule: Mapping[str, Any]) -> str:
     groups = ",".join(g or "core" for g in rule.get("apiGroups") or []) or "-"
     return f"{','.join(rule.get('verbs') or [])} on {groups}/{','.join(rule.get('resources') or rule.get('nonResourceURLs') or [])}"
 
@@ -333,7 +340,7 @@ def rbac_rules(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
             escalation = sorted(ESCALATION_VERBS & set(rule.get("verbs") or []))
             if wildcard or escalation:
                 problem = ", ".join([*(f"wildcard {p}" for p in wildcard), *(f"verb {v}" for v in escalation)])
-                yield _finding("rbac-rules", g.binding, f"grants tenant {g.tenant} ({_show(g.subject)}) {g.role} with {problem}: {_rule_text(rule)}", g.tenant)
+                yield _finding("rbac-rules", g.binding, f"grants tenant {g.tenant} ({_show(g.subject)}) {g.role} with {problem}: {rule_text(rule)}", g.tenant)
 
 
 def rbac_access(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
@@ -350,7 +357,7 @@ def rbac_access(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
         rules = [r for r in g.rules if r.get("verbs")]
         if not rules:
             continue
-        granted = "; ".join(_rule_text(r) for r in rules)
+        granted = "; ".join(rule_text(r) for r in rules)
         if g.scope is None:
             yield _finding("rbac-access", g.binding, f"{who} can {granted} in every namespace and on cluster-scoped resources (its Namespace included)", g.tenant)
         elif not home or home.tenant != g.tenant:
