@@ -47,8 +47,10 @@ Per sharing mode, what the stack allows (conditions and remediation are per node
   down. Quarantining one instance alone is not possible.
 - time-slicing, hami: every replica or slice shares the faulted GPU; per node as exclusive.
 - dra: the DRA driver (0.4.1) publishes no device health, so a faulted GPU stays allocatable until
-  the node is remediated (per-device taints, KEP-5055 `DeviceTaintRule`, are alpha and not used;
-  XID classification under DRA is open upstream, kubernetes-sigs/dra-driver-nvidia-gpu#904).
+  the node is remediated or an operator applies the `DeviceTaintRule` (KEP-5055) that
+  `ai-factory quarantine` writes for that one device (`factory/planning/quarantine.py`): nothing
+  upstream turns an XID into such a rule yet (XID classification under DRA is open upstream,
+  kubernetes-sigs/dra-driver-nvidia-gpu#904).
 
 One `PrometheusRule` (prometheus-operator's CRD) holds three groups: the loop's alerts (node
 conditions, cordons and taints through kube-state-metrics); device alerts on the DCGM exporter's
