@@ -42,7 +42,6 @@ ENV = "AIF_MUTANT"
 MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
     # short name: (source file, the test files that exercise it; fastest first, they run with -x)
     "isolation": ("factory/checking/isolation.py", ("tests/test_isolation.py",)),
-    "health": ("factory/checking/health.py", ("tests/test_health.py",)),
     "scheduling": ("factory/checking/scheduling.py", ("tests/test_scheduling.py",)),
     "gpu": ("policies/aif_policies/gpu.py", ("tests/test_policies.py", "tests/test_policy_pack.py")),
     "security": ("policies/aif_policies/security.py", ("tests/test_policies.py", "tests/test_policy_pack.py")),

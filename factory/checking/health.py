@@ -85,6 +85,9 @@ def remediation_blast_radius(rendered: Rendered, oracles: Oracles | None) -> Ite
         elif allowed is None:
             yield Finding("remediation-blast-radius", check.ref, f"maxUnhealthy {spec.get('maxUnhealthy')!r} is not a node count or a percentage")
             allowed = len(selected)
+        elif allowed == 0:
+            # The pack's `remediation-bounded` refuses it too: the loop would never start.
+            yield Finding("remediation-blast-radius", check.ref, "maxUnhealthy 0 allows no remediation at all: a faulty node would stay unremediated")
         if pools is not None:
             selected_pools = sorted({p for n in selected if (p := _labels(n.obj).get(POOL_LABEL))})
             limit = min((pools[p] for p in selected_pools if p in pools), default=None)
