@@ -26,6 +26,7 @@ from ai_factory.components._common import (
     NVLINK_DOMAIN_LABEL,
     POOL_LABEL,
     RACK_LABEL,
+    RDMA_LABEL,
     SITE_LABEL,
     FactoryComponent,
 )
@@ -62,6 +63,8 @@ def node_labels(pool: Pool) -> dict[str, dict[str, str]]:
         }
         if node.nvlink_domain:
             node_labels[NVLINK_DOMAIN_LABEL] = node.nvlink_domain
+        if pool.topology.fabric in ("roce", "infiniband"):
+            node_labels[RDMA_LABEL] = pool.network.devices
         result[node.name] = node_labels
     return result
 
