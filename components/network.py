@@ -84,8 +84,8 @@ GUID_POOL = ("02:00:00:00:00:00:00:00", "02:FF:FF:FF:FF:FF:FF:FF")
 """ib-kubernetes' GUID pool (its default range)."""
 NAD_API = "k8s.cni.cncf.io/v1"
 CNI_VERSION = "0.3.1"
-FORBIDDEN_IN_SHORT_FORM = ("/", "[", "{", "\\")
-"""Characters of the cross-namespace (`ns/name`) and JSON forms (and JSON escapes)."""
+FORBIDDEN_IN_SHORT_FORM = ("/", "[", "{")
+"""Characters of the cross-namespace (`ns/name`) and JSON forms (JSON escapes need the JSON form)."""
 
 
 def sriov_resource(pool: str) -> str:

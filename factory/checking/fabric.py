@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from ai_factory.factory.checking.findings import Finding
 from ai_factory.factory.model.tenancy import LABEL_PREFIX, TENANT_LABEL
@@ -83,8 +83,8 @@ def _map(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
-def _list(value: Any) -> list:
-    return value if isinstance(value, list) else []
+def _list(value: Any) -> Sequence[Any]:
+    return value if isinstance(value, Sequence) and not isinstance(value, (str, bytes)) else ()
 
 
 def cni_plugin(nad: Item) -> tuple[Mapping[str, Any] | None, str | None]:
@@ -221,7 +221,7 @@ def _annotation_sets(node: Any) -> Iterator[Mapping[str, Any]]:
         for key, value in node.items():
             if key != "metadata":
                 yield from _annotation_sets(value)
-    elif isinstance(node, list):
+    elif isinstance(node, Sequence) and not isinstance(node, (str, bytes)):
         for value in node:
             yield from _annotation_sets(value)
 

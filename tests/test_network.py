@@ -1,0 +1,456 @@
+"""The fast path (`components/network.py`): installed only where an RDMA fabric is, its values and
+objects are the chart's and the CRDs', each tenant's partition key or VLAN is its own and stays
+put, bad input is refused with every path, and the fabric checks (offline and CrossGuard) and the
+admission policy fail when isolation is broken."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pulumi
+import pulumi_kubernetes as k8s
+import pytest
+import yaml
+from pydantic import TypeAdapter
+
+from ai_factory.components import network
+from ai_factory.factory.checking import fabric as checks
+from ai_factory.factory.model.loading import ConfigError, validate
+from ai_factory.factory.planning.fabric import FabricError, FabricWant, TenantFabricNetwork, allocate
+from ai_factory.factory.planning.from_config import plan_for
+from ai_factory.factory.planning.model import Plan
+from ai_factory.factory.planning.report import report_text
+from ai_factory.factory.rendering.bundle import Manifest, Rendered
+from tests.conftest import REPO, objects, one, render
+from tests.kyverno_engine import Request, refusals
+from tests.policy_stacks import namespace as tenant_namespace
+from tests.policy_stacks import stack, violations
+from tests.test_bad_input import DEV_TEXT, run_cli
+
+POOL, SITE, TENANT = "ai-factory.io/pool", "ai-factory.io/site", "ai-factory.io/tenant"
+
+
+def plan_of(raw: dict) -> Plan:
+    return plan_for(validate(raw))
+
+
+def networks_of(plan: Plan) -> dict[tuple[str, str], str]:
+    return {(n.tenant, n.pool): n.shown for n in plan.networks}
+
+
+# --------------------------------------------------------------------------- layer and objects
+
+
+def test_a_fleet_of_ethernet_pools_installs_none_of_the_fast_path(raw):
+    for pool in raw["fleet"]["pools"]:
+        pool["topology"]["fabric"] = "ethernet"
+    for tenant in raw["tenants"]:
+        for demand in tenant["gpus"]:
+            demand.pop("rdma", None)
+    rendered = render(raw)
+    assert not [m.ref for m in rendered.manifests if m.layer == "network" or m.kind in ("NetworkAttachmentDefinition", "IPPool")]
+    assert "network" not in {e["layer"] for e in rendered.inventory}
+
+
+def test_dev_exposes_each_rdma_pool_by_sriov_on_exactly_its_nodes(dev):
+    policies = {o["metadata"]["name"]: o["spec"] for o in objects(dev, "SriovNetworkNodePolicy")}
+    assert sorted(policies) == ["a100-mig", "h100-train"]
+    assert policies["h100-train"]["nodeSelector"] == {POOL: "h100-train"}
+    assert policies["h100-train"]["linkType"] == "ib" and policies["a100-mig"]["linkType"] == "eth"
+    assert policies["h100-train"]["nicSelector"]["pfNames"][:4] == ["ibp24s0", "ibp64s0", "ibp79s0", "ibp94s0"]
+    assert "ibKubernetes" in one(dev, "NicClusterPolicy", "nic-cluster-policy")["spec"]
+
+
+def test_shared_rdma_devices_come_from_a_node_policy_of_the_pool(raw):
+    raw["fleet"]["pools"][0]["network"] = {"devices": "rdma-shared"}
+    raw["tenants"][2]["gpus"] = []  # one trust domain left on the pool
+    rendered = render(raw)
+    spec = one(rendered, "NicNodePolicy", "h100-train")["spec"]
+    assert spec["nodeSelector"] == {POOL: "h100-train"}
+    config = json.loads(spec["rdmaSharedDevicePlugin"]["config"])
+    assert config["configList"][0]["selectors"]["ifNames"][0] == "ibp24s0"
+    assert not [n for n in objects(rendered, "NetworkAttachmentDefinition") if "h100" in n["metadata"]["name"]]
+
+
+def test_chart_values_are_keys_of_the_pinned_chart(oracles, raw):
+    for driver in ("host", "doca"):
+        raw["layers"]["network"].update(driver=driver, doca_driver_version="doca3.1.0-25.07-0.9.7.0-0")
+        cfg = validate(raw)
+        args = network.NetworkArgs.from_config(cfg, plan_for(cfg))
+        assert oracles.validate_values("network-operator/chart-release", network.chart_values(args)) == []
+
+
+def test_fast_path_objects_validate_against_the_upstream_crds(dev, oracles):
+    kinds = ("NicClusterPolicy", "NicNodePolicy", "SriovNetworkNodePolicy", "IPPool", "NetworkAttachmentDefinition")
+    found = [m.obj for m in dev.manifests if m.kind in kinds]
+    assert {o["kind"] for o in found} >= {"NicClusterPolicy", "SriovNetworkNodePolicy", "IPPool", "NetworkAttachmentDefinition"}
+    for obj in found:
+        assert oracles.knows_kind(obj["apiVersion"], obj["kind"]), obj["kind"]
+        assert oracles.validate_custom_object(obj) == [], obj["metadata"]["name"]
+
+
+def test_sriov_node_policies_use_only_fields_of_both_sriov_operators_crds(dev, oracles):
+    """The NVIDIA build's CRD and upstream's differ; our policies stay inside both."""
+    for folder in ("network-operator", "sriov-network-operator"):
+        crd = yaml.safe_load((oracles.root / folder / "crds" / "sriovnetworknodepolicy.yaml").read_text())
+        fields = set(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"])
+        for policy in objects(dev, "SriovNetworkNodePolicy"):
+            assert set(policy["spec"]) <= fields, folder
+
+
+def test_tenant_networks_carry_the_tenants_keys_in_their_namespaces(dev):
+    nads = {(n["metadata"]["namespace"], n["metadata"]["name"]): json.loads(n["spec"]["config"]) for n in objects(dev, "NetworkAttachmentDefinition")}
+    assert nads[("tenant-search", "rdma-h100-train")]["type"] == "ib-sriov"
+    assert nads[("tenant-search", "rdma-h100-train")]["pkey"] == "0x0100"
+    assert {nads[("tenant-search", "rdma-a100-mig")]["vlan"], nads[("tenant-assistant", "rdma-a100-mig")]["vlan"]} == {300, 301}
+    assert not [k for k in nads if k[0] == "tenant-partner-acme"]  # its 8 GPUs are on one node
+
+
+# --------------------------------------------------------------------------- keys
+
+
+def want(tenant: str, fabric: str = "infiniband", manual: int | None = None, pool: str = "ib") -> FabricWant:
+    return FabricWant(tenant, pool, fabric, "infiniband" if fabric == "infiniband" else "roce", manual, f"tenants[{tenant}].network.pkey")
+
+
+RANGES = {"infiniband": (0x100, 0x103), "roce": (100, 101)}
+
+
+def keys(networks) -> dict[str, int]:
+    return {n.tenant: n.key for n in networks}
+
+
+def test_removing_a_tenant_frees_its_key_and_moves_no_other():
+    before = allocate([want("a"), want("b"), want("c")], RANGES)
+    assert keys(before) == {"a": 0x100, "b": 0x101, "c": 0x102}
+    after = allocate([want("a"), want("c"), want("d")], RANGES, before)
+    assert keys(after) == {"a": 0x100, "c": 0x102, "d": 0x101}
+
+
+def test_keys_do_not_depend_on_the_order_of_tenants():
+    assert allocate([want("b"), want("a")], RANGES) == allocate([want("a"), want("b")], RANGES)
+
+
+def test_a_locked_key_is_kept_when_the_range_moves():
+    before = allocate([want("a")], RANGES)
+    assert keys(allocate([want("a"), want("b")], {**RANGES, "infiniband": (0x200, 0x2ff)}, before)) == {"a": 0x100, "b": 0x200}
+
+
+def test_vlans_are_unique_per_fabric_not_across_fabrics():
+    networks = allocate([want("a", "roce-par1"), want("b", "roce-par1"), want("a", "roce-lon1")], RANGES)
+    assert {(n.fabric, n.tenant): n.key for n in networks} == {("roce-par1", "a"): 100, ("roce-par1", "b"): 101, ("roce-lon1", "a"): 100}
+
+
+def test_a_key_given_by_hand_wins_but_never_takes_a_running_tenants():
+    assert keys(allocate([want("a"), want("b", manual=0x100)], RANGES)) == {"a": 0x101, "b": 0x100}
+    before = allocate([want("a")], RANGES)
+    with pytest.raises(FabricError) as err:
+        allocate([want("a"), want("b", manual=0x100)], RANGES, before)
+    assert err.value.problems == ["tenants[b].network.pkey: 0x0100 is held by tenant 'a' on infiniband (the plan lock); a running tenant's key never changes: give another"]
+
+
+def test_an_exhausted_range_is_a_planning_problem():
+    with pytest.raises(FabricError) as err:
+        allocate([want(t, "roce-par1") for t in "abc"], RANGES)
+    assert err.value.problems == ["plan: no free VLAN left in 100-101 for tenant 'c' on roce-par1"]
+
+
+def test_the_plan_lock_records_and_restores_keys(raw):
+    planned = plan_of(raw)
+    assert networks_of(planned) == {("assistant", "a100-mig"): "vlan 300", ("search", "a100-mig"): "vlan 301", ("search", "h100-train"): "pkey 0x0100"}
+    restored = TypeAdapter(Plan).validate_json(planned.to_json())
+    assert restored.networks == planned.networks == Plan.from_json(planned.to_json()).networks
+    raw["tenants"] = [t for t in raw["tenants"] if t["name"] != "assistant"]
+    replanned = plan_for(validate(raw), restored)
+    assert networks_of(replanned) == {("search", "a100-mig"): "vlan 301", ("search", "h100-train"): "pkey 0x0100"}
+
+
+def test_the_plan_report_shows_each_tenants_key(raw):
+    text = report_text(plan_of(raw), validate(raw))
+    assert "search      h100-train   infiniband   pkey 0x0100   plan" in text
+
+
+def test_the_committed_dev_lock_holds_the_keys():
+    lock = TypeAdapter(Plan).validate_json((REPO / "plans" / "dev.json").read_bytes())
+    assert {n.shown for n in lock.networks} == {"pkey 0x0100", "vlan 300", "vlan 301"}
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def test_bad_fabric_input_is_refused_with_every_path(raw):
+    raw["tenants"][0]["network"] = {"pkey": "0x0105"}
+    raw["tenants"][1]["network"] = {"pkey": 0x105, "vlan": 4095}
+    raw["tenants"][2]["network"] = {"pkey": "0x7fff"}
+    raw["fleet"]["pools"][1]["topology"]["numa"][1]["nics"].append("ens1f0np0")
+    raw["tenants"][1]["gpus"][1]["rdma"] = True
+    raw["tenants"].append({"name": "late", "trust": "high", "owners": {"groups": ["g"]}, "network": {"pkey": 0x8000}})
+    with pytest.raises(ConfigError) as err:
+        validate(raw)
+    assert sorted(err.value.problems) == sorted([
+        "tenants[1].network.vlan: VLAN 4095 is outside 2-4094 (0 and 4095 are reserved, 1 is the default VLAN of every port)",
+        "tenants[2].network.pkey: 0x7fff is the default partition, of which every port is a member: it isolates nothing",
+        "tenants[3].network.pkey: 0x8000 is outside the 15-bit partition keys 0x0001-0x7ffe (the membership bit is not part of the key)",
+        "tenants[1].network.pkey: partition key 0x0105 is also given at tenants[0].network.pkey",
+        "fleet.pools[1].topology.numa[1].nics[2]: NIC 'ens1f0np0' is already named at fleet.pools[1].topology.numa[0].nics[0]",
+        "tenants[1].gpus[1].rdma: pool 'l40s-infer' has no RDMA fabric (its topology.fabric is ethernet)",
+    ])
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (lambda r: r["tenants"][0].update(network={"vlan": 7}) or r["tenants"][1].update(network={"vlan": 7}),
+         "tenants[1].network.vlan: VLAN 7 is also given at tenants[0].network.vlan, on the same RoCE fabric (site par1)"),
+        (lambda r: r["fleet"]["pools"][1]["topology"].pop("numa"),
+         "fleet.pools[1].topology.numa: pool 'a100-mig' is on roce but names no NIC (numa[].nics): its RDMA devices cannot be exposed"),
+        (lambda r: r["fleet"]["pools"][1].update(network={"devices": "rdma-shared"}),
+         "tenants[0].gpus[1].rdma: pool 'a100-mig' shares its RDMA devices (network.devices: rdma-shared): no network of the tenant's own can be isolated there"),
+        (lambda r: r["fleet"]["pools"][0].update(network={"devices": "rdma-shared"}),
+         "fleet.pools[0].network.devices: rdma-shared gives every pod of a node the same RDMA devices, with no partition between them, "
+         "but trust domains internal, partner-acme use pool 'h100-train': use sriov"),
+        (lambda r: r["layers"]["network"].update(driver="doca"),
+         "layers.network.doca_driver_version: required with driver: doca (the DOCA-OFED container tag matching the nodes' kernel)"),
+        (lambda r: r["layers"]["network"].update(enabled=False),
+         "fleet.pools[0].topology.fabric: pool 'h100-train' is on infiniband but layers.network is disabled"),
+    ],
+    ids=["same-vlan-same-fabric", "rdma-pool-without-nics", "rdma-on-shared-devices", "shared-devices-two-domains", "doca-without-version", "layer-off"],
+)
+def test_a_fabric_rule_names_its_path(raw, change, expected):
+    change(raw)
+    with pytest.raises(ConfigError) as err:
+        validate(raw)
+    assert expected in err.value.problems
+
+
+def test_the_cli_refuses_a_shared_partition_key_with_exit_2_and_writes_nothing(tmp_path):
+    text = DEV_TEXT.replace("      owners: {groups: [search-admins]}", "      owners: {groups: [search-admins]}\n      network: {pkey: 0x0200}")
+    text = text.replace("      owners: {groups: [partner-acme]}", "      owners: {groups: [partner-acme]}\n      network: {pkey: 0x200}")
+    path = tmp_path / "Pulumi.bad.yaml"
+    path.write_text(text)
+    proc = run_cli("render", str(path), "--out", str(tmp_path / "out"))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "tenants[2].network.pkey: partition key 0x0200 is also given at tenants[0].network.pkey" in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+# --------------------------------------------------------------------------- checks, table-driven
+
+
+def nad(namespace: str, config: dict | str, resource: str = "nvidia.com/ib_vf", name: str = "rdma") -> dict:
+    return {
+        "apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
+        "metadata": {"name": name, "namespace": namespace, "annotations": {checks.RESOURCE_ANNOTATION: resource}},
+        "spec": {"config": config if isinstance(config, str) else json.dumps(config)},
+    }
+
+
+def ib(pkey) -> dict:
+    return {"type": "ib-sriov", "pkey": pkey} if pkey is not None else {"type": "ib-sriov"}
+
+
+def roce(vlan) -> dict:
+    return {"cniVersion": "0.3.1", "plugins": [{"type": "sriov", "vlan": vlan}, {"type": "tuning"}]}
+
+
+def node(name: str, pool: str, site: str = "par1") -> dict:
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {POOL: pool, SITE: site}}}
+
+
+def ns(name: str, tenant: str | None = None) -> dict:
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": {TENANT: tenant} if tenant else {}}}
+
+
+def sriov_policy(name: str, selector: dict, resource: str, **extra) -> dict:
+    return {"apiVersion": "sriovnetwork.openshift.io/v1", "kind": "SriovNetworkNodePolicy", "metadata": {"name": name, "namespace": "net"},
+            "spec": {"nodeSelector": selector, "resourceName": resource, "numVfs": 8, "nicSelector": {"pfNames": ["x"]}, **extra}}
+
+
+def pod(namespace: str, annotations: dict) -> dict:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": namespace, "annotations": annotations}, "spec": {"containers": []}}
+
+
+def job(namespace: str, networks: str) -> dict:
+    template = {"metadata": {"annotations": {checks.NETWORKS_ANNOTATION: networks}}, "spec": {"containers": []}}
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j", "namespace": namespace}, "spec": {"template": template}}
+
+
+FLEET = [
+    ns("tenant-a", "a"), ns("tenant-b", "b"), ns("net"),
+    node("n1", "ib"), node("n2", "ib"), node("r1", "roce-par"), node("r2", "roce-lon", "lon1"),
+    sriov_policy("ib", {POOL: "ib"}, "ib_vf"), sriov_policy("roce-par", {POOL: "roce-par"}, "par_vf"), sriov_policy("roce-lon", {POOL: "roce-lon"}, "lon_vf"),
+]
+
+
+def admission_policy(action: str = "Enforce") -> dict:
+    spec = network.admission_policy_spec()
+    for rule in spec["rules"]:
+        rule["validate"]["failureAction"] = action
+    return {"apiVersion": "kyverno.io/v1", "kind": "ClusterPolicy", "metadata": {"name": checks.ADMISSION_POLICY}, "spec": spec}
+
+
+def world(*objs: dict) -> Rendered:
+    manifests = [Manifest(o, "test", None, f"test::{i}") for i, o in enumerate([*FLEET, *objs])]
+    return Rendered(None, "1.34", manifests, [])
+
+
+def found(check, rendered: Rendered) -> list[str]:
+    return [f"{f.ref}: {f.message}" for f in check(rendered, None)]
+
+
+KEY_ROWS = [
+    ("the default partition", [nad("tenant-a", ib("0x7fff"))], "default partition"),
+    ("no partition key", [nad("tenant-a", ib(None))], "no partition key"),
+    ("a 16-bit key", [nad("tenant-a", ib("0xffff"))], "outside the 15-bit keys"),
+    ("a key that is no number", [nad("tenant-a", ib("0xzz"))], "is not a number"),
+    ("two tenants on one key", [nad("tenant-a", ib("0x10")), nad("tenant-b", ib(16))], "also the key of network(s) in namespace(s) tenant-b"),
+    ("an untagged RoCE network", [nad("tenant-a", roce(0), "nvidia.com/par_vf")], "no VLAN"),
+    ("VLAN 4095", [nad("tenant-a", roce(4095), "nvidia.com/par_vf")], "outside 2-4094"),
+    ("two tenants on one VLAN of a site", [nad("tenant-a", roce(7), "nvidia.com/par_vf"), nad("tenant-b", roce(7), "nvidia.com/par_vf")], "VLAN 7 on the RoCE fabric of par1"),
+    ("an unreadable config", [nad("tenant-a", "{not json")], "not a JSON CNI configuration"),
+]
+KEY_ACCEPTS = [
+    ("two tenants on two keys", [nad("tenant-a", ib("0x10")), nad("tenant-b", ib("0x11"))]),
+    ("one tenant's key on two of its networks", [nad("tenant-a", ib("0x10")), nad("tenant-a", ib("0x10"), name="other")]),
+    ("one VLAN on two sites' fabrics", [nad("tenant-a", roce(7), "nvidia.com/par_vf"), nad("tenant-b", roce(7), "nvidia.com/lon_vf")]),
+    ("a network that is not RDMA", [nad("tenant-a", {"type": "macvlan"})]),
+]
+
+
+@pytest.mark.parametrize(("objs", "expected"), [r[1:] for r in KEY_ROWS], ids=[r[0] for r in KEY_ROWS])
+def test_fabric_keys_flags(objs, expected):
+    assert any(expected in line for line in found(checks.fabric_keys, world(*objs))), found(checks.fabric_keys, world(*objs))
+
+
+@pytest.mark.parametrize("objs", [r[1] for r in KEY_ACCEPTS], ids=[r[0] for r in KEY_ACCEPTS])
+def test_fabric_keys_accepts(objs):
+    assert found(checks.fabric_keys, world(*objs)) == []
+
+
+OWN = nad("tenant-a", ib("0x10"))
+ATTACH_ROWS = [
+    ("an RDMA network in a platform namespace", [nad("net", ib("0x10")), admission_policy()], "outside every tenant's namespace"),
+    ("a pod naming another namespace's network", [OWN, admission_policy(), pod("tenant-a", {checks.NETWORKS_ANNOTATION: "tenant-b/rdma"})], "attach network tenant-b/rdma"),
+    ("a job template naming one in JSON", [OWN, admission_policy(), job("tenant-a", '[{"name": "rdma", "namespace": "tenant-b"}]')], "attach network tenant-b/rdma"),
+    ("a pod replacing its pod network", [OWN, admission_policy(), pod("tenant-a", {checks.DEFAULT_NETWORK_ANNOTATION: "tenant-b/rdma"})], "replace their pod network"),
+    ("an unreadable annotation", [OWN, admission_policy(), pod("tenant-a", {checks.NETWORKS_ANNOTATION: "[oops"})], "cannot be read"),
+    ("tenant networks without the admission policy", [OWN], "admission policy tenant-secondary-networks is missing"),
+    ("the admission policy in audit mode", [OWN, admission_policy("Audit")], "does not enforce networks-in-own-namespace"),
+]
+ATTACH_ACCEPTS = [
+    ("own networks by short name", [OWN, admission_policy(), pod("tenant-a", {checks.NETWORKS_ANNOTATION: "rdma@net1, rdma"})]),
+    ("own network by namespace/name", [OWN, admission_policy(), job("tenant-a", "tenant-a/rdma")]),
+    ("a platform pod naming any network", [OWN, admission_policy(), pod("net", {checks.NETWORKS_ANNOTATION: "tenant-a/rdma"})]),
+]
+
+
+@pytest.mark.parametrize(("objs", "expected"), [r[1:] for r in ATTACH_ROWS], ids=[r[0] for r in ATTACH_ROWS])
+def test_fabric_attachments_flags(objs, expected):
+    assert any(expected in line for line in found(checks.fabric_attachments, world(*objs))), found(checks.fabric_attachments, world(*objs))
+
+
+@pytest.mark.parametrize("objs", [r[1] for r in ATTACH_ACCEPTS], ids=[r[0] for r in ATTACH_ACCEPTS])
+def test_fabric_attachments_accepts(objs):
+    assert found(checks.fabric_attachments, world(*objs)) == []
+
+
+def nic_node_policy(selector: dict | None, **spec) -> dict:
+    body = {"nodeSelector": selector, **spec} if selector is not None else dict(spec)
+    return {"apiVersion": "mellanox.com/v1alpha1", "kind": "NicNodePolicy", "metadata": {"name": "p"}, "spec": body}
+
+
+SELECTOR_ROWS = [
+    ("two pools' nodes", [nic_node_policy({SITE: "par1"})], "selects nodes of several pools (ib, roce-par)"),
+    ("no node", [nic_node_policy({POOL: "gone"})], "selects no node"),
+    ("no selector", [nic_node_policy(None)], "has no nodeSelector"),
+    ("VFs without their NUMA node", [sriov_policy("x", {POOL: "ib"}, "ib_vf", excludeTopology=True)], "excludeTopology"),
+    ("devices exposed cluster-wide", [{"apiVersion": "mellanox.com/v1alpha1", "kind": "NicClusterPolicy", "metadata": {"name": "nic-cluster-policy"},
+                                        "spec": {"rdmaSharedDevicePlugin": {"image": "x"}}}], "exposes devices cluster-wide"),
+]
+
+
+def test_a_selector_of_part_of_a_pool_is_flagged():
+    labelled = world(nic_node_policy({POOL: "ib", "rack": "r1"}))
+    labelled.manifests[3].obj["metadata"]["labels"]["rack"] = "r1"
+    assert found(checks.nic_policies_select_pools, labelled) == ["NicNodePolicy/p: selects 1 of pool ib's nodes; left out: n2"]
+
+
+@pytest.mark.parametrize(("objs", "expected"), [r[1:] for r in SELECTOR_ROWS], ids=[r[0] for r in SELECTOR_ROWS])
+def test_nic_policies_select_pools_flags(objs, expected):
+    lines = found(checks.nic_policies_select_pools, world(*objs))
+    assert any(expected in line for line in lines), lines
+
+
+def test_nic_policies_select_pools_accepts_one_pool_exactly():
+    assert found(checks.nic_policies_select_pools, world(nic_node_policy({POOL: "ib"}))) == []
+
+
+def test_dev_passes_the_fabric_checks(dev):
+    for check in (checks.fabric_keys, checks.fabric_attachments, checks.nic_policies_select_pools):
+        assert found(check, dev) == []
+
+
+def test_a_tenant_network_moved_to_the_platform_and_a_shared_key_are_found_in_dev(dev):
+    clone = Rendered(dev.config, dev.kubernetes_version, copy.deepcopy(dev.manifests), dev.inventory)
+    for m in clone.manifests:
+        if m.kind == "NetworkAttachmentDefinition" and m.namespace == "tenant-assistant":
+            m.obj["spec"]["config"] = m.obj["spec"]["config"].replace('"vlan": 300', '"vlan": 301')
+    assert [f.ref for f in checks.fabric_keys(clone, None)] == [
+        "NetworkAttachmentDefinition/tenant-assistant/rdma-a100-mig", "NetworkAttachmentDefinition/tenant-search/rdma-a100-mig"]
+
+
+# --------------------------------------------------------------------------- CrossGuard
+
+
+def crossguard(*objs: dict) -> dict[str, dict[str, list[str]]]:
+    def program() -> None:
+        tenant_namespace("tenant-a", tenant="a")
+        tenant_namespace("tenant-b", tenant="b")
+        for i, obj in enumerate(objs):
+            k8s.apiextensions.CustomResource(
+                f"obj-{i}", api_version=obj["apiVersion"], kind=obj["kind"],
+                metadata=obj["metadata"], spec=obj.get("spec"),
+            )
+    graph = stack(program)
+    return {p: violations(graph, p) for p in ("fabric-keys-apart", "fabric-attachments-own", "nic-policies-one-pool")}
+
+
+CROSSGUARD_ROWS = [
+    ("fabric-keys-apart", [nad("tenant-a", ib("0x7fff")), admission_policy()], "default partition"),
+    ("fabric-keys-apart", [nad("tenant-a", ib("0x10")), nad("tenant-b", ib("0x10")), admission_policy()], "also the key"),
+    ("fabric-attachments-own", [nad("net", ib("0x10"))], "outside every tenant's namespace"),
+    ("fabric-attachments-own", [nad("tenant-a", ib("0x10"))], "is missing"),
+    ("nic-policies-one-pool", [nic_node_policy(None)], "has no nodeSelector"),
+]
+
+
+@pytest.mark.parametrize(("policy", "objs", "expected"), CROSSGUARD_ROWS, ids=[f"{r[0]}-{r[2]}" for r in CROSSGUARD_ROWS])
+def test_crossguard_flags(policy, objs, expected):
+    messages = [m for ms in crossguard(*objs)[policy].values() for m in ms]
+    assert any(expected in m for m in messages), messages
+
+
+def test_crossguard_accepts_tenants_apart():
+    assert all(not v for v in crossguard(nad("tenant-a", ib("0x10")), nad("tenant-b", ib("0x11")), admission_policy()).values())
+
+
+# --------------------------------------------------------------------------- admission
+
+
+ADMISSION_ROWS = [
+    ("its own network by name", "tenant-search", {checks.NETWORKS_ANNOTATION: "rdma-h100-train"}, []),
+    ("its own networks with interfaces", "tenant-search", {checks.NETWORKS_ANNOTATION: "rdma-h100-train@ib0,rdma-a100-mig"}, []),
+    ("another tenant's network", "tenant-search", {checks.NETWORKS_ANNOTATION: "tenant-assistant/rdma-a100-mig"}, [checks.SHORT_FORM_RULE]),
+    ("the JSON form", "tenant-search", {checks.NETWORKS_ANNOTATION: '[{"name": "rdma-a100-mig", "namespace": "tenant-assistant"}]'}, [checks.SHORT_FORM_RULE]),
+    ("a replaced pod network", "tenant-search", {checks.DEFAULT_NETWORK_ANNOTATION: "kube-system/x"}, [checks.DEFAULT_NETWORK_RULE]),
+    ("a platform pod", "nvidia-network-operator", {checks.NETWORKS_ANNOTATION: "tenant-search/rdma-h100-train"}, []),
+]
+
+
+@pytest.mark.parametrize(("namespace", "annotations", "refused"), [r[1:] for r in ADMISSION_ROWS], ids=[r[0] for r in ADMISSION_ROWS])
+def test_admission_of_secondary_networks(dev, namespace, annotations, refused):
+    policy = one(dev, "ClusterPolicy", checks.ADMISSION_POLICY)
+    labels = next(n["metadata"].get("labels") or {} for n in objects(dev, "Namespace") if n["metadata"]["name"] == namespace)
+    request = Request(pod(namespace, annotations), namespace_labels=labels)
+    assert refusals([policy], request) == [f"{checks.ADMISSION_POLICY}/{rule}" for rule in refused]
