@@ -61,7 +61,7 @@ from ai_factory.factory.checking.fabric import (
     SHORT_FORM_RULE,
 )
 from ai_factory.factory.model.catalog import ChartSource
-from ai_factory.factory.model.config import FactoryConfig, Tenant
+from ai_factory.factory.model.config import FactoryConfig, Tenant, TenantVpc
 from ai_factory.factory.model.raw import as_dict, as_list
 from ai_factory.factory.model.tenancy import SERVES_TENANT_LABEL, TenantNames
 from ai_factory.factory.planning.fabric import INFINIBAND, TenantFabricNetwork
@@ -80,9 +80,13 @@ RDMA_SHARED_PREFIX = "rdma"
 """The RDMA shared device plugin's default resource prefix."""
 RDMA_HCA_MAX = 63
 """Pods sharing one RDMA device at most (the plugin's `rdmaHcaMax`)."""
+MELLANOX_VENDOR = "15b3"
+"""PCI vendor of NVIDIA (Mellanox) NICs: what a pool whose topology names no NIC exposes, all of them."""
 GUID_POOL = ("02:00:00:00:00:00:00:00", "02:FF:FF:FF:FF:FF:FF:FF")
 """ib-kubernetes' GUID pool (its default range)."""
 NAD_API = "k8s.cni.cncf.io/v1"
+VPC_ANNOTATION = "ai-factory.io/vpc"
+"""On a VPC's network: `<kind>:<vni>`, what the external fabric manager maps its VLAN to."""
 CNI_VERSION = "0.3.1"
 FORBIDDEN_IN_SHORT_FORM = ("/", "[", "{")
 """Characters of the cross-namespace (`ns/name`) and JSON forms (JSON escapes need the JSON form)."""
@@ -114,8 +118,34 @@ class RdmaPool:
     devices: str
     """`sriov` or `rdma-shared`."""
     nics: tuple[str, ...]
-    """Every NIC of the pool's NUMA topology, by NUMA node then as listed."""
+    """Every NIC of the pool's NUMA topology, by NUMA node then as listed; none: every NVIDIA NIC."""
     vfs_per_nic: int
+
+
+@dataclass(frozen=True)
+class TenantVpcAttachment:
+    """A tenant's VPC handed over on a VLAN of its pools' nodes (`tenants[].network.vpc`)."""
+
+    tenant: str
+    vpc: TenantVpc
+    pools: tuple[str, ...]
+    """The pools the tenant's pods run on: where the uplink must carry the VPC's VLAN."""
+
+    @property
+    def network(self) -> str:
+        return f"vpc-{self.vpc.name}"
+
+    @property
+    def ip_pool(self) -> str:
+        return f"{self.tenant}-vpc-{self.vpc.name}"
+
+
+def vpc_attachments(cfg: FactoryConfig) -> tuple[TenantVpcAttachment, ...]:
+    return tuple(
+        TenantVpcAttachment(t.name, t.network.vpc, tuple(sorted({d.pool for d in t.gpus})))
+        for t in sorted(cfg.tenants, key=lambda t: t.name)
+        if t.network.vpc is not None
+    )
 
 
 @dataclass(frozen=True)
@@ -134,6 +164,7 @@ class NetworkArgs:
     """The plan's tenant networks: one nv-ipam pool each."""
     subnet: str
     per_node_addresses: int
+    vpcs: tuple[TenantVpcAttachment, ...] = ()
 
     @classmethod
     def from_config(cls, cfg: FactoryConfig, plan: Plan) -> NetworkArgs:
@@ -160,6 +191,7 @@ class NetworkArgs:
             networks=plan.networks,
             subnet=layer.subnet,
             per_node_addresses=layer.per_node_addresses,
+            vpcs=vpc_attachments(cfg),
         )
 
     @property
@@ -192,12 +224,13 @@ def _image(args: NetworkArgs, image: str) -> dict[str, str]:
 
 
 def nic_cluster_policy(args: NetworkArgs) -> dict[str, Any]:
+    # Multus and the plugins run where pods attach secondary networks: RDMA nodes, VPC pools' nodes.
+    terms: list[dict[str, Any]] = [{"matchExpressions": [{"key": RDMA_LABEL, "operator": "Exists"}]}]
+    vpc_pools = sorted({pool for v in args.vpcs for pool in v.pools})
+    if vpc_pools:
+        terms.append({"matchExpressions": [{"key": POOL_LABEL, "operator": "In", "values": vpc_pools}]})
     spec: dict[str, Any] = {
-        "nodeAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": {
-                "nodeSelectorTerms": [{"matchExpressions": [{"key": RDMA_LABEL, "operator": "Exists"}]}]
-            }
-        },
+        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}},
         "tolerations": tolerations(),
         "secondaryNetwork": {"multus": _image(args, "multus-cni"), "cniPlugins": _image(args, "plugins")},
         "nvIpam": {**_image(args, "nvidia-k8s-ipam"), "enableWebhook": False},
@@ -229,7 +262,8 @@ def nic_node_policy(args: NetworkArgs, pool: RdmaPool) -> dict[str, Any] | None:
             },
         }
     if pool.devices == "rdma-shared":
-        config = {"configList": [{"resourceName": shared_resource(pool.name), "rdmaHcaMax": RDMA_HCA_MAX, "selectors": {"ifNames": list(pool.nics)}}]}
+        selectors = {"ifNames": list(pool.nics)} if pool.nics else {"vendors": [MELLANOX_VENDOR]}
+        config = {"configList": [{"resourceName": shared_resource(pool.name), "rdmaHcaMax": RDMA_HCA_MAX, "selectors": selectors}]}
         spec["rdmaSharedDevicePlugin"] = {**_image(args, "k8s-rdma-shared-dev-plugin"), "config": json.dumps(config, sort_keys=True)}
     return spec if len(spec) > 2 else None
 
@@ -237,7 +271,7 @@ def nic_node_policy(args: NetworkArgs, pool: RdmaPool) -> dict[str, Any] | None:
 def sriov_node_policy(pool: RdmaPool) -> dict[str, Any]:
     return {
         "nodeSelector": {POOL_LABEL: pool.name},
-        "nicSelector": {"pfNames": list(pool.nics)},
+        "nicSelector": {"pfNames": list(pool.nics)} if pool.nics else {"vendor": MELLANOX_VENDOR},
         "numVfs": pool.vfs_per_nic,
         "resourceName": sriov_resource(pool.name),
         "isRdma": True,
@@ -247,11 +281,11 @@ def sriov_node_policy(pool: RdmaPool) -> dict[str, Any]:
     }
 
 
-def ip_pool_spec(args: NetworkArgs, pool: str) -> dict[str, Any]:
+def ip_pool_spec(subnet: str, per_node: int, pools: list[str]) -> dict[str, Any]:
     return {
-        "subnet": args.subnet,
-        "perNodeBlockSize": args.per_node_addresses,
-        "nodeSelector": {"nodeSelectorTerms": [{"matchExpressions": [{"key": POOL_LABEL, "operator": "In", "values": [pool]}]}]},
+        "subnet": subnet,
+        "perNodeBlockSize": per_node,
+        "nodeSelector": {"nodeSelectorTerms": [{"matchExpressions": [{"key": POOL_LABEL, "operator": "In", "values": pools}]}]},
     }
 
 
@@ -294,24 +328,27 @@ class FastPath(FactoryComponent):
                 self._custom(
                     f"sriovpolicy-{pool.name}", "sriovnetwork.openshift.io/v1", "SriovNetworkNodePolicy", pool.name, args.namespace, sriov_node_policy(pool), after, pool.name
                 )
+        # In the operator's namespace, where nv-ipam reads its pools: the platform's, each serving one tenant.
         for network in args.networks:
-            # In the operator's namespace, where nv-ipam reads its pools: the platform's, serving one tenant.
-            k8s.apiextensions.CustomResource(
-                self.child_name(f"ippool-{network.tenant}-{network.pool}"),
-                api_version="nv-ipam.nvidia.com/v1alpha1",
-                kind="IPPool",
-                metadata=k8s.meta.v1.ObjectMetaArgs(
-                    name=ip_pool_name(network.tenant, network.pool),
-                    namespace=args.namespace,
-                    labels=labels(self.layer, extra={SERVES_TENANT_LABEL: network.tenant, POOL_LABEL: network.pool}),
-                ),
-                spec=ip_pool_spec(args, network.pool),
-                opts=after,
-            )
+            spec = ip_pool_spec(args.subnet, args.per_node_addresses, [network.pool])
+            self._ip_pool(ip_pool_name(network.tenant, network.pool), network.tenant, spec, args.namespace, after, network.pool)
+        for vpc in args.vpcs:
+            self._ip_pool(vpc.ip_pool, vpc.tenant, ip_pool_spec(vpc.vpc.subnet, args.per_node_addresses, list(vpc.pools)), args.namespace, after)
         if args.admission:
             self._custom("admission", "kyverno.io/v1", "ClusterPolicy", ADMISSION_POLICY, None, admission_policy_spec(), self.child())
         self.namespace = ns.metadata.name
         self.register_outputs({"namespace": self.namespace})
+
+    def _ip_pool(self, name: str, tenant: str, spec: dict, ns: str, opts: pulumi.ResourceOptions, pool: str | None = None) -> None:
+        extra = {SERVES_TENANT_LABEL: tenant, **({POOL_LABEL: pool} if pool else {})}
+        k8s.apiextensions.CustomResource(
+            self.child_name(f"ippool-{name}"),
+            api_version="nv-ipam.nvidia.com/v1alpha1",
+            kind="IPPool",
+            metadata=k8s.meta.v1.ObjectMetaArgs(name=name, namespace=ns, labels=labels(self.layer, extra=extra)),
+            spec=spec,
+            opts=opts,
+        )
 
     def _custom(self, suffix: str, api_version: str, kind: str, name: str, ns: str | None, spec: dict, opts: pulumi.ResourceOptions, pool: str | None = None) -> None:
         k8s.apiextensions.CustomResource(
@@ -344,11 +381,12 @@ class TenantNetworks:
     """TenantHook: each tenant's RDMA networks (the plan's), built from the plan alone."""
 
     networks: tuple[TenantFabricNetwork, ...]
+    vpcs: tuple[TenantVpcAttachment, ...] = ()
     layer: str = "network"
 
     @classmethod
     def from_config(cls, cfg: FactoryConfig, plan: Plan) -> TenantNetworks:
-        return cls(plan.networks)
+        return cls(plan.networks, vpc_attachments(cfg))
 
     def attach(self, stack: FactoryComponent, tenant: Tenant, names: TenantNames) -> None:
         for network in (n for n in self.networks if n.tenant == names.tenant):
@@ -367,6 +405,23 @@ class TenantNetworks:
                 spec={"config": cni_config(network, ip_pool)},
                 opts=stack.child(),
             )
+        for vpc in (v for v in self.vpcs if v.tenant == names.tenant):
+            # The VPC's VLAN on the uplink; the fabric (leaf switches, or the DPU) maps it to the VNI.
+            config = {"cniVersion": CNI_VERSION, "name": vpc.network, "type": "vlan", "master": vpc.vpc.uplink, "vlanId": vpc.vpc.vlan,
+                      "ipam": {"type": "nv-ipam", "poolName": vpc.ip_pool}}
+            k8s.apiextensions.CustomResource(
+                stack.child_name(f"network-{vpc.network}"),
+                api_version=NAD_API,
+                kind="NetworkAttachmentDefinition",
+                metadata=k8s.meta.v1.ObjectMetaArgs(
+                    name=vpc.network,
+                    namespace=names.namespace,
+                    labels=labels(self.layer, tenant=names.tenant, extra=names.labels),
+                    annotations={VPC_ANNOTATION: f"{vpc.vpc.kind}:{vpc.vpc.vni}"},
+                ),
+                spec={"config": json.dumps(config, sort_keys=True)},
+                opts=stack.child(),
+            )
 
 
 # --------------------------------------------------------------------------- config rules
@@ -381,7 +436,7 @@ def _tenants(raw: dict) -> list[dict]:
 
 
 def nics_named_once(raw: dict) -> list[str]:
-    """A NIC sits on one NUMA node of a pool, once; an RDMA pool names its NICs."""
+    """A NIC sits on one NUMA node of a pool, once."""
     problems = []
     for i, pool in enumerate(_pools(raw)):
         topology = as_dict(pool.get("topology"))
@@ -393,8 +448,6 @@ def nics_named_once(raw: dict) -> list[str]:
                     problems.append(f"{path}: NIC {nic!r} is already named at {seen[nic]}")
                 elif isinstance(nic, str):
                     seen[nic] = path
-        if topology.get("fabric") in RDMA_FABRICS and not seen:
-            problems.append(f"fleet.pools[{i}].topology.numa: pool {pool.get('name')!r} is on {topology['fabric']} but names no NIC (numa[].nics): its RDMA devices cannot be exposed")
     return problems
 
 
@@ -463,6 +516,24 @@ def keys_given_once(raw: dict) -> list[str]:
     return problems
 
 
+def vpcs_apart(raw: dict) -> list[str]:
+    """Two tenants never join one VPC (VNI), nor share the VLAN it is handed over on."""
+    problems = []
+    seen: dict[tuple[str, Any], str] = {}
+    for i, tenant in enumerate(_tenants(raw)):
+        vpc = as_dict(as_dict(tenant.get("network")).get("vpc"))
+        for field in ("vni", "vlan"):
+            value = vpc.get(field)
+            if not isinstance(value, int):
+                continue
+            path = f"tenants[{i}].network.vpc.{field}"
+            if (field, value) in seen:
+                problems.append(f"{path}: {value} is also given at {seen[field, value]}: the two tenants would share a VPC")
+            else:
+                seen[field, value] = path
+    return problems
+
+
 def layer_settings(raw: dict) -> list[str]:
     """The DOCA driver needs its version; the layer cannot be off while a pool has an RDMA fabric."""
     layer = as_dict(as_dict(raw.get("layers")).get("network"))
@@ -478,8 +549,9 @@ def layer_settings(raw: dict) -> list[str]:
     return problems
 
 
-def rdma_fabric_present(cfg: FactoryConfig) -> bool:
-    return any(is_rdma_pool(p) for p in cfg.fleet.pools)
+def needed(cfg: FactoryConfig) -> bool:
+    """An RDMA fabric in the fleet, or a tenant VPC: both need Multus."""
+    return any(is_rdma_pool(p) for p in cfg.fleet.pools) or any(t.network.vpc for t in cfg.tenants)
 
 
 LAYER = Layer(
@@ -489,12 +561,12 @@ LAYER = Layer(
     component=FastPath,
     args=NetworkArgs.from_config,
     requires=("fleet",),
-    needed=rdma_fabric_present,
+    needed=needed,
     tenant_hook=TenantNetworks.from_config,
     checks=(fabric_checks.fabric_keys, fabric_checks.fabric_attachments, fabric_checks.nic_policies_select_pools),
     privileged_namespaces={
         "nvidia-network-operator": "NVIDIA Network Operator: Multus and the CNI plugins write the host's CNI directories, the "
         "SR-IOV config daemon and device plugins configure NICs and device nodes, the DOCA driver loads kernel modules",
     },
-    config_checks=(nics_named_once, rdma_requests_on_rdma_pools, keys_given_once, layer_settings),
+    config_checks=(nics_named_once, rdma_requests_on_rdma_pools, keys_given_once, vpcs_apart, layer_settings),
 )

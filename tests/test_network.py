@@ -43,6 +43,7 @@ def networks_of(plan: Plan) -> dict[tuple[str, str], str]:
 
 
 def test_a_fleet_of_ethernet_pools_installs_none_of_the_fast_path(raw):
+    raw["tenants"][2].pop("network")
     for pool in raw["fleet"]["pools"]:
         pool["topology"]["fabric"] = "ethernet"
     for tenant in raw["tenants"]:
@@ -71,6 +72,31 @@ def test_shared_rdma_devices_come_from_a_node_policy_of_the_pool(raw):
     config = json.loads(spec["rdmaSharedDevicePlugin"]["config"])
     assert config["configList"][0]["selectors"]["ifNames"][0] == "ibp24s0"
     assert not [n for n in objects(rendered, "NetworkAttachmentDefinition") if "h100" in n["metadata"]["name"]]
+
+
+def test_a_pool_naming_no_nic_exposes_every_nvidia_nic(raw):
+    del raw["fleet"]["pools"][1]["topology"]["numa"]
+    assert one(render(raw), "SriovNetworkNodePolicy", "a100-mig")["spec"]["nicSelector"] == {"vendor": network.MELLANOX_VENDOR}
+
+
+def test_a_tenant_vpc_is_a_vlan_network_on_its_uplink_with_its_own_addresses(dev):
+    config = json.loads(one(dev, "NetworkAttachmentDefinition", "vpc-acme")["spec"]["config"])
+    assert (config["type"], config["master"], config["vlanId"]) == ("vlan", "bond0", 1042)
+    pool = one(dev, "IPPool", "partner-acme-vpc-acme")["spec"]
+    assert pool["subnet"] == "10.42.0.0/22" and pool["nodeSelector"]["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == ["h100-train"]
+
+
+def test_a_fleet_without_rdma_but_with_a_vpc_installs_multus_for_it(raw):
+    for pool in raw["fleet"]["pools"]:
+        pool["topology"]["fabric"] = "ethernet"
+    for tenant in raw["tenants"]:
+        for demand in tenant["gpus"]:
+            demand.pop("rdma", None)
+    rendered = render(raw)
+    terms = one(rendered, "NicClusterPolicy", "nic-cluster-policy")["spec"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert terms[1] == {"matchExpressions": [{"key": POOL, "operator": "In", "values": ["h100-train"]}]}
+    assert [n["metadata"]["name"] for n in objects(rendered, "NetworkAttachmentDefinition")] == ["vpc-acme"]
+    assert not objects(rendered, "SriovNetworkNodePolicy")
 
 
 def test_chart_values_are_keys_of_the_pinned_chart(oracles, raw):
@@ -104,7 +130,7 @@ def test_tenant_networks_carry_the_tenants_keys_in_their_namespaces(dev):
     assert nads[("tenant-search", "rdma-h100-train")]["type"] == "ib-sriov"
     assert nads[("tenant-search", "rdma-h100-train")]["pkey"] == "0x0100"
     assert {nads[("tenant-search", "rdma-a100-mig")]["vlan"], nads[("tenant-assistant", "rdma-a100-mig")]["vlan"]} == {300, 301}
-    assert not [k for k in nads if k[0] == "tenant-partner-acme"]  # its 8 GPUs are on one node
+    assert not [k for k in nads if k[0] == "tenant-partner-acme" and k[1].startswith("rdma-")]  # its 8 GPUs are on one node
 
 
 # --------------------------------------------------------------------------- keys
@@ -203,19 +229,19 @@ def test_bad_fabric_input_is_refused_with_every_path(raw):
     [
         (lambda r: r["tenants"][0].update(network={"vlan": 7}) or r["tenants"][1].update(network={"vlan": 7}),
          "tenants[1].network.vlan: VLAN 7 is also given at tenants[0].network.vlan, on the same RoCE fabric (site par1)"),
-        (lambda r: r["fleet"]["pools"][1]["topology"].pop("numa"),
-         "fleet.pools[1].topology.numa: pool 'a100-mig' is on roce but names no NIC (numa[].nics): its RDMA devices cannot be exposed"),
         (lambda r: r["fleet"]["pools"][1].update(network={"devices": "rdma-shared"}),
          "tenants[0].gpus[1].rdma: pool 'a100-mig' shares its RDMA devices (network.devices: rdma-shared): no network of the tenant's own can be isolated there"),
         (lambda r: r["fleet"]["pools"][0].update(network={"devices": "rdma-shared"}),
          "fleet.pools[0].network.devices: rdma-shared gives every pod of a node the same RDMA devices, with no partition between them, "
          "but trust domains internal, partner-acme use pool 'h100-train': use sriov"),
+        (lambda r: r["tenants"][0].update(network={"vpc": {**r["tenants"][2]["network"]["vpc"], "vlan": 5}}),
+         "tenants[2].network.vpc.vni: 10042 is also given at tenants[0].network.vpc.vni: the two tenants would share a VPC"),
         (lambda r: r["layers"]["network"].update(driver="doca"),
          "layers.network.doca_driver_version: required with driver: doca (the DOCA-OFED container tag matching the nodes' kernel)"),
         (lambda r: r["layers"]["network"].update(enabled=False),
          "fleet.pools[0].topology.fabric: pool 'h100-train' is on infiniband but layers.network is disabled"),
     ],
-    ids=["same-vlan-same-fabric", "rdma-pool-without-nics", "rdma-on-shared-devices", "shared-devices-two-domains", "doca-without-version", "layer-off"],
+    ids=["same-vlan-same-fabric", "same-vpc", "rdma-on-shared-devices", "shared-devices-two-domains", "doca-without-version", "layer-off"],
 )
 def test_a_fabric_rule_names_its_path(raw, change, expected):
     change(raw)
@@ -226,12 +252,12 @@ def test_a_fabric_rule_names_its_path(raw, change, expected):
 
 def test_the_cli_refuses_a_shared_partition_key_with_exit_2_and_writes_nothing(tmp_path):
     text = DEV_TEXT.replace("      owners: {groups: [search-admins]}", "      owners: {groups: [search-admins]}\n      network: {pkey: 0x0200}")
-    text = text.replace("      owners: {groups: [partner-acme]}", "      owners: {groups: [partner-acme]}\n      network: {pkey: 0x200}")
+    text = text.replace("      owners: {groups: [assistant-admins], users: [lea@example.com]}", "      owners: {groups: [assistant-admins], users: [lea@example.com]}\n      network: {pkey: 0x200}")
     path = tmp_path / "Pulumi.bad.yaml"
     path.write_text(text)
     proc = run_cli("render", str(path), "--out", str(tmp_path / "out"))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-    assert "tenants[2].network.pkey: partition key 0x0200 is also given at tenants[0].network.pkey" in proc.stderr
+    assert "tenants[1].network.pkey: partition key 0x0200 is also given at tenants[0].network.pkey" in proc.stderr
     assert not (tmp_path / "out").exists()
 
 
@@ -309,6 +335,8 @@ KEY_ROWS = [
     ("VLAN 4095", [nad("tenant-a", roce(4095), "nvidia.com/par_vf")], "outside 2-4094"),
     ("two tenants on one VLAN of a site", [nad("tenant-a", roce(7), "nvidia.com/par_vf"), nad("tenant-b", roce(7), "nvidia.com/par_vf")], "VLAN 7 on the RoCE fabric of par1"),
     ("an unreadable config", [nad("tenant-a", "{not json")], "not a JSON CNI configuration"),
+    ("two tenants' VPCs on one uplink VLAN", [nad("tenant-a", {"type": "vlan", "master": "bond0", "vlanId": 9}, name="vpc-a"),
+                                             nad("tenant-b", {"type": "vlan", "master": "bond0", "vlanId": 9}, name="vpc-b")], "VLAN 9 on uplink bond0"),
 ]
 KEY_ACCEPTS = [
     ("two tenants on two keys", [nad("tenant-a", ib("0x10")), nad("tenant-b", ib("0x11"))]),

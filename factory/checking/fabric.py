@@ -1,10 +1,10 @@
 """Offline checks of the fast path (`components/network.py`), shared by `factory check` (over a
 render) and the CrossGuard pack (`policies/aif_policies/fabric.py`, over a stack):
 
-* `fabric-keys`: every RDMA network (a NetworkAttachmentDefinition of type `ib-sriov` or `sriov`)
-  carries a partition key within the 15-bit range and not the default 0x7fff, or a VLAN within
-  2-4094; no two namespaces share a partition key, nor a VLAN on one RoCE fabric (the sites of the
-  nodes its SR-IOV resource comes from);
+* `fabric-keys`: every tenant network (a NetworkAttachmentDefinition of type `ib-sriov`, `sriov`,
+  or `vlan` for a VPC) carries a partition key within the 15-bit range and not the default 0x7fff,
+  or a VLAN within 2-4094; no two namespaces share a partition key, a VLAN on one RoCE fabric (the
+  sites of the nodes its SR-IOV resource comes from), nor a VLAN on one uplink;
 * `fabric-attachments`: every RDMA network lives in a tenant's namespace; no object of a tenant
   names a network of another namespace (`k8s.v1.cni.cncf.io/networks`, short or JSON form) or
   replaces its pod network; the admission policy that refuses those forms is there, enforcing;
@@ -38,7 +38,8 @@ ADMISSION_POLICY = "tenant-secondary-networks"
 SHORT_FORM_RULE = "networks-in-own-namespace"
 DEFAULT_NETWORK_RULE = "no-default-network-override"
 PKEY_DEFAULT = 0x7FFF
-RDMA_TYPES = ("ib-sriov", "sriov")
+RDMA_TYPES = ("ib-sriov", "sriov", "vlan")
+"""Tenant networks kept apart by a key: InfiniBand partition, SR-IOV VLAN, a VPC's hand-over VLAN."""
 NODE_POLICY_KINDS = ("NicNodePolicy", "SriovNetworkNodePolicy")
 DEVICE_PLUGINS = ("rdmaSharedDevicePlugin", "sriovDevicePlugin")
 
@@ -164,6 +165,13 @@ def key_problems(items: Iterable[Item], nodes: Mapping[str, Mapping[str, Any]]) 
         if unreadable:
             yield nad.handle, unreadable
             continue
+        if plugin.get("type") == "vlan":
+            problem = vlan_problem(plugin.get("vlanId"))
+            if problem:
+                yield nad.handle, problem
+            else:
+                vlans[f"uplink {plugin.get('master')}", plugin["vlanId"]].append(nad)
+            continue
         if plugin.get("type") == "ib-sriov":
             problem = pkey_problem(plugin.get("pkey"))
             if problem:
@@ -181,7 +189,7 @@ def key_problems(items: Iterable[Item], nodes: Mapping[str, Mapping[str, Any]]) 
     for pkey, holders in sorted(pkeys.items()):
         yield from _shared(holders, f"partition key {pkey:#06x}")
     for (fabric, vlan), holders in sorted(vlans.items()):
-        yield from _shared(holders, f"VLAN {vlan} on the RoCE fabric of {fabric}")
+        yield from _shared(holders, f"VLAN {vlan} on {fabric}" if fabric.startswith("uplink ") else f"VLAN {vlan} on the RoCE fabric of {fabric}")
 
 
 def _shared(holders: list[Item], what: str) -> Iterator[Problem]:

@@ -840,6 +840,8 @@ class TenantVpc(Model):
     uplink: Annotated[str, StringConstraints(pattern=r"^[a-zA-Z0-9][-_.a-zA-Z0-9]*$", max_length=15)]
     """The node interface that carries `vlan` (a bond or a DPU host interface), as on every node of
     the tenant's pools."""
+    subnet: Annotated[str, StringConstraints(max_length=18), AfterValidator(_ipv4_network)]
+    """The VPC's addresses handed to the tenant's pods (nv-ipam), as the VPC's routing expects."""
 
 
 class TenantNetwork(Model):
