@@ -244,12 +244,12 @@ def attachment_problems(items: Iterable[Item], tenant_of: Callable[[str | None],
         tenant = tenant_of(item.namespace)
         if tenant is None:
             continue
-        for annotations in _annotation_sets(item.obj):
-            if DEFAULT_NETWORK_ANNOTATION in annotations:
+        for notes in _annotation_sets(item.obj):
+            if DEFAULT_NETWORK_ANNOTATION in notes:
                 yield item.handle, f"tenant {tenant}'s pods replace their pod network ({DEFAULT_NETWORK_ANNOTATION})"
-            if NETWORKS_ANNOTATION not in annotations:
+            if NETWORKS_ANNOTATION not in notes:
                 continue
-            references = network_references(annotations[NETWORKS_ANNOTATION])
+            references = network_references(notes[NETWORKS_ANNOTATION])
             if references is None:
                 yield item.handle, f"its {NETWORKS_ANNOTATION} annotation cannot be read as a list of networks"
                 continue
