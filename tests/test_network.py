@@ -251,3 +251,9 @@ def test_the_cli_refuses_a_shared_partition_key_with_exit_2_and_writes_nothing(t
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert "tenants[1].network.pkey: partition key 0x0200 is also given at tenants[0].network.pkey" in proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_the_fleet_labels_rdma_nodes_with_how_their_nics_are_exposed(dev):
+    labels = {n["metadata"]["name"]: n["metadata"]["labels"] for n in objects(dev, "Node")}
+    assert labels["gpu-h100-01"][network.RDMA_LABEL] == "sriov" and labels["a100-mig-000"][network.RDMA_LABEL] == "sriov"
+    assert network.RDMA_LABEL not in labels["l40s-infer-000"]

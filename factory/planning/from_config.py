@@ -3,20 +3,19 @@
 The planner itself (`ai_factory.factory.planning.planner` and the modules it uses) is pure and
 knows nothing of the config model; this module is the adapter. A previous plan, when the
 environment has one in `plans/<env>.json`, is passed to the planner so that re-planning keeps
-existing tenants' GPUs (a MIG geometry change drains a node).
+existing tenants' GPUs (a MIG geometry change drains a node) and their fabric keys.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from pydantic import TypeAdapter, ValidationError
 
 from ai_factory.factory.model.config import FactoryConfig, GpuDemand, Pool, Tenant
-from ai_factory.factory.model.loading import ConfigError, project_dir
-import dataclasses
-
 from ai_factory.factory.model.gpus import GPU_MODELS
+from ai_factory.factory.model.loading import ConfigError, project_dir
 from ai_factory.factory.planning.fabric import INFINIBAND, FabricError, FabricWant, allocate, roce_fabric
 from ai_factory.factory.planning.model import Demand, HamiSlice, Plan, PlanError, PoolSpec, TenantSpec, gpu_grants
 from ai_factory.factory.planning.planner import plan
