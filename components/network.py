@@ -107,7 +107,8 @@ def network_name(pool: str) -> str:
 
 
 def ip_pool_name(tenant: str, pool: str) -> str:
-    return f"{tenant}-{pool}"
+    """`<tenant>.rdma-<pool>`: a dot never is in a tenant's name, so no two tenants' names meet."""
+    return f"{tenant}.rdma-{pool}"
 
 
 @dataclass(frozen=True)
@@ -137,7 +138,7 @@ class TenantVpcAttachment:
 
     @property
     def ip_pool(self) -> str:
-        return f"{self.tenant}-vpc-{self.vpc.name}"
+        return f"{self.tenant}.vpc-{self.vpc.name}"
 
 
 def vpc_attachments(cfg: FactoryConfig) -> tuple[TenantVpcAttachment, ...]:

@@ -74,7 +74,7 @@ def test_a_pool_naming_no_nic_exposes_every_nvidia_nic(raw):
 def test_a_tenant_vpc_is_a_vlan_network_on_its_uplink_with_its_own_addresses(dev):
     config = json.loads(one(dev, "NetworkAttachmentDefinition", "vpc-acme")["spec"]["config"])
     assert (config["type"], config["master"], config["vlanId"]) == ("vlan", "bond0", 1042)
-    pool = one(dev, "IPPool", "partner-acme-vpc-acme")["spec"]
+    pool = one(dev, "IPPool", "partner-acme.vpc-acme")["spec"]
     assert pool["subnet"] == "10.42.0.0/22" and pool["nodeSelector"]["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == ["h100-train"]
 
 
@@ -123,6 +123,7 @@ def test_tenant_networks_carry_the_tenants_keys_in_their_namespaces(dev):
     assert nads[("tenant-search", "rdma-h100-train")]["pkey"] == "0x0100"
     assert {nads[("tenant-search", "rdma-a100-mig")]["vlan"], nads[("tenant-assistant", "rdma-a100-mig")]["vlan"]} == {300, 301}
     assert not [k for k in nads if k[0] == "tenant-partner-acme" and k[1].startswith("rdma-")]  # its 8 GPUs are on one node
+    assert {c["ipam"]["poolName"] for c in nads.values()} == {p["metadata"]["name"] for p in objects(dev, "IPPool")}
 
 
 # --------------------------------------------------------------------------- keys
