@@ -12,6 +12,7 @@ import yaml
 from pydantic import TypeAdapter
 
 from ai_factory.components import network
+from ai_factory.factory.checking import fabric as checks
 from ai_factory.factory.model.loading import ConfigError, validate
 from ai_factory.factory.planning.fabric import FabricError, FabricWant, allocate
 from ai_factory.factory.planning.from_config import plan_for
@@ -258,3 +259,40 @@ def test_the_fleet_labels_rdma_nodes_with_how_their_nics_are_exposed(dev):
     labels = {n["metadata"]["name"]: n["metadata"]["labels"] for n in objects(dev, "Node")}
     assert labels["gpu-h100-01"][network.RDMA_LABEL] == "sriov" and labels["a100-mig-000"][network.RDMA_LABEL] == "sriov"
     assert network.RDMA_LABEL not in labels["l40s-infer-000"]
+
+
+def three_sites(raw: dict) -> dict:
+    """Three sites, InfiniBand and RoCE pools in each, six multi-node tenants (two per site)."""
+    numa = [{"node": 0, "gpus": [0, 1, 2, 3], "nics": ["nic0", "nic1"]}, {"node": 1, "gpus": [4, 5, 6, 7], "nics": ["nic2", "nic3"]}]
+    sites = ["par1", "lon1", "fra1"]
+    raw["fleet"] = {
+        "sites": [{"name": s} for s in sites],
+        "pools": [
+            {"name": name, "site": site, "gpu": {"model": "H100-80GB", "per_node": 8}, "nodes": 4,
+             "topology": {"fabric": fabric, "numa": numa}}
+            for site in sites for name, fabric in ((f"ib-{site}", "infiniband"), (f"roce-{site}", "roce"))
+        ],
+    }
+    raw["fleet"]["pools"][0]["name"] = "h100-train"  # the self-service pool of dev's config
+    raw["tenants"] = [
+        {"name": f"t{i}", "trust": "high", "owners": {"groups": [f"t{i}"]},
+         "gpus": [{"pool": raw["fleet"]["pools"][2 * (i // 2)]["name"], "count": 16}, {"pool": f"roce-{sites[i // 2]}", "count": 16}]}
+        for i in range(6)
+    ]
+    raw.pop("self_service", None)
+    return raw
+
+
+def test_three_sites_keep_every_tenant_apart_and_removal_moves_no_key(raw):
+    raw = three_sites(raw)
+    planned = plan_of(raw)
+    pkeys = [n.key for n in planned.networks if n.kind == "infiniband"]
+    vlans = [(n.fabric, n.key) for n in planned.networks if n.kind == "roce"]
+    assert len(pkeys) == len(set(pkeys)) == 6 and len(vlans) == len(set(vlans)) == 6
+    rendered = render(raw)
+    for check in (checks.fabric_keys, checks.fabric_attachments, checks.nic_policies_select_pools):
+        assert list(check(rendered, None)) == []
+    before = {(n.tenant, n.pool): n.key for n in planned.networks}
+    raw["tenants"] = [t for t in raw["tenants"] if t["name"] != "t2"]
+    after = {(n.tenant, n.pool): n.key for n in plan_for(validate(raw), planned).networks}
+    assert after == {k: v for k, v in before.items() if k[0] != "t2"}
