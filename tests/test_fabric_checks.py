@@ -93,6 +93,7 @@ KEY_ROWS = [
     ("two tenants on one key", [nad("tenant-a", ib("0x10")), nad("tenant-b", ib(16))], "also the key of network(s) in namespace(s) tenant-b"),
     ("an untagged RoCE network", [nad("tenant-a", roce(0), "nvidia.com/par_vf")], "no VLAN"),
     ("VLAN 4095", [nad("tenant-a", roce(4095), "nvidia.com/par_vf")], "outside 2-4094"),
+    ("the default VLAN 1", [nad("tenant-a", roce(1), "nvidia.com/par_vf")], "outside 2-4094"),
     ("two tenants on one VLAN of a site", [nad("tenant-a", roce(7), "nvidia.com/par_vf"), nad("tenant-b", roce(7), "nvidia.com/par_vf")], "VLAN 7 on the RoCE fabric of par1"),
     ("an unreadable config", [nad("tenant-a", "{not json")], "not a JSON CNI configuration"),
     ("two tenants' VPCs on one uplink VLAN", [nad("tenant-a", {"type": "vlan", "master": "bond0", "vlanId": 9}, name="vpc-a"),
@@ -101,6 +102,7 @@ KEY_ROWS = [
 KEY_ACCEPTS = [
     ("two tenants on two keys", [nad("tenant-a", ib("0x10")), nad("tenant-b", ib("0x11"))]),
     ("one tenant's key on two of its networks", [nad("tenant-a", ib("0x10")), nad("tenant-a", ib("0x10"), name="other")]),
+    ("the lowest and highest VLANs", [nad("tenant-a", roce(2), "nvidia.com/par_vf"), nad("tenant-b", roce(4094), "nvidia.com/par_vf")]),
     ("one VLAN on two sites' fabrics", [nad("tenant-a", roce(7), "nvidia.com/par_vf"), nad("tenant-b", roce(7), "nvidia.com/lon_vf")]),
     ("a network that is not RDMA", [nad("tenant-a", {"type": "macvlan"})]),
 ]
@@ -136,6 +138,11 @@ ATTACH_ACCEPTS = [
 @pytest.mark.parametrize(("objs", "expected"), [r[1:] for r in ATTACH_ROWS], ids=[r[0] for r in ATTACH_ROWS])
 def test_fabric_attachments_flags(objs, expected):
     assert any(expected in line for line in found(checks.fabric_attachments, world(*objs))), found(checks.fabric_attachments, world(*objs))
+
+
+def test_a_foreign_network_is_reported_once_per_reference():
+    assert found(checks.fabric_attachments, world(OWN, admission_policy(), pod("tenant-a", {checks.NETWORKS_ANNOTATION: "tenant-b/rdma"}))) == [
+        "Pod/tenant-a/p: tenant a's pods attach network tenant-b/rdma, of another namespace"]
 
 
 @pytest.mark.parametrize("objs", [r[1] for r in ATTACH_ACCEPTS], ids=[r[0] for r in ATTACH_ACCEPTS])

@@ -226,9 +226,8 @@ def _annotation_sets(node: Any) -> Iterator[Mapping[str, Any]]:
         annotations = _map(_map(node.get("metadata")).get("annotations"))
         if annotations:
             yield annotations
-        for key, value in node.items():
-            if key != "metadata":
-                yield from _annotation_sets(value)
+        for value in node.values():
+            yield from _annotation_sets(value)
     elif isinstance(node, Sequence) and not isinstance(node, (str, bytes)):
         for value in node:
             yield from _annotation_sets(value)
