@@ -432,6 +432,10 @@ def _pools(raw: dict) -> list[dict]:
     return list(map(as_dict, as_list(as_dict(raw.get("fleet")).get("pools"))))
 
 
+def _pool_named(pools: dict[str, dict], name: Any) -> dict | None:
+    return pools.get(name) if isinstance(name, str) else None
+
+
 def _tenants(raw: dict) -> list[dict]:
     return list(map(as_dict, as_list(raw.get("tenants"))))
 
@@ -460,7 +464,7 @@ def rdma_requests_on_rdma_pools(raw: dict) -> list[str]:
     domains: dict[str, set[str]] = defaultdict(set)
     for i, tenant in enumerate(_tenants(raw)):
         for j, demand in enumerate(map(as_dict, as_list(tenant.get("gpus")))):
-            pool = pools.get(demand.get("pool"))
+            pool = _pool_named(pools, demand.get("pool"))
             if pool is None:
                 continue  # an unknown pool is reported by the tenants' own rule
             fabric = as_dict(pool.get("topology")).get("fabric", "ethernet")
@@ -475,7 +479,7 @@ def rdma_requests_on_rdma_pools(raw: dict) -> list[str]:
             elif devices != "sriov":
                 problems.append(f"{path}: pool {pool['name']!r} shares its RDMA devices (network.devices: {devices}): no network of the tenant's own can be isolated there")
     for i, pool in enumerate(_pools(raw)):
-        if len(domains.get(pool.get("name"), ())) > 1:
+        if isinstance(pool.get("name"), str) and len(domains.get(pool["name"], ())) > 1:
             problems.append(
                 f"fleet.pools[{i}].network.devices: rdma-shared gives every pod of a node the same RDMA devices, with no partition between them, "
                 f"but trust domains {', '.join(sorted(domains[pool['name']]))} use pool {pool['name']!r}: use sriov"
@@ -504,11 +508,8 @@ def keys_given_once(raw: dict) -> list[str]:
                 pkeys[pkey] = f"tenants[{i}].network.pkey"
         if not isinstance(vlan, int):
             continue
-        sites = {
-            pools[d.get("pool")].get("site")
-            for d in map(as_dict, as_list(tenant.get("gpus")))
-            if d.get("pool") in pools and as_dict(pools[d.get("pool")].get("topology")).get("fabric") == "roce"
-        }
+        demanded = [_pool_named(pools, d.get("pool")) for d in map(as_dict, as_list(tenant.get("gpus")))]
+        sites = {p.get("site") for p in demanded if p is not None and as_dict(p.get("topology")).get("fabric") == "roce"}
         for site in sorted(s for s in sites if isinstance(s, str)):
             if (site, vlan) in vlans:
                 problems.append(f"tenants[{i}].network.vlan: VLAN {vlan} is also given at {vlans[site, vlan]}, on the same RoCE fabric (site {site})")
