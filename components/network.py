@@ -10,7 +10,8 @@ the same policies). Node Feature Discovery is the GPU Operator's when that layer
 
 Cluster-wide (`NicClusterPolicy`, the one named `nic-cluster-policy` the operator acts on): Multus
 and the container network plugins, nv-ipam, and ib-kubernetes when an InfiniBand pool exposes
-SR-IOV, on the RDMA nodes only (`ai-factory.io/rdma`, set by the fleet layer).
+SR-IOV, on every GPU node (whatever the tenants, so that a tenant's arrival or removal never
+changes it). The fleet layer labels RDMA nodes `ai-factory.io/rdma: sriov|rdma-shared`.
 
 Per pool, selecting exactly its nodes (`ai-factory.io/pool: <pool>`): a `SriovNetworkNodePolicy`
 cutting each NIC of its NUMA topology into `vfs_per_nic` RDMA virtual functions (resource
@@ -47,7 +48,7 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
-from ai_factory.components._common import POOL_LABEL, RDMA_LABEL, FactoryComponent, helm_release, labels, namespace
+from ai_factory.components._common import POOL_LABEL, FactoryComponent, helm_release, labels, namespace
 from ai_factory.components.gpu_operator import tolerations
 from ai_factory.components.kyverno import POD_KINDS, TENANT_NAMESPACES, _policy_spec, _rule
 from ai_factory.components.registry import Layer
@@ -225,11 +226,9 @@ def _image(args: NetworkArgs, image: str) -> dict[str, str]:
 
 
 def nic_cluster_policy(args: NetworkArgs) -> dict[str, Any]:
-    # Multus and the plugins run where pods attach secondary networks: RDMA nodes, VPC pools' nodes.
-    terms: list[dict[str, Any]] = [{"matchExpressions": [{"key": RDMA_LABEL, "operator": "Exists"}]}]
-    vpc_pools = sorted({pool for v in args.vpcs for pool in v.pools})
-    if vpc_pools:
-        terms.append({"matchExpressions": [{"key": POOL_LABEL, "operator": "In", "values": vpc_pools}]})
+    # Multus and the plugins on every GPU node (pods attach RDMA networks and VPCs there): not on
+    # the tenants' pools only, so that adding or removing a tenant never changes this policy.
+    terms = [{"matchExpressions": [{"key": POOL_LABEL, "operator": "Exists"}]}]
     spec: dict[str, Any] = {
         "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}},
         "tolerations": tolerations(),

@@ -12,6 +12,7 @@ import yaml
 from pydantic import TypeAdapter
 
 from ai_factory.components import network
+from ai_factory.components._common import RDMA_LABEL
 from ai_factory.factory.checking import fabric as checks
 from ai_factory.factory.model.loading import ConfigError, validate
 from ai_factory.factory.planning.fabric import FabricError, FabricWant, allocate
@@ -87,7 +88,7 @@ def test_a_fleet_without_rdma_but_with_a_vpc_installs_multus_for_it(raw):
             demand.pop("rdma", None)
     rendered = render(raw)
     terms = one(rendered, "NicClusterPolicy", "nic-cluster-policy")["spec"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-    assert terms[1] == {"matchExpressions": [{"key": POOL, "operator": "In", "values": ["h100-train"]}]}
+    assert terms == [{"matchExpressions": [{"key": POOL, "operator": "Exists"}]}]
     assert [n["metadata"]["name"] for n in objects(rendered, "NetworkAttachmentDefinition")] == ["vpc-acme"]
     assert not objects(rendered, "SriovNetworkNodePolicy")
 
@@ -257,8 +258,8 @@ def test_the_cli_refuses_a_shared_partition_key_with_exit_2_and_writes_nothing(t
 
 def test_the_fleet_labels_rdma_nodes_with_how_their_nics_are_exposed(dev):
     labels = {n["metadata"]["name"]: n["metadata"]["labels"] for n in objects(dev, "Node")}
-    assert labels["gpu-h100-01"][network.RDMA_LABEL] == "sriov" and labels["a100-mig-000"][network.RDMA_LABEL] == "sriov"
-    assert network.RDMA_LABEL not in labels["l40s-infer-000"]
+    assert labels["gpu-h100-01"][RDMA_LABEL] == "sriov" and labels["a100-mig-000"][RDMA_LABEL] == "sriov"
+    assert RDMA_LABEL not in labels["l40s-infer-000"]
 
 
 def three_sites(raw: dict) -> dict:
