@@ -22,6 +22,8 @@ from ai_factory.factory.rendering.bundle import (
     PATCH_ANNOTATIONS,
     Manifest,
     Rendered,
+    ReferenceDumper,
+    dump_yaml,
     from_graph,
     load_rendered,
 )
@@ -281,3 +283,15 @@ def test_inventory_says_what_the_pulumi_program_configures_outside_the_bundle(de
             assert entry["bundle"] and all(path in files for path in entry["bundle"]), entry["name"]
         elif not entry["custom"] or entry["type"].startswith("pulumi:providers:"):
             assert entry["bundle"] is None, entry["name"]
+
+
+def test_libyaml_writes_the_bundle_byte_for_byte_as_pyyamls_own_emitter(dev):
+    """The bundle is written through libyaml (fast) but must read exactly as PyYAML's emitter
+    wrote it: the same files for the whole dev render and for strings each emitter treats specially."""
+    assert yaml.__with_libyaml__, "PyYAML without libyaml: the bundle falls back to the pure-Python emitter"
+    objects = [m.obj for m in dev.manifests] + dev.kustomizations + [
+        {"block": "a\nb\n", "trailing": "space \n", "unicode": "é 中", "lead": " x", "long": "word " * 60, "flowish": "a: b", "tab": "a\tb",
+         "blank_lines": "x\n\n\ny\n\n", "words": ["yes", "no", "on", "0x1F", "1e3", "", "~"], "numbers": [1, 1.5, -0.0, 10**20], "null": None}
+    ]
+    for obj in objects:
+        assert dump_yaml(obj) == dump_yaml(obj, ReferenceDumper)
