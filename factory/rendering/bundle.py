@@ -22,8 +22,11 @@ the harness has already replaced them by `[secret]`.
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import json
+import multiprocessing
+import os
 import re
 import shutil
 from dataclasses import dataclass, field
@@ -34,7 +37,7 @@ import yaml
 
 from ai_factory.factory.model.catalog import crd_groups
 from ai_factory.factory.model.config import FactoryConfig
-from ai_factory.factory.rendering.harness import Graph, RecordingMocks, RecordingMonitor, Resource, run_program
+from ai_factory.factory.rendering.harness import DuplicateResourceError, Graph, RecordingMocks, RecordingMonitor, Resource, run_program
 from ai_factory.factory.model.tenancy import TENANT_LABEL
 from ai_factory.factory.planning.from_config import plan_for
 from ai_factory.factory.planning.model import Plan
@@ -234,6 +237,11 @@ def render_env(env: str, on_resource: Callable[[], None] | None = None) -> Rende
     return render_raw(raw, secret_sections, cfg, stack=stack_name(path), project=stack_project(path), on_resource=on_resource)
 
 
+PARALLEL_MIN_TENANTS = 40
+"""Tenants per worker process below which a render stays in one process: a worker costs its
+imports and the platform built again (~3 s of CPU), more than a few tenants' stacks."""
+
+
 def render_raw(
     raw: dict[str, Any],
     secret_sections: set[str],
@@ -242,21 +250,66 @@ def render_raw(
     plan: Plan | None = None,
     project: str = "ai-factory",
     on_resource: Callable[[], None] | None = None,
+    workers: int | None = None,
 ) -> Rendered:
     """`plan`: deploy this plan instead of planning from the stack's recorded one (see `program.main`).
-    `project`: the Pulumi project the program runs in, whose name is the config namespace."""
+    `project`: the Pulumi project the program runs in, whose name is the config namespace.
+    `workers`: processes to render in (default: one per core, at most one per
+    `PARALLEL_MIN_TENANTS` tenants). Each runs the whole program for its share of the tenants
+    (every share builds the same platform); the shares' tenant resources are merged by URN, so
+    the render is the serial one byte for byte. `on_resource` counts this process's share."""
+    config = {f"{project}:{section}": json.dumps(value, default=_placeholder) for section, value in raw.items()}
+    secret_keys = [f"{project}:{s}" for s in secret_sections]
+    names = sorted(t.name for t in cfg.tenants)
+    if workers is None:
+        workers = min(os.cpu_count() or 1, len(names) // PARALLEL_MIN_TENANTS)
+    if workers <= 1:
+        return from_graph(_run_share(project, stack, config, secret_keys, plan, None, on_resource), cfg)
+    shares = [frozenset(names[i::workers]) for i in range(workers)]
+    # Spawned, not forked: a worker starts with no Pulumi runtime state of this process.
+    with concurrent.futures.ProcessPoolExecutor(workers - 1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        others = [pool.submit(_tenant_share, project, stack, config, secret_keys, plan, share) for share in shares[1:]]
+        own = _run_share(project, stack, config, secret_keys, plan, shares[0], on_resource)
+        resources = list(own.resources)
+        for future in others:
+            resources += future.result()
+    seen: set[str] = set()
+    for r in resources:
+        if r.key in seen:
+            raise DuplicateResourceError(f"two resources are named {r.name!r} with type {r.type}")
+        seen.add(r.key)
+    return from_graph(Graph(sorted(resources, key=lambda r: r.urn)), cfg)
+
+
+def _run_share(
+    project: str,
+    stack: str,
+    config: dict[str, str],
+    secret_keys: list[str],
+    plan: Plan | None,
+    tenants: frozenset[str] | None,
+    on_resource: Callable[[], None] | None = None,
+) -> Graph:
     from ai_factory.factory.rendering.program import main
 
-    config = {f"{project}:{section}": json.dumps(value, default=_placeholder) for section, value in raw.items()}
-    graph = run_program(
-        functools.partial(main, plan, with_tenant_stacks=True),
+    return run_program(
+        functools.partial(main, plan, with_tenant_stacks=True, only_tenants=tenants),
         project=project,
         stack=stack,
         config=config,
-        secret_keys=[f"{project}:{s}" for s in secret_sections],
+        secret_keys=secret_keys,
         monitor=RecordingMonitor(RecordingMocks(), on_record=on_resource),
     )
-    return from_graph(graph, cfg)
+
+
+def _tenant_share(
+    project: str, stack: str, config: dict[str, str], secret_keys: list[str], plan: Plan | None, tenants: frozenset[str]
+) -> list[Resource]:
+    """A worker's share: its tenants' resources, unlinked (the merged graph links them again)."""
+    share = [r for r in _run_share(project, stack, config, secret_keys, plan, tenants).resources if r.tenant in tenants]
+    for r in share:
+        r.parent, r.dependencies = None, []
+    return share
 
 
 def _placeholder(value: Any) -> str:

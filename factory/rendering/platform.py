@@ -48,7 +48,10 @@ class Platform(FactoryComponent):
     providers) fit in one program.
     """
 
-    def __init__(self, name: str, cfg: FactoryConfig, plan: Plan, opts: pulumi.ResourceOptions | None = None):
+    def __init__(
+        self, name: str, cfg: FactoryConfig, plan: Plan, opts: pulumi.ResourceOptions | None = None, only_tenants: frozenset[str] | None = None
+    ):
+        """`only_tenants`: build only these tenants' stacks (a parallel render's share)."""
         super().__init__(TOKEN, name, layer="platform", opts=opts)
         self.hooks = tenant_hooks(cfg, plan)
         installed: dict[str, FactoryComponent] = {}
@@ -57,7 +60,8 @@ class Platform(FactoryComponent):
             installed[layer.name] = layer.install(self, cfg, plan, depends_on=after)
         used = tenant_layers(enabled_layers(cfg), self.hooks)
         after = [component for layer, component in installed.items() if layer in used]
-        for tenant in (t for t in cfg.tenants if t.managed_by == "platform"):  # the others have stacks of their own
+        platform_managed = (t for t in cfg.tenants if t.managed_by == "platform")  # the others have stacks of their own
+        for tenant in (t for t in platform_managed if only_tenants is None or t.name in only_tenants):
             TenantStack(tenant_stack_name(name, tenant.name), tenant_stack_args(cfg, plan, tenant, self.hooks), opts=self.child(depends_on=after))
         self.layers = sorted(installed)
         self.register_outputs({"layers": self.layers})
