@@ -6,7 +6,9 @@
 Each size runs in a fresh process so peak memory (max RSS) is that size's own. Times are wall
 and CPU seconds (on a shared machine the CPU figure is the one to compare); after the table, a
 least-squares line of the cold check's CPU time against the objects checked, with each size's
-residual, shows whether checking stays linear.
+residual, shows whether checking stays linear. A render of many tenants runs partly in worker
+processes (`render_raw`): their CPU time and peak memory are shown apart (render CPU is this
+process's only).
 """
 
 from __future__ import annotations
@@ -73,6 +75,8 @@ def measure(tenants: int) -> dict:
         "findings": len(report.findings),
         "not_run": len(report.not_run),
         "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+        "worker_peak_rss_mib": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024),
+        "worker_cpu_s": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime + resource.getrusage(resource.RUSAGE_CHILDREN).ru_stime, 2),
     }
 
 
@@ -101,10 +105,11 @@ def main(argv: list[str]) -> None:
         cold, warm = r["check_s"]
         cold_cpu, warm_cpu = r["check_cpu_s"]
         render = f"{r['render_s']}/{r['render_cpu_s']}"
+        workers = f"{r['worker_cpu_s']}, {r['worker_peak_rss_mib']}"
         points.append((r["checked"], cold_cpu))
         print(
             f"{r['nodes']:>6} {r['gpus']:>6} {r['tenants']:>7} {r['resources']:>9} {r['objects']:>8} {r['charts']:>6} {r['checked']:>8} "
-            f"{render:>17} {f'{cold}/{warm}':>22} {f'{cold_cpu}/{warm_cpu}':>21} {r['findings']:>8} {r['not_run']:>7} {r['peak_rss_mib']:>9}"
+            f"{render:>17} {f'{cold}/{warm}':>22} {f'{cold_cpu}/{warm_cpu}':>21} {r['findings']:>8} {r['not_run']:>7} {r['peak_rss_mib']:>9} {workers:>24}"
         )
     if len(points) > 1:
         intercept, slope, residuals = linear_fit(points)
