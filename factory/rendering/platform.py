@@ -43,9 +43,9 @@ class Platform(FactoryComponent):
     every layer after the layers it requires), then one `TenantStack` per tenant.
 
     `hooks`: what layers add to every tenant's environment (its queue, identity group, secret
-    store, ...); each tenant stack attaches them all, after the layers it uses (`tenant_layers`). Children are named
-    `<name>-<layer>` and `<name>-tenant-<tenant>`, so two platforms (two clusters, through two
-    providers) fit in one program.
+    store, ...); each tenant stack attaches them all, after the layers it uses (`tenant_layers`).
+    Children are named `<name>-<layer>` and `<name>-tenant-<tenant>`, so two platforms (two
+    clusters, through two providers) fit in one program.
     """
 
     def __init__(
