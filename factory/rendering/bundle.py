@@ -22,13 +22,15 @@ the harness has already replaced them by `[secret]`.
 
 from __future__ import annotations
 
-import concurrent.futures
 import functools
 import json
-import multiprocessing
 import os
+import pickle
 import re
 import shutil
+import subprocess
+import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -266,13 +268,33 @@ def render_raw(
     if workers <= 1:
         return from_graph(_run_share(project, stack, config, secret_keys, plan, None, on_resource), cfg)
     shares = [frozenset(names[i::workers]) for i in range(workers)]
-    # Spawned, not forked: a worker starts with no Pulumi runtime state of this process.
-    with concurrent.futures.ProcessPoolExecutor(workers - 1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        others = [pool.submit(_tenant_share, project, stack, config, secret_keys, plan, share) for share in shares[1:]]
-        own = _run_share(project, stack, config, secret_keys, plan, shares[0], on_resource)
-        resources = list(own.resources)
-        for future in others:
-            resources += future.result()
+    # Plain interpreters, not multiprocessing's: a worker starts with no Pulumi runtime state, and
+    # without importing the caller's main module (a script calling this need not guard its body).
+    started = [
+        subprocess.Popen([sys.executable, "-c", _WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for _ in shares[1:]
+    ]
+    try:
+        # A pipe's buffer is small: write from threads so that our own share need not wait for it.
+        feeders = [
+            threading.Thread(target=_feed, args=(process, pickle.dumps((project, stack, config, secret_keys, plan, share))), daemon=True)
+            for process, share in zip(started, shares[1:])
+        ]
+        for feeder in feeders:
+            feeder.start()
+        resources = list(_run_share(project, stack, config, secret_keys, plan, shares[0], on_resource).resources)
+        for process, feeder in zip(started, feeders):
+            feeder.join()
+            process.stdin = None  # written and closed by its feeder
+            out, err = process.communicate()
+            if process.returncode != 0:
+                raise RuntimeError(f"a render worker failed:\n{err.decode(errors='replace')[-4000:]}")
+            resources += pickle.loads(out)
+    finally:
+        for process in started:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
     seen: set[str] = set()
     for r in resources:
         if r.key in seen:
@@ -300,6 +322,26 @@ def _run_share(
         secret_keys=secret_keys,
         monitor=RecordingMonitor(RecordingMocks(), on_record=on_resource),
     )
+
+
+_WORKER = "from ai_factory.factory.rendering.bundle import _worker; _worker()"
+
+
+def _feed(process: subprocess.Popen, payload: bytes) -> None:
+    try:
+        process.stdin.write(payload)
+        process.stdin.close()
+    except OSError:
+        pass  # the worker died; its exit status says why
+
+
+def _worker() -> None:
+    """A render worker's body: its share's arguments pickled on stdin, its resources on stdout."""
+    result = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # whatever the program prints goes to stderr, never into the result
+    share = _tenant_share(*pickle.loads(sys.stdin.buffer.read()))
+    result.write(pickle.dumps(share))
+    result.close()
 
 
 def _tenant_share(
