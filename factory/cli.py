@@ -123,6 +123,11 @@ def main(argv: list[str] | None = None) -> int:
     quarantine.add_argument("--evict", action="store_true", help="NoExecute: also evict the pods whose claims use it (default NoSchedule: new claims only)")
     quarantine.add_argument("--out", type=Path, help="output file (default: build/<env>/quarantine/<node>-gpu-<index>.yaml)")
 
+    matrix = commands.add_parser("matrix", help="print a version of the version-locked matrix, or what changes between two")
+    matrix.add_argument("--version", metavar="V", help="the matrix version to print (default: the newest)")
+    matrix.add_argument("--diff", nargs=2, metavar=("FROM", "TO"), help="what moves from matrix version FROM to TO, ringed or platform-wide")
+    matrix.add_argument("--format", choices=("text", "json"), default="text")
+
     args = parser.parse_args(argv)
     if args.project_dir is not None:
         if not args.project_dir.is_dir():
@@ -166,6 +171,8 @@ def _run(args: argparse.Namespace) -> int:
         return _diff(args.env, args.without_tenant, args.format)
     if args.command == "charts":
         return _charts(args)
+    if args.command == "matrix":
+        return _matrix(args)
     return _check(args.target, args.upstream, args.charts, args.quiet, args.format)
 
 
@@ -265,6 +272,29 @@ def _diff(env: str, tenant: str, fmt: str = "text") -> int:
     return EXIT_FINDINGS if removal.unexpected else 0
 
 
+def _matrix(args: argparse.Namespace) -> int:
+    import json
+
+    from ai_factory.factory.model import matrix as m
+
+    table = m.load_matrix()
+    wanted = args.diff or [args.version or table.newest.version]
+    unknown = [name for name in wanted if table.get(name) is None]
+    if unknown:
+        option = "--diff" if args.diff else "--version"
+        raise ConfigError([f"{option}: {name!r} is not a matrix version (versions: {', '.join(table.names)})" for name in unknown], source="matrix")
+    versions = [table.get(name) for name in wanted]
+    if args.diff:
+        changes = m.diff(*versions)
+        if args.format == "json":
+            print(json.dumps({"from": wanted[0], "to": wanted[1], "changes": [vars(c) for c in changes]}, indent=2))
+        else:
+            print(m.describe_diff(*versions))
+        return 0
+    print(json.dumps(m.to_json(versions[0]), indent=2) if args.format == "json" else m.describe(versions[0]))
+    return 0
+
+
 def _charts(args: argparse.Namespace) -> int:
     import sysconfig
 
@@ -283,6 +313,17 @@ def _charts(args: argparse.Namespace) -> int:
     lines = charts.pull(CHARTS.values(), dest, helm)
     print("\n".join(lines))
     return EXIT_FINDINGS if any(": failed:" in line for line in lines) else 0
+
+
+def refuse_outside_matrix(env: str, stack: Path) -> None:
+    """`check` refuses an environment whose pins are outside its matrix version (see
+    `ai_factory.factory.model.matrix`), with every such pin and its path."""
+    from ai_factory.factory.model.loading import load_stack_file
+    from ai_factory.factory.model.matrix import matrix_problems
+
+    problems = matrix_problems(load_stack_file(env))
+    if problems:
+        raise ConfigError(problems, source=str(stack))
 
 
 def _check(target: str, upstream: Path | None, charts_dir: Path | None, quiet: bool, fmt: str = "text") -> int:
@@ -305,6 +346,8 @@ def _check(target: str, upstream: Path | None, charts_dir: Path | None, quiet: b
     stack = None if path.is_dir() else stack_file(target)
     with Steps(quiet) as steps:
         try:
+            if stack is not None:
+                refuse_outside_matrix(target, stack)
             if path.is_dir():
                 steps.step("reading the rendered directory")
                 rendered = load_rendered(path)

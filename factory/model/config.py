@@ -731,6 +731,28 @@ class Tenant(Model):
         return self.isolation or ("namespace" if self.trust == "high" else "vcluster")
 
 
+# --------------------------------------------------------------------------- matrix
+
+
+class MatrixException(Model):
+    """A reviewed pin outside the matrix version (`factory/model/matrix.yaml`): one config path
+    and the exact value allowed there, so a later change of that pin is refused again."""
+
+    pin: Annotated[str, StringConstraints(pattern=r"^[a-z_]+(\[[0-9]+\]|\.[a-z_]+)*$", max_length=MAX_TEXT)]
+    """The path `ai-factory check` names, e.g. `layers.kueue.chart.version` or `fleet.pools[0].sharing`."""
+    value: Text
+    reason: Annotated[str, StringConstraints(min_length=10, max_length=MAX_TEXT)]
+    approved_by: Annotated[str, StringConstraints(min_length=1, max_length=MAX_TEXT)]
+
+
+class MatrixSettings(Model):
+    """Which version of the version-locked matrix the environment runs (`ai-factory matrix`)."""
+
+    version: Annotated[str, StringConstraints(pattern=r"^[0-9]{4}\.[0-9]{2}(\.[0-9]+)?$", max_length=16)] | None = None
+    """A matrix version, e.g. `2026.12`; None: the newest. `ai-factory upgrade --to` moves it."""
+    exceptions: list[MatrixException] = Field(default=[], max_length=MAX_ITEMS)
+
+
 # --------------------------------------------------------------------------- environment
 
 
@@ -754,6 +776,7 @@ class FactoryConfig(Model):
     """Required as soon as a tenant has its own control plane (vCluster)."""
     tenants: list[Tenant] = Field(default=[], max_length=MAX_TENANTS)
     self_service: SelfService = SelfService()
+    matrix: MatrixSettings = MatrixSettings()
 
     def pool(self, name: str) -> Pool:
         return next(p for p in self.fleet.pools if p.name == name)
