@@ -128,6 +128,21 @@ def main(argv: list[str] | None = None) -> int:
     matrix.add_argument("--diff", nargs=2, metavar=("FROM", "TO"), help="what moves from matrix version FROM to TO, ringed or platform-wide")
     matrix.add_argument("--format", choices=("text", "json"), default="text")
 
+    conformance = commands.add_parser(
+        "conformance",
+        parents=[quiet],
+        help="write the Kubernetes AI Conformance evidence of an environment: a checklist per cluster and tenant vCluster, and validation Jobs",
+    )
+    conformance.add_argument("env", help="environment name (reads Pulumi.<env>.yaml) or a stack file's path")
+    conformance.add_argument("--out", type=Path, help="output directory (default: build/<env>/conformance)")
+    conformance.add_argument(
+        "--results",
+        type=Path,
+        metavar="FILE",
+        help="the validation Jobs as the cluster reports them (`kubectl get jobs -A -l ai-factory.io/validation -o yaml`): "
+        "their outcomes are attached to the requirements they evidence",
+    )
+
     args = parser.parse_args(argv)
     if args.project_dir is not None:
         if not args.project_dir.is_dir():
@@ -173,6 +188,8 @@ def _run(args: argparse.Namespace) -> int:
         return _charts(args)
     if args.command == "matrix":
         return _matrix(args)
+    if args.command == "conformance":
+        return _conformance(args)
     return _check(args.target, args.upstream, args.charts, args.quiet, args.format)
 
 
@@ -293,6 +310,23 @@ def _matrix(args: argparse.Namespace) -> int:
         return 0
     print(json.dumps(m.to_json(versions[0]), indent=2) if args.format == "json" else m.describe(versions[0]))
     return 0
+
+
+def _conformance(args: argparse.Namespace) -> int:
+    from ai_factory.factory.checking.conformance import conformance_evidence, write_evidence
+    from ai_factory.factory.progress import Steps
+
+    stack = stack_file(args.env)
+    out = args.out or Path("build") / stack_name(stack) / "conformance"
+    with Steps(args.quiet) as steps:
+        checklists, jobs = conformance_evidence(args.env, args.results, on_resource=steps.step("rendering: resources"))
+    for path in write_evidence(out, checklists, jobs):
+        print(f"wrote {path}")
+    gaps = [(c.scope, a.requirement) for c in checklists for a in c.gaps]
+    for scope, requirement in gaps:
+        print(f"conformance: {scope}: MUST requirement {requirement} is not met", file=sys.stderr)
+    print(f"{len(checklists)} checklist(s), {len(jobs)} validation Job(s), {len(gaps)} MUST gap(s)")
+    return EXIT_FINDINGS if gaps else 0
 
 
 def _charts(args: argparse.Namespace) -> int:
