@@ -74,9 +74,14 @@ class Layer:
     """Namespaces whose pods must break Pod Security baseline (kernel modules, host paths, device
     nodes), each with why: the reviewed allow-list of the policy pack and of `factory check`."""
 
+    when: Callable[[FactoryConfig], bool] | None = None
+    """Installed only where this holds of the config (e.g. MultiKueue: a cluster of several)."""
+
     def enabled(self, cfg: FactoryConfig) -> bool:
         settings = getattr(cfg.layers, self.section) if self.section else None
         if not getattr(settings, "enabled", True):
+            return False
+        if self.when is not None and not self.when(cfg):
             return False
         return not self.sharing or any(p.sharing in self.sharing for p in cfg.fleet.pools)
 

@@ -143,11 +143,22 @@ def main(argv: list[str] | None = None) -> int:
         "their outcomes are attached to the requirements they evidence",
     )
 
+    upgrade = commands.add_parser(
+        "upgrade",
+        help="upgrade an environment to a matrix version: the platform first, then tenant ring by ring, each gated on health",
+    )
+    upgrade.add_argument("env", help="environment name (reads Pulumi.<env>.yaml)")
+    upgrade.add_argument("--to", required=True, metavar="VERSION", help="the matrix version to move to (`ai-factory matrix`)")
+    upgrade.add_argument("--dry-run", action="store_true", help="print the steps, the changes (ringed or platform-wide) and the gates; deploy nothing")
+    upgrade.add_argument("--parallelism", type=int, default=2, metavar="N", help="clusters updated at once (1-16, default 2)")
+
     args = parser.parse_args(argv)
     if args.project_dir is not None:
         if not args.project_dir.is_dir():
             parser.error(f"--project-dir {args.project_dir}: no such directory")
         os.chdir(args.project_dir)
+    if args.command == "upgrade" and not 1 <= args.parallelism <= 16:
+        parser.error(f"upgrade --parallelism {args.parallelism}: must be 1..16")
     if args.command == "plan" and args.map is not None and args.map.suffix not in (".svg", ".png"):
         parser.error(f"plan --map {args.map}: the file name must end in .svg or .png")
     try:
@@ -190,19 +201,26 @@ def _run(args: argparse.Namespace) -> int:
         return _matrix(args)
     if args.command == "conformance":
         return _conformance(args)
+    if args.command == "upgrade":
+        return _upgrade(args)
     return _check(args.target, args.upstream, args.charts, args.quiet, args.format)
 
 
 def _render(env: str, out: Path, quiet: bool) -> int:
     from ai_factory.factory.progress import Steps
-    from ai_factory.factory.rendering.bundle import render_env
+    from ai_factory.factory.rendering.bundle import render_clusters
 
     started = time.perf_counter()
     with Steps(quiet) as steps:
-        rendered = render_env(env, on_resource=steps.step("rendering: resources"))
-        rendered.write(out, on_file=steps.step("writing: files", total=len(rendered.manifests) + 1))
+        renders = render_clusters(env, on_resource=steps.step("rendering: resources"))
+        single = len(renders) == 1 and next(iter(renders)) == stack_name(stack_file(env))
+        for cluster, rendered in renders.items():
+            rendered.write(out if single else out / cluster, on_file=steps.step("writing: files", total=len(rendered.manifests) + 1))
     print(f"rendered {env} in {time.perf_counter() - started:.2f}s to {out}/")
-    print(rendered.summary())
+    for cluster, rendered in renders.items():
+        if not single:
+            print(f"cluster {cluster} ({out / cluster}/):")
+        print(rendered.summary())
     return 0
 
 
@@ -329,6 +347,37 @@ def _conformance(args: argparse.Namespace) -> int:
     return EXIT_FINDINGS if gaps else 0
 
 
+def _upgrade(args: argparse.Namespace) -> int:
+    from ai_factory.factory.model.clusters import clusters
+    from ai_factory.factory.model.loading import load_stack_file
+    from ai_factory.stacks.backend import BackendError
+    from ai_factory.stacks.fleet import FleetStacks
+    from ai_factory.stacks.upgrade import KubectlProbe, Upgrader, plan_upgrade
+
+    if args.dry_run:
+        print(plan_upgrade(args.env, args.to, Path.cwd()).text())
+        print("dry run: nothing was deployed")
+        return 0
+    cfg = load_stack_file(args.env)
+    contexts = {c.name: c.cluster.context for c in clusters(cfg)} or {args.env: _stack_context(stack_file(args.env))}
+    try:
+        report = Upgrader(FleetStacks(parallelism=args.parallelism), KubectlProbe(contexts)).run(args.env, args.to, on_output=print)
+    except BackendError as err:
+        print(f"upgrade: {err}", file=sys.stderr)
+        return EXIT_CONFIG
+    print(report.text())
+    return EXIT_FINDINGS if report.stopped else 0
+
+
+def _stack_context(path: Path) -> str | None:
+    """The `kubernetes:context` a one-cluster environment's stack deploys with."""
+    from ai_factory.factory.model import bounded_yaml
+
+    config = (bounded_yaml.read(path) or {}).get("config") or {}
+    context = config.get("kubernetes:context")
+    return context if isinstance(context, str) else None
+
+
 def _charts(args: argparse.Namespace) -> int:
     import sysconfig
 
@@ -361,11 +410,13 @@ def refuse_outside_matrix(env: str, stack: Path) -> None:
 
 
 def _check(target: str, upstream: Path | None, charts_dir: Path | None, quiet: bool, fmt: str = "text") -> int:
-    from ai_factory.factory.checking.charts import check_environment
+    from dataclasses import replace
+
+    from ai_factory.factory.checking.charts import Report, check_environment
     from ai_factory.factory.checking.oracles import OracleError, locate_upstream_dir
     from ai_factory.factory.checking.report import config_problems, locate, render_report
     from ai_factory.factory.progress import Steps
-    from ai_factory.factory.rendering.bundle import load_rendered, render_env
+    from ai_factory.factory.rendering.bundle import Rendered, load_rendered, render_clusters
     from ai_factory.factory.rendering.charts import ChartCacheError, locate_chart_dir, locate_helm
 
     try:
@@ -384,22 +435,37 @@ def _check(target: str, upstream: Path | None, charts_dir: Path | None, quiet: b
                 refuse_outside_matrix(target, stack)
             if path.is_dir():
                 steps.step("reading the rendered directory")
-                rendered = load_rendered(path)
+                renders = {"": load_rendered(path)}
             else:
-                rendered = render_env(target, on_resource=steps.step("rendering: resources"))
+                renders = render_clusters(target, on_resource=steps.step("rendering: resources"))
         except ConfigError as err:
             if fmt == "text":
                 raise
             print(render_report(fmt, config_problems(err.problems, stack), target, None), end="")
             print(err.render(), file=sys.stderr)
             return EXIT_CONFIG
-        report = check_environment(rendered, root, cache, locate_helm(), step=steps.step)
+        multi = stack is not None and list(renders) != [stack_name(stack)]
+        reports = {cluster: check_environment(rendered, root, cache, locate_helm(), step=steps.step) for cluster, rendered in renders.items()}
+    per_cluster = {c: [replace(f, ref=f"{c}: {f.ref}") if multi else f for f in r.findings] for c, r in reports.items()}
+    if multi:
+        from ai_factory.factory.checking.fleet import fleet_findings
+        from ai_factory.factory.model.loading import load_stack_file
+
+        per_cluster[""] = fleet_findings(load_stack_file(target), renders)
+    report = Report(
+        findings=[f for found in per_cluster.values() for f in found],
+        objects=sum(r.objects for r in reports.values()),
+        charts_rendered=sum(r.charts_rendered for r in reports.values()),
+        not_run=sorted({line for r in reports.values() for line in r.not_run}),
+    )
     if fmt == "text":
         for finding in report.findings:
             print(finding)
     else:
-        rendered_dir = path if stack is None else Path("build") / stack_name(stack)  # where `render` writes them
-        results = locate(report.findings, rendered, rendered_dir, stack)
+        results = []
+        for cluster, found in per_cluster.items():
+            rendered_dir = path if stack is None else Path("build") / stack_name(stack) / cluster if multi and cluster else Path("build") / stack_name(stack)
+            results += locate(found, renders.get(cluster) or Rendered(None, "", [], []), rendered_dir, stack)  # where `render` writes them
         print(render_report(fmt, results, target, report.objects, report.not_run), end="")
     for line in report.not_run:
         print(f"check: not run: {line}", file=sys.stderr)

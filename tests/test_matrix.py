@@ -80,8 +80,8 @@ def _kueue(version: str):
         ),
         pytest.param(lambda r: r.update(matrix={"version": "2025.01"}), ["matrix.version: '2025.01' is not a matrix version"], id="flags-an-unknown-version"),
         pytest.param(
-            lambda r: r.update(matrix={"version": "2026.11"}),
-            ["layers.volcano.chart.version: 1.15.1 is outside matrix 2026.11 (chart volcano: 1.15.0)"],
+            lambda r: r.update(matrix={"version": "2026.11"}, kubernetes={"version": "1.35"}),
+            ["kubernetes.version: 1.35 is outside matrix 2026.11 (kubernetes: 1.33, 1.34)"],
             id="flags-pins-of-another-version-than-named",
         ),
         pytest.param(lambda r: None, [], id="accepts-the-defaults"),
@@ -90,11 +90,7 @@ def _kueue(version: str):
             [],
             id="accepts-a-recorded-exception",
         ),
-        pytest.param(
-            lambda r: (r.update(matrix={"version": "2026.11"}), r["layers"].setdefault("volcano", {}).update(chart={"version": "1.15.0", "repository": CHARTS["volcano"].repository})),
-            [],
-            id="accepts-the-pins-of-an-older-version",
-        ),
+        pytest.param(lambda r: r.update(matrix={"version": "2026.11"}), [], id="accepts-an-older-version-whose-pins-the-defaults-follow"),
     ],
 )
 def test_matrix_problems(raw, change, expected):
@@ -103,6 +99,14 @@ def test_matrix_problems(raw, change, expected):
     assert len(problems) == len(expected), problems
     for problem, start in zip(problems, expected):
         assert problem.startswith(start), problem
+
+
+def test_a_matrix_version_sets_the_pins_a_config_leaves_to_the_default(raw):
+    raw["matrix"] = {"version": "2026.11"}
+    raw["layers"]["kueue"] = {"chart": {"version": "0.19.2", "repository": CHARTS["kueue"].repository}}
+    cfg = validate(raw)
+    assert cfg.layers.volcano.chart.version == "1.15.0"
+    assert cfg.layers.kueue.chart.version == "0.19.2"
 
 
 def test_matrix_problems_flag_a_pool_whose_combination_was_not_tested(raw):

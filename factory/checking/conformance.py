@@ -294,6 +294,8 @@ def tenant_checklists(cluster: Checklist, rendered: Rendered, cfg: FactoryConfig
 
 VALIDATION_LABEL = "ai-factory.io/validation"
 EVIDENCES_ANNOTATION = "ai-factory.io/evidences"
+CLUSTER_ANNOTATION = "ai-factory.io/cluster"
+"""The cluster of a multi-cluster environment a validation Job is applied to."""
 """Comma-separated requirement ids a validation Job evidences."""
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 
@@ -506,7 +508,7 @@ def conformance_evidence(env: str, results: Path | None = None, on_resource: Cal
     from ai_factory.factory.model.loading import ConfigError, load_stack_file, stack_file, stack_name
     from ai_factory.factory.model.matrix import load_matrix, selected_version
     from ai_factory.factory.planning.from_config import plan_for, previous_plan
-    from ai_factory.factory.rendering.bundle import render_env
+    from ai_factory.factory.rendering.bundle import cluster_stack, render_clusters
 
     observed = read_results(results) if results is not None else None
     path = stack_file(env)
@@ -514,11 +516,18 @@ def conformance_evidence(env: str, results: Path | None = None, on_resource: Cal
     version = selected_version(cfg, load_matrix())
     if version is None:
         raise ConfigError([f"matrix.version: {cfg.matrix.version!r} is not a matrix version"], source=str(path))
-    plan = plan_for(cfg, previous_plan(stack_name(path), path.resolve().parent))
-    rendered = render_env(env, on_resource=on_resource)
-    jobs = validation_jobs(cfg, plan, version)
-    cluster = cluster_checklist(stack_name(path), rendered, cfg, jobs)
-    checklists = [cluster, *tenant_checklists(cluster, rendered, cfg)]
+    checklists: list[Checklist] = []
+    jobs: list[dict[str, Any]] = []
+    for cluster, rendered in render_clusters(env, on_resource=on_resource).items():
+        view = rendered.config
+        stack = cluster if cluster == stack_name(path) else cluster_stack(stack_name(path), cluster)
+        cluster_jobs = validation_jobs(view, plan_for(view, previous_plan(stack, path.resolve().parent)), version)
+        if cluster != stack_name(path):
+            for job in cluster_jobs:
+                job["metadata"]["annotations"][CLUSTER_ANNOTATION] = cluster
+        checklist = cluster_checklist(cluster, rendered, view, cluster_jobs)
+        checklists += [checklist, *tenant_checklists(checklist, rendered, view)]
+        jobs += cluster_jobs
     if observed is not None:
         attach_results(checklists, observed)
     return checklists, jobs

@@ -281,3 +281,42 @@ def describe_diff(old: MatrixVersion, new: MatrixVersion) -> str:
 
 def to_json(version: MatrixVersion) -> dict[str, Any]:
     return version.model_dump(mode="json")
+
+
+def with_matrix_pins(cfg: FactoryConfig, matrix: Matrix | None = None) -> FactoryConfig:
+    """`cfg` with the pins its matrix version sets wherever the config leaves them to the default:
+    each chart a layer does not pin itself, and the toolkit. A config naming no matrix version
+    keeps the library's pins (the newest version's)."""
+    if cfg.matrix.version is None:
+        return cfg
+    chosen = (matrix or load_matrix()).get(cfg.matrix.version)
+    if chosen is None:
+        return cfg  # refused by `matrix_problems`
+    keys = chart_keys()
+
+    def repinned(model: BaseModel, at: str) -> BaseModel:
+        update: dict[str, Any] = {}
+        for name in type(model).model_fields:
+            value = getattr(model, name)
+            path = f"{at}.{name}"
+            if isinstance(value, Chart) and name not in model.model_fields_set and path in keys:
+                update[name] = value.model_copy(update={"version": chosen.charts[keys[path]]})
+            elif isinstance(value, BaseModel) and not isinstance(value, Chart):
+                inner = repinned(value, path)
+                if inner is not value:
+                    update[name] = inner
+        if at == "layers.gpu_operator" and "toolkit_version" not in model.model_fields_set:
+            update["toolkit_version"] = chosen.toolkit
+        return model.model_copy(update=update) if update else model
+
+    return cfg.model_copy(update={"layers": repinned(cfg.layers, "layers")})
+
+
+def tenant_chart_version(cfg: FactoryConfig, tenant_ring: str, key: str, version: str) -> str:
+    """The version of a ringed chart (`RINGED_CHARTS`) for a tenant of `tenant_ring`: during an
+    upgrade, the `from` version's until its ring is done."""
+    progress = cfg.upgrades.in_progress
+    if progress is None or key not in RINGED_CHARTS or tenant_ring in progress.done:
+        return version
+    before = load_matrix().get(progress.from_version)
+    return before.charts[key] if before is not None else version
