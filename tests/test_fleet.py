@@ -4,13 +4,12 @@ tenant's quota summed over its clusters never exceeds its grant."""
 
 from __future__ import annotations
 
-import copy
 import os
 from collections import Counter
 
 import pytest
 
-from ai_factory.factory.checking.fleet import fleet_findings, grant
+from ai_factory.factory.checking.fleet import fleet_findings
 from ai_factory.factory.checking.isolation import CHECKS as ISOLATION_CHECKS
 from ai_factory.factory.cli import main
 from ai_factory.factory.model.loading import ConfigError, load_stack_file, read_stack_file, validate
@@ -91,41 +90,6 @@ def test_every_cluster_passes_the_isolation_checks_and_the_fleet_checks(renders,
     for cluster, rendered in renders.items():
         assert [str(f) for check in ISOLATION_CHECKS for f in check(rendered, oracles)] == [], cluster
     assert fleet_findings(load_stack_file(str(fleet_dir / "Pulumi.fleet.yaml")), renders) == []
-
-
-def _inflate(rendered, queue_name, resource, by):
-    changed = copy.deepcopy(rendered)
-    for m in changed.manifests:
-        if m.kind == "ClusterQueue" and m.name == queue_name:
-            for group in m.obj["spec"]["resourceGroups"]:
-                for flavor in group["flavors"]:
-                    for r in flavor["resources"]:
-                        if r["name"] == resource:
-                            r["nominalQuota"] += by
-    return changed
-
-
-@pytest.mark.parametrize(
-    "cluster, queue, resource, expected",
-    [
-        pytest.param("ams1-a", "tenant-search", "nvidia.com/gpu", "fleet-quota: ClusterQueue/tenant-search: nvidia.com/gpu: 25 over the clusters (par1-a 16, ams1-a 9), above the tenant's grant of 24", id="flags-a-quota-above-the-grant"),
-        pytest.param("par1-a", "tenant-assistant-multicluster", "nvidia.com/gpu", "fleet-dispatch: ClusterQueue/tenant-assistant-multicluster: cluster par1-a: dispatches up to 7 nvidia.com/gpu, more than the tenant's 6 on its worker clusters", id="flags-a-dispatch-above-the-workers"),
-        pytest.param(None, None, None, None, id="accepts-the-rendered-quotas"),
-    ],
-)
-def test_fleet_quota_checks(renders, fleet_dir, cluster, queue, resource, expected):
-    changed = dict(renders)
-    if cluster:
-        changed[cluster] = _inflate(renders[cluster], queue, resource, 1)
-    found = [str(f).split(" [tenants")[0] for f in fleet_findings(load_stack_file(str(fleet_dir / "Pulumi.fleet.yaml")), changed)]
-    assert found == ([expected] if expected else [])
-
-
-def test_a_tenants_grant_counts_every_unit_it_demands(fleet_dir):
-    cfg = load_stack_file(str(fleet_dir / "Pulumi.fleet.yaml"))
-    assert grant(cfg, next(t for t in cfg.tenants if t.name == "assistant")) == {
-        "nvidia.com/mig-2g.20gb": 3, "nvidia.com/mig-1g.20gb": 1, "nvidia.com/gpu": 6, "nvidia.com/gpumem": 73728, "nvidia.com/gpucores": 150,
-    }
 
 
 def test_render_writes_one_directory_per_cluster(fleet_dir, tmp_path, capsys):

@@ -19,7 +19,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from ai_factory.factory.model.config import Cluster, FactoryConfig, Tenant
+from ai_factory.factory.model.config import MAX_CLUSTERS, Cluster, FactoryConfig, Tenant
 from ai_factory.factory.model.raw import as_dict, as_list, did_you_mean
 
 
@@ -140,6 +140,8 @@ def cluster_problems(raw: dict[str, Any]) -> list[str]:
                 by_site.setdefault(site["name"], []).append(name)
             roles.setdefault(name, str(cluster.get("role", "worker")))
     names = set(seen)
+    if sum(seen.values()) > MAX_CLUSTERS:
+        problems.append(f"fleet.sites: {sum(seen.values())} clusters in all; an environment has at most {MAX_CLUSTERS}")
     cluster_path = "kubernetes.cluster"
     chosen = as_dict(raw.get("kubernetes")).get("cluster")
     if not names:

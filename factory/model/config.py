@@ -38,6 +38,9 @@ MAX_FLEET_NODES = 5000
 MAX_GPUS_PER_NODE = 16
 MAX_SITES = 64
 MAX_POOLS = 128
+MAX_CLUSTERS = 64
+"""Clusters of one environment (each renders, plans and deploys as a stack of its own); its nodes
+together stay within MAX_FLEET_NODES."""
 MAX_TENANTS = 1000
 MAX_ITEMS = 256
 """Entries of any other list or mapping: a tenant's demands and owners, flows, labels, ports, NUMA
@@ -96,7 +99,7 @@ class Site(Model):
     """A data centre. Pools name the site they live in."""
     region: Text = ""
     """Free-form location, carried onto node labels for placement and reporting."""
-    clusters: list[Cluster] = Field(default=[], max_length=MAX_ITEMS)
+    clusters: list[Cluster] = Field(default=[], max_length=MAX_CLUSTERS)
     """The site's Kubernetes clusters; none: the environment is one cluster (no per-cluster stacks)."""
 
 
