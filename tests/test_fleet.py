@@ -138,3 +138,15 @@ def test_clusters_named_in_an_environment_without_clusters_are_refused(raw):
     raw["tenants"][0]["clusters"] = ["par1-a"]
     with pytest.raises(ConfigError, match=r"tenants\[0\].clusters: no site declares clusters"):
         validate(raw)
+
+
+def test_a_clusters_contract_reads_back_as_that_clusters_view(fleet_dir):
+    from ai_factory.factory.model.clusters import cluster_view
+    from ai_factory.factory.planning.from_config import plan_for
+    from ai_factory.stacks.contract import platform_contract, platform_secrets
+
+    cfg = load_stack_file(str(fleet_dir / "Pulumi.fleet.yaml"))
+    view = cluster_view(cfg, "fra1-a")
+    back = platform_contract(view, plan_for(view), "fleet-fra1-a").config(platform_secrets(view))
+    assert back.kubernetes.cluster == "fra1-a"
+    assert [p.name for p in back.fleet.pools] == ["l40s-infer"] and [t.name for t in back.tenants] == ["assistant"]

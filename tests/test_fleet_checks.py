@@ -19,7 +19,7 @@ def cfg(tmp_path_factory):
 
 
 def queue(name: str, quotas: dict[str, int], tenant: str = "assistant") -> Manifest:
-    resources = [{"name": r, "nominalQuota": n} for r, n in quotas.items()]
+    resources = [{"name": r, **({"nominalQuota": n} if n is not None else {})} for r, n in quotas.items()]
     obj = {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue", "metadata": {"name": name},
            "spec": {"resourceGroups": [{"coveredResources": list(quotas), "flavors": [{"name": "f", "resources": [{"name": "cpu", "nominalQuota": "64"}, *resources]}]}]}}
     return Manifest(obj, "kueue", tenant, "test")
@@ -61,6 +61,8 @@ def renders(b=ASSISTANT_B, f=ASSISTANT_F, dispatch=None):
             ["fleet-dispatch: ClusterQueue/tenant-assistant-multicluster: cluster par1-a: dispatches up to 2 nvidia.com/mig-1g.20gb, more than the tenant's 1 on its worker clusters"],
             id="flags-a-dispatch-above-the-workers",
         ),
+        pytest.param(renders(dispatch={**ASSISTANT_B, "nvidia.com/gpu.shared": 0}), [], id="accepts-a-dispatch-of-none-of-a-resource-no-worker-has"),
+        pytest.param({"fra1-a": render(queue("tenant-assistant", {"nvidia.com/gpu.shared": None}))}, [], id="accepts-a-resource-line-without-quota-as-none"),
         pytest.param(
             renders(dispatch={"nvidia.com/gpu.shared": 1}),
             ["fleet-dispatch: ClusterQueue/tenant-assistant-multicluster: cluster par1-a: dispatches up to 1 nvidia.com/gpu.shared, more than the tenant's 0 on its worker clusters"],

@@ -10,6 +10,7 @@ import threading
 import pytest
 
 from ai_factory.factory.cli import main
+from ai_factory.factory.model.clusters import ring_problems
 from ai_factory.factory.model.loading import ConfigError, load_stack_file
 from ai_factory.factory.model.upgrades import read_state, state_path
 from ai_factory.stacks.fleet import FleetStacks
@@ -172,7 +173,25 @@ def test_a_low_trust_tenant_in_the_first_ring_is_refused_with_exit_2(project, ca
     write_env(project, document)
     assert main(["--project-dir", str(project), "upgrade", "fleet", "--to", "2026.12", "--dry-run"]) == 2
     err = capsys.readouterr().err
-    assert "(1 problem)" in err and "tenants[2].ring: a low-trust tenant is never in the first ring ('canary')" in err
+    assert "(1 problem)" in err and "tenants[2].ring: a low-trust tenant is never in the first ring or the 'canary' ring ('canary')" in err
+
+
+@pytest.mark.parametrize(
+    "rings, ring, refused",
+    [
+        (["early", "canary", "broad"], "canary", True),
+        (["early", "broad"], "early", True),
+        (["early", "broad"], None, False),
+        (["canary", "early", "broad"], "early", False),
+    ],
+)
+def test_ring_rules_for_a_low_trust_tenant(raw, rings, ring, refused):
+    raw["upgrades"] = {"rings": rings}
+    acme = next(t for t in raw["tenants"] if t["name"] == "partner-acme")
+    if ring:
+        acme["ring"] = ring
+    problems = ring_problems(raw)
+    assert bool(problems) is refused, problems
 
 
 NODE = {"metadata": {"name": "gpu-1"}, "status": {"allocatable": {"nvidia.com/gpu": "8", "cpu": "96"}, "conditions": [{"type": "Ready", "status": "True"}]}}

@@ -26,11 +26,10 @@ def grant(cfg: FactoryConfig, tenant: Tenant) -> dict[str, int]:
         if pool.sharing == "mig":
             model = GPU_MODELS[pool.gpu.model]
             total.update({model.profile(p).resource_name: n for p, n in demand.mig.items()})
-        elif pool.sharing == "hami":
-            count = demand.count or 0
-            total.update({WHOLE_GPU: count, HAMI_MEMORY: count * (demand.memory_mib or 0), HAMI_CORES: count * (demand.cores_percent or 0)})
-        else:
-            total[SHARED_GPU if pool.sharing == "time-slicing" else WHOLE_GPU] += demand.count or 0
+        elif pool.sharing == "hami":  # validation requires count, memory_mib and cores_percent here
+            total.update({WHOLE_GPU: demand.count, HAMI_MEMORY: demand.count * demand.memory_mib, HAMI_CORES: demand.count * demand.cores_percent})
+        else:  # and a count on every other pool
+            total[SHARED_GPU if pool.sharing == "time-slicing" else WHOLE_GPU] += demand.count
     return dict(total)
 
 

@@ -77,7 +77,7 @@ def environment(cfg: FactoryConfig) -> FactoryConfig:
 
 
 def cluster_view(cfg: FactoryConfig, name: str) -> FactoryConfig:
-    """`cfg` as the stack of cluster `name` deploys it: the cluster's site, pools and tenants
+    """`cfg` as the stack of cluster `name` deploys it: the cluster's pools and tenants
     (each with its demands on the cluster's pools), its API server; the identity layer only on
     the manager. Layer settings naming pools keep those of the cluster."""
     placed = next(c for c in clusters(cfg) if c.name == name)
@@ -88,7 +88,6 @@ def cluster_view(cfg: FactoryConfig, name: str) -> FactoryConfig:
         for t in cfg.tenants
         if name in tenant_clusters(cfg, t)
     ]
-    sites = [s for s in cfg.fleet.sites if s.name == placed.site]
     layers = cfg.layers
     remediation = layers.health.remediation
     health = layers.health.model_copy(
@@ -104,7 +103,7 @@ def cluster_view(cfg: FactoryConfig, name: str) -> FactoryConfig:
     view = cfg.model_copy(
         update={
             "kubernetes": cfg.kubernetes.model_copy(update={"cluster": name, "api_server": placed.cluster.api_server or cfg.kubernetes.api_server}),
-            "fleet": cfg.fleet.model_copy(update={"sites": sites, "pools": pools}),
+            "fleet": cfg.fleet.model_copy(update={"pools": pools}),  # every site: the view validates again as it is
             "tenants": tenants,
             "layers": layers,
             "self_service": self_service,
@@ -202,9 +201,12 @@ def cluster_problems(raw: dict[str, Any]) -> list[str]:
     return problems
 
 
+CANARY = "canary"
+
+
 def ring_problems(raw: dict[str, Any]) -> list[str]:
     """Rings are unique; a tenant names one; a low-trust tenant is never in the first ring (where
-    a new version meets its first workloads), neither by name nor by default."""
+    a new version meets its first workloads) nor in one named `canary`, by name or by default."""
     upgrades = as_dict(raw.get("upgrades"))
     rings = [r for r in as_list(upgrades.get("rings", ["canary", "early", "broad"])) if isinstance(r, str)]
     problems = [f"upgrades.rings[{i}]: ring {r!r} is listed twice" for i, r in enumerate(rings) if r in rings[:i]]
@@ -215,8 +217,9 @@ def ring_problems(raw: dict[str, Any]) -> list[str]:
         if ring is not None and isinstance(ring, str) and ring not in rings:
             problems.append(f"tenants[{i}].ring: unknown ring {ring!r}{did_you_mean(ring, rings)}")
             continue
-        if len(rings) > 1 and tenant.get("trust") == "low" and (ring if isinstance(ring, str) else rings[-1]) == rings[0]:
-            problems.append(f"tenants[{i}].ring: a low-trust tenant is never in the first ring ({rings[0]!r}); upgrades reach it after others have run the new version")
+        placed = ring if isinstance(ring, str) else rings[-1]
+        if tenant.get("trust") == "low" and ((len(rings) > 1 and placed == rings[0]) or placed == CANARY):
+            problems.append(f"tenants[{i}].ring: a low-trust tenant is never in the first ring or the {CANARY!r} ring ({placed!r}); upgrades reach it after others have run the new version")
     progress = as_dict(upgrades.get("in_progress"))
     for j, ring in enumerate(as_list(progress.get("done"))):
         if isinstance(ring, str) and ring not in rings:
