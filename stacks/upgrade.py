@@ -67,8 +67,9 @@ class UpgradePlan:
 
     def text(self) -> str:
         lines = [f"upgrade {self.env}: matrix {self.from_version} -> {self.to}"]
-        platform_wide = [c for c in self.changes if not c.ringable]
-        ringed = [c for c in self.changes if c.ringable]
+        deployed = [c for c in self.changes if c.kind != "tested"]  # a note on the matrix, nothing to deploy
+        platform_wide = [c for c in deployed if not c.ringable]
+        ringed = [c for c in deployed if c.ringable]
         lines.append(f"  platform-wide, moved in the first step for every tenant at once ({len(platform_wide)}):")
         lines += [f"  {c.line()}" for c in platform_wide] or ["    (none)"]
         lines.append(f"  ringed, moved tenant ring by tenant ring ({len(ringed)}):")

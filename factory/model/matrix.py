@@ -221,7 +221,7 @@ class Change:
     why: str
 
     def line(self) -> str:
-        scope = "ringed" if self.ringable else "platform-wide"
+        scope = "note" if self.kind == "tested" else "ringed" if self.ringable else "platform-wide"
         return f"  {self.kind:<10} {self.key:<24} {self.before or '-':>12} -> {self.after or '-':<12} {scope}: {self.why}"
 
 
