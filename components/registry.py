@@ -60,8 +60,8 @@ class Layer:
     sharing: tuple[str, ...] = ()
     """Installed only when a pool of the fleet uses one of these sharing modes (empty: always)."""
     needed: Callable[[FactoryConfig], bool] | None = None
-    """Installed only when this holds of the config (hardware the fleet has, e.g. an RDMA fabric);
-    None: always."""
+    """Installed only when this holds of the config (hardware the fleet has, e.g. an RDMA fabric;
+    MultiKueue: a cluster of several); None: always."""
     tenant_hook: Callable[[FactoryConfig, Plan], TenantHook | None] | None = None
     """What the layer adds to every tenant's environment; None when it has nothing to add yet."""
     checks: tuple[Check, ...] = ()

@@ -44,7 +44,7 @@ setting) are retained with it, so a namespace kept for off-boarding never runs u
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal, Mapping, Sequence
 
 import pulumi
@@ -55,6 +55,7 @@ from ai_factory.components._common import FactoryComponent, TenantHook, helm_rel
 from ai_factory.components.dra import CHART_DEVICE_CLASSES, whole_gpu_class
 from ai_factory.factory.model.catalog import ChartSource
 from ai_factory.factory.model.config import FactoryConfig, Identity, PlatformFlow, Tenant, TenantQuota
+from ai_factory.factory.model.matrix import tenant_chart_version
 from ai_factory.factory.planning.model import WHOLE_GPU, Plan
 from ai_factory.factory.planning.placement import DEDICATED_LABEL, Offering, TenantAllocation, advertised_resources, allocations, dedicated_taint, tolerable_taints
 from ai_factory.factory.planning.quotas import GpuCeiling, gpu_ceiling
@@ -168,7 +169,9 @@ def tenant_stack_args(cfg: FactoryConfig, plan: Plan, tenant: Tenant, hooks: Seq
     vcluster = None
     if tenant.control_plane == "vcluster":
         assert cfg.identity is not None, "validation requires `identity` for vCluster tenants"
-        vcluster = VClusterControlPlane(chart=tenancy.chart.source("vcluster"), identity=cfg.identity)
+        chart = tenancy.chart.source("vcluster")
+        version = tenant_chart_version(cfg, tenant.upgrade_ring(cfg.upgrades.rings), "vcluster", chart.version)
+        vcluster = VClusterControlPlane(chart=replace(chart, version=version), identity=cfg.identity)
     return TenantStackArgs(
         tenant=tenant,
         names=tenant_names(tenant),

@@ -123,11 +123,42 @@ def main(argv: list[str] | None = None) -> int:
     quarantine.add_argument("--evict", action="store_true", help="NoExecute: also evict the pods whose claims use it (default NoSchedule: new claims only)")
     quarantine.add_argument("--out", type=Path, help="output file (default: build/<env>/quarantine/<node>-gpu-<index>.yaml)")
 
+    matrix = commands.add_parser("matrix", help="print a version of the version-locked matrix, or what changes between two")
+    matrix.add_argument("--version", metavar="V", help="the matrix version to print (default: the newest)")
+    matrix.add_argument("--diff", nargs=2, metavar=("FROM", "TO"), help="what moves from matrix version FROM to TO, ringed or platform-wide")
+    matrix.add_argument("--format", choices=("text", "json"), default="text")
+
+    conformance = commands.add_parser(
+        "conformance",
+        parents=[quiet],
+        help="write the Kubernetes AI Conformance evidence of an environment: a checklist per cluster and tenant vCluster, and validation Jobs",
+    )
+    conformance.add_argument("env", help="environment name (reads Pulumi.<env>.yaml) or a stack file's path")
+    conformance.add_argument("--out", type=Path, help="output directory (default: build/<env>/conformance)")
+    conformance.add_argument(
+        "--results",
+        type=Path,
+        metavar="FILE",
+        help="the validation Jobs as the cluster reports them (`kubectl get jobs -A -l ai-factory.io/validation -o yaml`): "
+        "their outcomes are attached to the requirements they evidence",
+    )
+
+    upgrade = commands.add_parser(
+        "upgrade",
+        help="upgrade an environment to a matrix version: the platform first, then tenant ring by ring, each gated on health",
+    )
+    upgrade.add_argument("env", help="environment name (reads Pulumi.<env>.yaml)")
+    upgrade.add_argument("--to", required=True, metavar="VERSION", help="the matrix version to move to (`ai-factory matrix`)")
+    upgrade.add_argument("--dry-run", action="store_true", help="print the steps, the changes (ringed or platform-wide) and the gates; deploy nothing")
+    upgrade.add_argument("--parallelism", type=int, default=2, metavar="N", help="clusters updated at once (1-16, default 2)")
+
     args = parser.parse_args(argv)
     if args.project_dir is not None:
         if not args.project_dir.is_dir():
             parser.error(f"--project-dir {args.project_dir}: no such directory")
         os.chdir(args.project_dir)
+    if args.command == "upgrade" and not 1 <= args.parallelism <= 16:
+        parser.error(f"upgrade --parallelism {args.parallelism}: must be 1..16")
     if args.command == "plan" and args.map is not None and args.map.suffix not in (".svg", ".png"):
         parser.error(f"plan --map {args.map}: the file name must end in .svg or .png")
     try:
@@ -166,19 +197,30 @@ def _run(args: argparse.Namespace) -> int:
         return _diff(args.env, args.without_tenant, args.format)
     if args.command == "charts":
         return _charts(args)
+    if args.command == "matrix":
+        return _matrix(args)
+    if args.command == "conformance":
+        return _conformance(args)
+    if args.command == "upgrade":
+        return _upgrade(args)
     return _check(args.target, args.upstream, args.charts, args.quiet, args.format)
 
 
 def _render(env: str, out: Path, quiet: bool) -> int:
     from ai_factory.factory.progress import Steps
-    from ai_factory.factory.rendering.bundle import render_env
+    from ai_factory.factory.rendering.bundle import render_clusters
 
     started = time.perf_counter()
     with Steps(quiet) as steps:
-        rendered = render_env(env, on_resource=steps.step("rendering: resources"))
-        rendered.write(out, on_file=steps.step("writing: files", total=len(rendered.manifests) + 1))
+        renders = render_clusters(env, on_resource=steps.step("rendering: resources"))
+        single = len(renders) == 1 and next(iter(renders)) == stack_name(stack_file(env))
+        for cluster, rendered in renders.items():
+            rendered.write(out if single else out / cluster, on_file=steps.step("writing: files", total=len(rendered.manifests) + 1))
     print(f"rendered {env} in {time.perf_counter() - started:.2f}s to {out}/")
-    print(rendered.summary())
+    for cluster, rendered in renders.items():
+        if not single:
+            print(f"cluster {cluster} ({out / cluster}/):")
+        print(rendered.summary())
     return 0
 
 
@@ -265,6 +307,77 @@ def _diff(env: str, tenant: str, fmt: str = "text") -> int:
     return EXIT_FINDINGS if removal.unexpected else 0
 
 
+def _matrix(args: argparse.Namespace) -> int:
+    import json
+
+    from ai_factory.factory.model import matrix as m
+
+    table = m.load_matrix()
+    wanted = args.diff or [args.version or table.newest.version]
+    unknown = [name for name in wanted if table.get(name) is None]
+    if unknown:
+        option = "--diff" if args.diff else "--version"
+        raise ConfigError([f"{option}: {name!r} is not a matrix version (versions: {', '.join(table.names)})" for name in unknown], source="matrix")
+    versions = [table.get(name) for name in wanted]
+    if args.diff:
+        changes = m.diff(*versions)
+        if args.format == "json":
+            print(json.dumps({"from": wanted[0], "to": wanted[1], "changes": [vars(c) for c in changes]}, indent=2))
+        else:
+            print(m.describe_diff(*versions))
+        return 0
+    print(json.dumps(m.to_json(versions[0]), indent=2) if args.format == "json" else m.describe(versions[0]))
+    return 0
+
+
+def _conformance(args: argparse.Namespace) -> int:
+    from ai_factory.factory.checking.conformance import conformance_evidence, write_evidence
+    from ai_factory.factory.progress import Steps
+
+    stack = stack_file(args.env)
+    out = args.out or Path("build") / stack_name(stack) / "conformance"
+    with Steps(args.quiet) as steps:
+        checklists, jobs = conformance_evidence(args.env, args.results, on_resource=steps.step("rendering: resources"))
+    for path in write_evidence(out, checklists, jobs):
+        print(f"wrote {path}")
+    gaps = [(c.scope, a.requirement) for c in checklists for a in c.gaps]
+    for scope, requirement in gaps:
+        print(f"conformance: {scope}: MUST requirement {requirement} is not met", file=sys.stderr)
+    print(f"{len(checklists)} checklist(s), {len(jobs)} validation Job(s), {len(gaps)} MUST gap(s)")
+    return EXIT_FINDINGS if gaps else 0
+
+
+def _upgrade(args: argparse.Namespace) -> int:
+    from ai_factory.factory.model.clusters import clusters
+    from ai_factory.factory.model.loading import load_stack_file
+    from ai_factory.stacks.backend import BackendError
+    from ai_factory.stacks.fleet import FleetStacks
+    from ai_factory.stacks.upgrade import KubectlProbe, Upgrader, plan_upgrade
+
+    if args.dry_run:
+        print(plan_upgrade(args.env, args.to, Path.cwd()).text())
+        print("dry run: nothing was deployed")
+        return 0
+    cfg = load_stack_file(args.env)
+    contexts = {c.name: c.cluster.context for c in clusters(cfg)} or {args.env: _stack_context(stack_file(args.env))}
+    try:
+        report = Upgrader(FleetStacks(parallelism=args.parallelism), KubectlProbe(contexts)).run(args.env, args.to, on_output=print)
+    except BackendError as err:
+        print(f"upgrade: {err}", file=sys.stderr)
+        return EXIT_CONFIG
+    print(report.text())
+    return EXIT_FINDINGS if report.stopped else 0
+
+
+def _stack_context(path: Path) -> str | None:
+    """The `kubernetes:context` a one-cluster environment's stack deploys with."""
+    from ai_factory.factory.model import bounded_yaml
+
+    config = (bounded_yaml.read(path) or {}).get("config") or {}
+    context = config.get("kubernetes:context")
+    return context if isinstance(context, str) else None
+
+
 def _charts(args: argparse.Namespace) -> int:
     import sysconfig
 
@@ -285,12 +398,25 @@ def _charts(args: argparse.Namespace) -> int:
     return EXIT_FINDINGS if any(": failed:" in line for line in lines) else 0
 
 
+def refuse_outside_matrix(env: str, stack: Path) -> None:
+    """`check` refuses an environment whose pins are outside its matrix version (see
+    `ai_factory.factory.model.matrix`), with every such pin and its path."""
+    from ai_factory.factory.model.loading import load_stack_file
+    from ai_factory.factory.model.matrix import matrix_problems
+
+    problems = matrix_problems(load_stack_file(env))
+    if problems:
+        raise ConfigError(problems, source=str(stack))
+
+
 def _check(target: str, upstream: Path | None, charts_dir: Path | None, quiet: bool, fmt: str = "text") -> int:
-    from ai_factory.factory.checking.charts import check_environment
+    from dataclasses import replace
+
+    from ai_factory.factory.checking.charts import Report, check_environment
     from ai_factory.factory.checking.oracles import OracleError, locate_upstream_dir
     from ai_factory.factory.checking.report import config_problems, locate, render_report
     from ai_factory.factory.progress import Steps
-    from ai_factory.factory.rendering.bundle import load_rendered, render_env
+    from ai_factory.factory.rendering.bundle import Rendered, load_rendered, render_clusters
     from ai_factory.factory.rendering.charts import ChartCacheError, locate_chart_dir, locate_helm
 
     try:
@@ -305,24 +431,41 @@ def _check(target: str, upstream: Path | None, charts_dir: Path | None, quiet: b
     stack = None if path.is_dir() else stack_file(target)
     with Steps(quiet) as steps:
         try:
+            if stack is not None:
+                refuse_outside_matrix(target, stack)
             if path.is_dir():
                 steps.step("reading the rendered directory")
-                rendered = load_rendered(path)
+                renders = {"": load_rendered(path)}
             else:
-                rendered = render_env(target, on_resource=steps.step("rendering: resources"))
+                renders = render_clusters(target, on_resource=steps.step("rendering: resources"))
         except ConfigError as err:
             if fmt == "text":
                 raise
             print(render_report(fmt, config_problems(err.problems, stack), target, None), end="")
             print(err.render(), file=sys.stderr)
             return EXIT_CONFIG
-        report = check_environment(rendered, root, cache, locate_helm(), step=steps.step)
+        multi = stack is not None and list(renders) != [stack_name(stack)]
+        reports = {cluster: check_environment(rendered, root, cache, locate_helm(), step=steps.step) for cluster, rendered in renders.items()}
+    per_cluster = {c: [replace(f, ref=f"{c}: {f.ref}") if multi else f for f in r.findings] for c, r in reports.items()}
+    if multi:
+        from ai_factory.factory.checking.fleet import fleet_findings
+        from ai_factory.factory.model.loading import load_stack_file
+
+        per_cluster[""] = fleet_findings(load_stack_file(target), renders)
+    report = Report(
+        findings=[f for found in per_cluster.values() for f in found],
+        objects=sum(r.objects for r in reports.values()),
+        charts_rendered=sum(r.charts_rendered for r in reports.values()),
+        not_run=sorted({line for r in reports.values() for line in r.not_run}),
+    )
     if fmt == "text":
         for finding in report.findings:
             print(finding)
     else:
-        rendered_dir = path if stack is None else Path("build") / stack_name(stack)  # where `render` writes them
-        results = locate(report.findings, rendered, rendered_dir, stack)
+        results = []
+        for cluster, found in per_cluster.items():
+            rendered_dir = path if stack is None else Path("build") / stack_name(stack) / cluster if multi and cluster else Path("build") / stack_name(stack)
+            results += locate(found, renders.get(cluster) or Rendered(None, "", [], []), rendered_dir, stack)  # where `render` writes them
         print(render_report(fmt, results, target, report.objects, report.not_run), end="")
     for line in report.not_run:
         print(f"check: not run: {line}", file=sys.stderr)

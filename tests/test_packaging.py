@@ -42,7 +42,7 @@ def test_the_wheel_installs_everything_under_one_ai_factory_namespace(installed)
     (wheel,) = installed.parent.glob("ai_factory-*.whl")
     tops = {name.split("/", 1)[0] for name in zipfile.ZipFile(wheel).namelist()}
     assert {t for t in tops if not t.endswith(".dist-info")} == {"ai_factory"}
-    assert {"ai_factory/policies/PulumiPolicy.yaml", "ai_factory/factory/planning/mig.py"} <= set(zipfile.ZipFile(wheel).namelist())
+    assert {"ai_factory/policies/PulumiPolicy.yaml", "ai_factory/factory/planning/mig.py", "ai_factory/factory/model/matrix.yaml"} <= set(zipfile.ZipFile(wheel).namelist())
 
 
 def test_the_installed_cli_renders_and_plans_a_project_of_the_users_own(installed, tmp_path):

@@ -719,14 +719,22 @@ def _vcluster_quota(release: Manifest) -> Mapping[str, Any]:
     return (((release.obj.get("spec") or {}).get("values") or {}).get("policies") or {}).get("resourceQuota", {}).get("quota") or {}
 
 
+MULTIKUEUE_CONTROLLER = "kueue.x-k8s.io/multikueue"
+
+
 def gpu_quota_keys(view: View) -> set[str]:
     """The GPU resource names the platform advertises, as the rendered set shows them: every GPU
     line of a tenant quota (vCluster quotas included) and every GPU resource a Kueue ClusterQueue
     covers. Each tenant's quota must cap all of them, so one omission anywhere shows."""
     keys = {k for t in view.tenant_namespaces for q in _unscoped_quotas(view, t) for k in (q.obj["spec"].get("hard") or {}) if _gpu_quota_key(k)}
     keys |= {k for release, _ in _vcluster_releases(view) for k in _vcluster_quota(release) if _gpu_quota_key(k)}
+    dispatching = {m.name for m in view.of_kind("AdmissionCheck") if (m.obj.get("spec") or {}).get("controllerName") == MULTIKUEUE_CONTROLLER}
     for queue in view.of_kind("ClusterQueue"):
-        for group in (queue.obj.get("spec") or {}).get("resourceGroups") or []:
+        spec = queue.obj.get("spec") or {}
+        checks = {c.get("name") for c in (spec.get("admissionChecksStrategy") or {}).get("admissionChecks") or []}
+        if checks and checks <= dispatching:
+            continue  # MultiKueue runs its workloads on the worker clusters, whose quotas cap them
+        for group in spec.get("resourceGroups") or []:
             keys |= {f"requests.{r}" for r in group.get("coveredResources") or [] if _gpu_quota_key(f"requests.{r}")}
     keys |= {f"requests.{r}" for r in registered_gpu_resources(view)}
     keys |= {f"{m.name}{DRA_QUOTA_SUFFIX}" for m in view.of_kind("DeviceClass")}

@@ -15,7 +15,7 @@ from __future__ import annotations
 import ipaddress
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, StringConstraints, model_validator
 
 from ai_factory.factory.model.catalog import CHARTS, ChartSource
 from ai_factory.factory.model.secrets import SecretValue
@@ -39,6 +39,9 @@ MAX_FLEET_NODES = 5000
 MAX_GPUS_PER_NODE = 16
 MAX_SITES = 64
 MAX_POOLS = 128
+MAX_CLUSTERS = 64
+"""Clusters of one environment (each renders, plans and deploys as a stack of its own); its nodes
+together stay within MAX_FLEET_NODES."""
 MAX_TENANTS = 1000
 MAX_ITEMS = 256
 """Entries of any other list or mapping: a tenant's demands and owners, flows, labels, ports, NUMA
@@ -69,9 +72,27 @@ class KubernetesSpec(Model):
     api_server: Annotated[str, StringConstraints(pattern=r"^https://[^\s/]+(/[^\s]*)?$", max_length=MAX_TEXT)] | None = None
     """The host cluster's API server as tenants and their tools reach it, e.g.
     `https://api.par1.example.com:6443`; published to tenant stacks in the platform contract."""
+    cluster: DnsLabel | None = None
+    """The cluster of the fleet this stack deploys (`fleet.sites[].clusters`): set on each
+    per-cluster stack, which then sees the cluster's pools and tenants only."""
 
 
 # --------------------------------------------------------------------------- fleet
+
+
+class Cluster(Model):
+    """One Kubernetes cluster of a site: a platform stack of its own (`<env>-<cluster>`), with its
+    own Kubernetes provider (`context`)."""
+
+    name: DnsLabel
+    """Unique across the environment's sites."""
+    role: Literal["manager", "worker"] = "worker"
+    """The manager runs the identity layer and MultiKueue, which dispatches the jobs of tenants
+    on several clusters to the workers where they have quota. One manager per environment."""
+    api_server: Annotated[str, StringConstraints(pattern=r"^https://[^\s/]+(/[^\s]*)?$", max_length=MAX_TEXT)] | None = None
+    """The cluster's API server as tenants reach it (default: `kubernetes.api_server`)."""
+    context: Annotated[str, StringConstraints(min_length=1, max_length=253)] | None = None
+    """The kubeconfig context the cluster's stack deploys with (its `kubernetes:context`)."""
 
 
 class Site(Model):
@@ -79,6 +100,8 @@ class Site(Model):
     """A data centre. Pools name the site they live in."""
     region: Text = ""
     """Free-form location, carried onto node labels for placement and reporting."""
+    clusters: list[Cluster] = Field(default=[], max_length=MAX_CLUSTERS)
+    """The site's Kubernetes clusters; none: the environment is one cluster (no per-cluster stacks)."""
 
 
 class NumaDomain(Model):
@@ -163,6 +186,8 @@ class PoolNetwork(Model):
 class Pool(Model):
     name: DnsLabel
     site: DnsLabel
+    cluster: DnsLabel | None = None
+    """The cluster of `site` the pool's nodes join; required when the site has several clusters."""
     gpu: GpuSpec
     nodes: int | None = Field(default=None, ge=1, le=MAX_FLEET_NODES)
     """Node count; nodes are then named `<pool>-<nnn>` (the provisioning layer names them so)."""
@@ -874,6 +899,14 @@ class Tenant(Model):
     """The organisation the tenant's trust domain belongs to: its Kueue cohort and KAI queue nest
     under the organisation's, which shares fairly between its domains. All tenants of a trust
     domain name the same organisation (or none)."""
+    clusters: list[DnsLabel] | None = Field(default=None, max_length=MAX_ITEMS)
+    """The clusters the tenant is placed on (each gets its namespace, queue and quota there);
+    default: the clusters of the pools it demands GPUs on, or the manager cluster."""
+    ring: DnsLabel | None = None
+    """Its upgrade ring (`upgrades.rings`); default: the last ring."""
+
+    def upgrade_ring(self, rings: list[str]) -> str:
+        return self.ring or rings[-1]
     managed_by: Literal["platform", "tenant-stack"] = "platform"
     """Which stack builds the tenant's environment: the platform stack, or the tenant's own stack
     (`stacks/tenants.py`, the tenant API), so that its changes and deletion never touch the
@@ -886,6 +919,57 @@ class Tenant(Model):
     @property
     def control_plane(self) -> Literal["namespace", "vcluster"]:
         return self.isolation or ("namespace" if self.trust == "high" else "vcluster")
+
+
+# --------------------------------------------------------------------------- matrix
+
+
+class MatrixException(Model):
+    """A reviewed pin outside the matrix version (`factory/model/matrix.yaml`): one config path
+    and the exact value allowed there, so a later change of that pin is refused again."""
+
+    pin: Annotated[str, StringConstraints(pattern=r"^[a-z_]+(\[[0-9]+\]|\.[a-z_]+)*$", max_length=MAX_TEXT)]
+    """The path `ai-factory check` names, e.g. `layers.kueue.chart.version` or `fleet.pools[0].sharing`."""
+    value: Text
+    reason: Annotated[str, StringConstraints(min_length=10, max_length=MAX_TEXT)]
+    approved_by: Annotated[str, StringConstraints(min_length=1, max_length=MAX_TEXT)]
+
+
+class MatrixSettings(Model):
+    """Which version of the version-locked matrix the environment runs (`ai-factory matrix`)."""
+
+    version: Annotated[str, StringConstraints(pattern=r"^[0-9]{4}\.[0-9]{2}(\.[0-9]+)?$", max_length=16)] | None = None
+    """A matrix version, e.g. `2026.12`; None: the newest. `ai-factory upgrade --to` moves it."""
+    exceptions: list[MatrixException] = Field(default=[], max_length=MAX_ITEMS)
+
+
+# --------------------------------------------------------------------------- upgrades
+
+GATES = ("nodes-ready", "gpu-allocatable", "no-new-faults", "workloads-admitted")
+"""The health gates an upgrade can hold each ring to (`ai_factory.stacks.upgrade`)."""
+Gate = Literal["nodes-ready", "gpu-allocatable", "no-new-faults", "workloads-admitted"]
+
+
+class UpgradeProgress(Model):
+    """An upgrade under way, as `ai-factory upgrade` records it in the stack's config: the
+    tenants of the rings in `done` run the `to` version of the ringed charts, the others `from`."""
+
+    from_version: Annotated[str, StringConstraints(pattern=r"^[0-9]{4}\.[0-9]{2}(\.[0-9]+)?$", max_length=16)]
+    to: Annotated[str, StringConstraints(pattern=r"^[0-9]{4}\.[0-9]{2}(\.[0-9]+)?$", max_length=16)]
+    done: list[DnsLabel] = Field(default=[], max_length=MAX_ITEMS)
+
+
+class Upgrades(Model):
+    """Upgrade waves: tenants (their vClusters, per-tenant releases and queues) move ring by ring,
+    each ring held to the health gates before the next starts."""
+
+    rings: list[DnsLabel] = Field(default=["canary", "early", "broad"], min_length=1, max_length=16)
+    """In upgrade order. A low-trust tenant is never in the first ring."""
+    gates: list[Gate] = Field(default=list(GATES), max_length=len(GATES))
+    """The named health gates every ring must pass (`nodes-ready`: every node Ready;
+    `gpu-allocatable`: each GPU node advertises again what it did before; `no-new-faults`: no GPU
+    fault condition appeared; `workloads-admitted`: the ring's tenants' workloads are admitted)."""
+    in_progress: UpgradeProgress | None = None
 
 
 # --------------------------------------------------------------------------- environment
@@ -911,6 +995,15 @@ class FactoryConfig(Model):
     """Required as soon as a tenant has its own control plane (vCluster)."""
     tenants: list[Tenant] = Field(default=[], max_length=MAX_TENANTS)
     self_service: SelfService = SelfService()
+    matrix: MatrixSettings = MatrixSettings()
+    upgrades: Upgrades = Upgrades()
+    _environment: FactoryConfig | None = PrivateAttr(default=None)
+
+    @property
+    def environment(self) -> FactoryConfig | None:
+        """The whole environment, when this config is one cluster's view of it
+        (`ai_factory.factory.model.clusters.cluster_view`)."""
+        return self._environment
 
     def pool(self, name: str) -> Pool:
         return next(p for p in self.fleet.pools if p.name == name)

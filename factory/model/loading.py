@@ -34,7 +34,9 @@ from ai_factory.factory.model.config import (
     Tenant,
     TimeSlicing,
 )
+from ai_factory.factory.model.clusters import cluster_problems, cluster_view, ring_problems
 from ai_factory.factory.model.gpus import GPU_MODELS
+from ai_factory.factory.model.matrix import with_matrix_pins
 from ai_factory.factory.model.onboarding import RegistryError, registered_tenants, registry_dir
 from ai_factory.factory.planning.placement import UNASSIGNED, offering_name
 from ai_factory.factory.model import bounded_yaml
@@ -152,6 +154,15 @@ def with_registered_tenants(raw: dict[str, Any], env: str, directory: Path) -> d
     if not registered:
         return raw
     return {**raw, "tenants": [*as_list(raw.get("tenants")), *registered]}
+
+
+def environment_raw(raw: dict[str, Any], stack: str, directory: Path) -> dict[str, Any]:
+    """The stack file's sections as the program deploys them: with the tenants that onboarded
+    themselves and the upgrade under way (`ai_factory.factory.model.upgrades`)."""
+    from ai_factory.factory.model.upgrades import environment_of, with_upgrade_state
+
+    env = environment_of(stack, raw)  # a cluster's stack reads its environment's tenants and upgrade
+    return with_upgrade_state(with_registered_tenants(raw, env, directory), env, directory)
 
 
 def stack_file_lines(path: Path) -> dict[str, int]:
@@ -277,7 +288,7 @@ def _check_secure_values(document: dict[str, Any], secure: dict[str, Any], decry
 def load_stack_file(env: str, directory: Path | None = None) -> FactoryConfig:
     path = stack_file(env, directory)
     raw, _ = read_stack_file(path)
-    return validate(with_registered_tenants(raw, stack_name(path), path.resolve().parent), source=str(path))
+    return validate(environment_raw(raw, stack_name(path), path.resolve().parent), source=str(path))
 
 
 def load_pulumi_config() -> FactoryConfig:
@@ -287,7 +298,7 @@ def load_pulumi_config() -> FactoryConfig:
 
     config = pulumi.Config()  # the project's own namespace
     raw = {section: value for section in SECTIONS if (value := config.get_object(section)) is not None}
-    raw = with_registered_tenants(raw, pulumi.get_stack(), project_dir())
+    raw = environment_raw(raw, pulumi.get_stack(), project_dir())
     decrypted = {section for section in raw if is_config_secret(f"{pulumi.get_project()}:{section}")}
     source = f"stack {pulumi.get_stack()}"
     key_problems = [p for key in sorted(CONFIG.get()) if (p := config_key_problem(key, pulumi.get_project()))]
@@ -322,7 +333,8 @@ def validate(raw: dict[str, Any], decrypted_secret_sections: set[str] = frozense
     problems += cross_check(raw)
     if problems:
         raise ConfigError(problems, source=source)
-    return FactoryConfig.model_validate(validated)
+    cfg = with_matrix_pins(FactoryConfig.model_validate(validated))
+    return cluster_view(cfg, cfg.kubernetes.cluster) if cfg.kubernetes.cluster else cfg
 
 
 def validate_tenant(raw: Any, source: str = "tenant") -> Tenant:
@@ -392,6 +404,8 @@ def cross_check(raw: dict[str, Any]) -> list[str]:
         if isinstance(pool, str) and pool not in pools_by_name:
             problems.append(f"self_service.pools[{i}]: unknown pool {pool!r}{did_you_mean(pool, pools_by_name)}")
     problems += _check_owners(tenants)
+    problems += cluster_problems(raw)
+    problems += ring_problems(raw)
     problems += _check_layers(raw)
     problems += _check_offering_names(pools_by_name, tenants)
 

@@ -43,7 +43,7 @@ from ai_factory.factory.rendering.harness import DuplicateResourceError, Graph, 
 from ai_factory.factory.model.tenancy import TENANT_LABEL
 from ai_factory.factory.planning.from_config import plan_for
 from ai_factory.factory.planning.model import Plan
-from ai_factory.factory.model.loading import read_stack_file, stack_file, stack_name, stack_project, validate, with_registered_tenants
+from ai_factory.factory.model.loading import environment_raw, read_stack_file, stack_file, stack_name, stack_project, validate
 
 FLUX_INTERVAL = "1h"
 FLUX_RETRY_INTERVAL = "2m"
@@ -234,9 +234,50 @@ def render_env(env: str, on_resource: Callable[[], None] | None = None) -> Rende
     path = stack_file(env)
     raw, secret_sections = read_stack_file(path)
     # The program adds the registered tenants itself, as under `pulumi up`; validated with them here.
-    cfg = validate(with_registered_tenants(raw, stack_name(path), path.resolve().parent), source=str(path))
+    cfg = validate(environment_raw(raw, stack_name(path), path.resolve().parent), source=str(path))
+    refuse_whole_fleet(cfg, str(path))
     plan_for(cfg)  # demands that do not fit are reported here, before anything is registered
     return render_raw(raw, secret_sections, cfg, stack=stack_name(path), project=stack_project(path), on_resource=on_resource)
+
+
+def refuse_whole_fleet(cfg: FactoryConfig, source: str) -> None:
+    """An environment of several clusters is deployed (and rendered) one cluster at a time."""
+    from ai_factory.factory.model.clusters import clusters
+    from ai_factory.factory.model.loading import ConfigError
+
+    found = [c.name for c in clusters(cfg)]
+    if found and cfg.kubernetes.cluster is None:
+        raise ConfigError(
+            [f"kubernetes.cluster: the environment has clusters {', '.join(found)}; each is deployed by its own stack (<env>-<cluster>) that sets it"],
+            source=source,
+        )
+
+
+def cluster_stack(env: str, cluster: str) -> str:
+    """The platform stack of one cluster of a multi-cluster environment."""
+    return f"{env}-{cluster}"
+
+
+def render_clusters(env: str, on_resource: Callable[[], None] | None = None) -> dict[str, Rendered]:
+    """Every cluster of the environment rendered as its own stack renders it (`kubernetes.cluster`
+    set, the stack `<env>-<cluster>`), by cluster name in the sites' order. An environment that
+    declares no cluster is one render, keyed by its name."""
+    from ai_factory.factory.model.clusters import clusters
+
+    path = stack_file(env)
+    raw, secret_sections = read_stack_file(path)
+    cfg = validate(environment_raw(raw, stack_name(path), path.resolve().parent), source=str(path))
+    if not clusters(cfg):
+        return {stack_name(path): render_env(env, on_resource)}
+    renders = {}
+    for placed in clusters(cfg):
+        cluster_raw = {**raw, "kubernetes": {**(raw.get("kubernetes") or {}), "cluster": placed.name}}
+        view = validate(environment_raw(cluster_raw, cluster_stack(stack_name(path), placed.name), path.resolve().parent), source=str(path))
+        plan_for(view)
+        renders[placed.name] = render_raw(
+            cluster_raw, secret_sections, view, stack=cluster_stack(stack_name(path), placed.name), project=stack_project(path), on_resource=on_resource
+        )
+    return renders
 
 
 PARALLEL_MIN_TENANTS = 40

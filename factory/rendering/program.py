@@ -8,6 +8,7 @@ import pulumi
 from ai_factory.factory.model.loading import ConfigError, load_pulumi_config
 from ai_factory.factory.planning.from_config import plan_for, previous_plan
 from ai_factory.factory.planning.model import Plan
+from ai_factory.factory.rendering.bundle import refuse_whole_fleet
 from ai_factory.factory.rendering.platform import ROOT, Platform, own_tenant_stack
 from ai_factory.stacks.contract import CONTRACT_OUTPUT, CONTRACT_SECRETS_OUTPUT, platform_contract, platform_secrets
 
@@ -21,6 +22,7 @@ def main(plan: Plan | None = None, *, with_tenant_stacks: bool = False, only_ten
     itself is built whole, from every tenant's configuration)."""
     try:
         cfg = load_pulumi_config()
+        refuse_whole_fleet(cfg, f"stack {pulumi.get_stack()}")
         plan = plan if plan is not None else plan_for(cfg, previous_plan(pulumi.get_stack()))
     except ConfigError as err:
         # A user mistake: a message, not a traceback, and nothing registered.
