@@ -541,12 +541,16 @@ def models_fit(raw: dict[str, Any]) -> list[str]:
     cache, tensor parallelism beyond an NVLink domain, replicas at `max` beyond the grant. Runs on
     the tenants and pools that are themselves valid (the others' field errors speak for them)."""
     pools: dict[str, Pool] = {}
+    declared = set()
     for pool in map(as_dict, as_list(as_dict(raw.get("fleet")).get("pools"))):
+        declared.add(pool.get("name"))
         try:
             valid = Pool.model_validate(pool)
         except ValidationError:
             continue
-        pools.setdefault(valid.name, valid)
+        gpu = GPU_MODELS.get(valid.gpu.model)
+        if gpu is not None and (valid.sharing != "mig" or gpu.mig_capable):  # else the pool's own error speaks
+            pools.setdefault(valid.name, valid)
     problems: list[str] = []
     served: dict[str, str] = {}
     for i, entry in enumerate(as_list(raw.get("tenants"))):
@@ -566,6 +570,8 @@ def models_fit(raw: dict[str, Any]) -> list[str]:
                 problems.append(f"{at}.name: duplicate model name {model.name!r}")
                 continue
             seen.add(model.name)
+            if model.gpus.pool in declared and model.gpus.pool not in pools:
+                continue  # a pool with errors of its own
             name = model.served_name or f"{tenant.name}/{model.name}"
             other = served.setdefault(name, tenant.name)
             if other != tenant.name:

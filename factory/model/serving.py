@@ -197,6 +197,8 @@ def model_problems(path: str, tenant: Tenant, model: ServedModel, pools: dict[st
     if sharing == "mig":
         if gpus.mig is None:
             return problems + [f"{path}.gpus.mig: required on mig pool {pool.name!r} (one of the profiles granted: {', '.join(p for p, _ in sorted(grant.mig.items()))})"]
+        if gpus.mig not in {p.name for p in GPU_MODELS[pool.gpu.model].mig_profiles}:
+            return problems + [f"{path}.gpus.mig: not a MIG profile of {pool.gpu.model}{did_you_mean(gpus.mig, [p.name for p in GPU_MODELS[pool.gpu.model].mig_profiles])}"]
         if gpus.mig not in grant.mig:
             return problems + [f"{path}.gpus.mig: tenant {tenant.name!r} is granted no {gpus.mig} instance on pool {pool.name!r}{did_you_mean(gpus.mig, grant.mig)}"]
     elif sharing == "hami":
