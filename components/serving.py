@@ -45,8 +45,8 @@ vLLM pitfalls handled:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 from typing import Any
 
 import pulumi
@@ -59,11 +59,10 @@ from ai_factory.components.kyverno import QUEUE_LABEL
 from ai_factory.components.metrics import PROMETHEUS_SERVICE, TENANT_METRICS_PORT
 from ai_factory.components.registry import Layer
 from ai_factory.factory.model.catalog import ChartSource
-from ai_factory.factory.model.config import FactoryConfig, Pool, ServedModel, Tenant
+from ai_factory.factory.model.config import FactoryConfig, KyvernoLayer, Pool, ServedModel, ServingLayer, Tenant
 from ai_factory.factory.model.gpus import GPU_MODELS
 from ai_factory.factory.model.raw import as_dict, as_list
 from ai_factory.factory.model.serving import (
-    MODEL_LABEL,
     ModelEndpoint,
     ReplicaShape,
     cache_gib,
@@ -95,6 +94,14 @@ SCALING_QUERIES = {
     "kv-cache": "sum(vllm:kv_cache_usage_perc{{namespace=\"{ns}\",model_name=\"{served}\"}}) * 100",
 }
 """Per model, the signal summed over its pods; KServe/KEDA compare it per replica (`AverageValue`)."""
+LLM_D_IMAGE = "ghcr.io/llm-d/llm-d-cuda:v0.8.0"
+"""The model server of llm-d's v0.20.0 presets (vLLM with NIXL for prefill/decode KV transfer),
+stated on the container so admission sees it; the scheduler, sidecar and tokenizer images come
+from the same registry."""
+STORAGE_INITIALIZER = "docker.io/kserve/storage-initializer:v0.20.0"
+"""KServe's downloader, run in a model's pod for s3:// and LLMInferenceService sources."""
+
+
 HOST_RESOURCES = {"cpu": "4", "memory": "16Gi"}
 """CPU and memory of a vLLM pod besides its GPUs: the API server, the tokenizer and the weights'
 loading buffers (weights are memory-mapped, not held in RAM)."""
@@ -121,6 +128,7 @@ class ServingArgs:
     llmisvc_crd_chart: ChartSource | None
     """With `llmisvc_chart` and `lws_chart`: None unless a model needs an LLMInferenceService."""
     llmisvc_chart: ChartSource | None
+    llmisvc_configs_chart: ChartSource | None
     lws_chart: ChartSource | None
     lws_namespace: str
 
@@ -134,6 +142,7 @@ class ServingArgs:
             chart=layer.chart.source("kserve-resources"),
             llmisvc_crd_chart=layer.llmisvc_crd_chart.source("kserve-llmisvc-crd") if large else None,
             llmisvc_chart=layer.llmisvc_chart.source("kserve-llmisvc-resources") if large else None,
+            llmisvc_configs_chart=layer.llmisvc_configs_chart.source("kserve-runtime-configs") if large else None,
             lws_chart=layer.lws_chart.source("lws") if large else None,
             lws_namespace=layer.lws_namespace,
         )
@@ -161,6 +170,10 @@ def llmisvc_values() -> dict[str, Any]:
     return {"kserve": {"createSharedResources": False, "controller": controller_values(), "llmisvc": {"createGIECRDs": True}}}
 
 
+LLMISVC_CONFIGS_VALUES = {"kserve": {"llmisvcConfigs": {"enabled": True}, "servingruntime": {"enabled": False}}}
+"""The llm-d presets on, KServe's cluster-wide model-server runtimes off (tenants use their own `vllm`)."""
+
+
 class Serving(FactoryComponent):
     namespace: pulumi.Output[str]
 
@@ -169,7 +182,7 @@ class Serving(FactoryComponent):
         ns = namespace(self, args.namespace, pod_security="restricted")
         crds = helm_release(self, "kserve-crd", args.crd_chart, namespace=ns.metadata.name, values={}, depends_on=[ns])
         helm_release(self, "kserve", args.chart, namespace=ns.metadata.name, values=kserve_values(), depends_on=[crds])
-        if args.llmisvc_chart and args.llmisvc_crd_chart and args.lws_chart:
+        if args.llmisvc_chart and args.llmisvc_crd_chart and args.llmisvc_configs_chart and args.lws_chart:
             lws_ns = k8s.core.v1.Namespace(
                 self.child_name("lws-namespace"),
                 metadata=k8s.meta.v1.ObjectMetaArgs(name=args.lws_namespace, labels={**labels(self.layer), **{f"pod-security.kubernetes.io/{m}": "restricted" for m in ("enforce", "audit", "warn")}}),
@@ -178,6 +191,7 @@ class Serving(FactoryComponent):
             helm_release(self, "lws", args.lws_chart, namespace=lws_ns.metadata.name, values={}, depends_on=[lws_ns])
             llm_crds = helm_release(self, "kserve-llmisvc-crd", args.llmisvc_crd_chart, namespace=ns.metadata.name, values={}, depends_on=[crds])
             helm_release(self, "kserve-llmisvc", args.llmisvc_chart, namespace=ns.metadata.name, values=llmisvc_values(), depends_on=[llm_crds])
+            helm_release(self, "kserve-llmisvc-configs", args.llmisvc_configs_chart, namespace=ns.metadata.name, values=LLMISVC_CONFIGS_VALUES, depends_on=[llm_crds])
         self.namespace = ns.metadata.name
         self.register_outputs({"namespace": self.namespace})
 
@@ -255,7 +269,7 @@ def vllm_env(plan: ModelPlan) -> list[dict[str, Any]]:
     if plan.shape.sharing == "mig":
         env.append({"name": "CUDA_VISIBLE_DEVICES", "value": "0"})
     for variable, prop in sorted(credential_properties(plan.model).items()):
-        env.append({"name": variable, "valueFrom": {"secretKeyRef": {"name": source_secret(plan.model), "key": prop}}})
+        env.append({"name": variable, "valueFrom": {"secretKeyRef": {"name": source_secret(plan.model), "key": variable}}})
     return env
 
 
@@ -268,6 +282,11 @@ def credential_properties(model: ServedModel) -> dict[str, str]:
     if model.source.startswith("s3://"):
         return {"AWS_ACCESS_KEY_ID": "access_key_id", "AWS_SECRET_ACCESS_KEY": "secret_access_key"}
     return {"HF_TOKEN": "token"}
+
+
+def downloads_with_kserve(model: ServedModel) -> bool:
+    """An s3:// source with credentials: KServe's storage initializer downloads it, not vLLM."""
+    return model.credentials is not None and model.source.startswith("s3://")
 
 
 def source_secret(model: ServedModel) -> str:
@@ -300,10 +319,12 @@ def pod_placement(plan: ModelPlan) -> dict[str, Any]:
     }
 
 
-def container(plan: ModelPlan, image: str | None = None, with_args: bool = True) -> dict[str, Any]:
+def container(plan: ModelPlan) -> dict[str, Any]:
+    """The predictor's model container, merged by KServe into the `vllm` runtime's."""
     gpus = gpu_resources(plan)
     spec: dict[str, Any] = {
-        "name": "main" if image else CONTAINER,
+        "name": CONTAINER,
+        "args": vllm_args(plan),
         "env": vllm_env(plan),
         "resources": {"requests": {**HOST_RESOURCES, **gpus}, "limits": {"memory": HOST_RESOURCES["memory"], **gpus}},
         "securityContext": RESTRICTED_CONTAINER,
@@ -315,12 +336,6 @@ def container(plan: ModelPlan, image: str | None = None, with_args: bool = True)
     }
     if plan.shape.sharing == "dra":
         spec["resources"]["claims"] = [{"name": "gpus"}]
-    if image:
-        spec["image"] = image
-        spec["command"] = ["vllm", "serve"]
-        spec["ports"] = [{"name": TENANT_METRICS_PORT, "containerPort": PORT, "protocol": "TCP"}]
-    if with_args:
-        spec["args"] = vllm_args(plan)
     return spec
 
 
@@ -354,6 +369,8 @@ def inference_service(plan: ModelPlan, names: TenantNames, storage_class: str | 
     }
     if dra_claims(plan):
         predictor["resourceClaims"] = dra_claims(plan)
+    if downloads_with_kserve(model):
+        predictor["serviceAccountName"] = source_secret(model)
     annotations: dict[str, str] = {}
     metric = scaling_metric(plan)
     if metric:
@@ -373,13 +390,38 @@ def inference_service(plan: ModelPlan, names: TenantNames, storage_class: str | 
     return {"metadata_annotations": annotations, "spec": {"predictor": predictor}}
 
 
-def llm_inference_service(plan: ModelPlan, names: TenantNames, storage_class: str | None, image: str) -> dict[str, Any]:
+def llm_container(plan: ModelPlan) -> dict[str, Any]:
+    """The `main` container of an LLMInferenceService, merged into llm-d's preset
+    (`kserve-config-llm-template`): the preset runs `vllm serve /mnt/models` on port 8000 with TLS,
+    the served name and tensor parallelism from the spec, on llm-d's image (with the NIXL KV
+    transfer that prefill/decode needs); this adds the GPU resource, the rest of vLLM's flags
+    (`VLLM_ADDITIONAL_ARGS`, which the preset appends), credentials and a restricted context."""
     model = plan.model
-    pod = {
-        "containers": [container(plan, image)],
-        "volumes": volumes(plan, storage_class),
-        **pod_placement(plan),
+    extra = [
+        f"--max-model-len={model.max_model_len}",
+        f"--pipeline-parallel-size={model.pipeline_parallel}",
+        f"--gpu-memory-utilization={model.gpu_memory_utilization:g}",
+        *(a for a in vllm_args(plan) if a.startswith("--kv-cache-memory-bytes")),
+    ]
+    env = [e for e in vllm_env(plan) if e["name"] not in ("HOME", "HF_HOME")]
+    gpus = gpu_resources(plan)
+    spec: dict[str, Any] = {
+        "name": "main",
+        "image": LLM_D_IMAGE,
+        "env": [{"name": "VLLM_ADDITIONAL_ARGS", "value": " ".join(extra)}, *env],
+        "resources": {"requests": {**HOST_RESOURCES, **gpus}, "limits": {"memory": HOST_RESOURCES["memory"], **gpus}},
+        "securityContext": RESTRICTED_CONTAINER,
     }
+    if plan.shape.sharing == "dra":
+        spec["resources"]["claims"] = [{"name": "gpus"}]
+    return spec
+
+
+def llm_inference_service(plan: ModelPlan, names: TenantNames) -> dict[str, Any]:
+    """The preset's volumes (home, /tmp, shared memory, the download cache) are emptyDirs of the
+    pod: no cache outlives it or is shared with another tenant's pods."""
+    model = plan.model
+    pod: dict[str, Any] = {"containers": [llm_container(plan)], **pod_placement(plan)}
     if dra_claims(plan):
         pod["resourceClaims"] = dra_claims(plan)
     workload: dict[str, Any] = {
@@ -491,17 +533,29 @@ class ServingTenantHook:
                         "refreshInterval": "1h",
                         "secretStoreRef": {"kind": "SecretStore", "name": STORE_NAME},
                         "target": {"name": source_secret(model), "creationPolicy": "Owner"},
+                        # Keys named as the variables they become, which is also what KServe's
+                        # storage initializer reads S3 credentials as (`kserve.storage.s3.*Name`).
                         "data": [
-                            {"secretKey": prop, "remoteRef": {"key": key, "property": prop}}
-                            for prop in sorted(set(credential_properties(model).values()))
+                            {"secretKey": variable, "remoteRef": {"key": key, "property": prop}}
+                            for variable, prop in sorted(credential_properties(model).items())
                         ],
                     },
+                )
+            if plan.endpoint.kind == "InferenceService" and downloads_with_kserve(model):
+                # KServe's storage initializer finds a source's credentials through the secrets of
+                # the predictor's service account.
+                k8s.core.v1.ServiceAccount(
+                    stack.child_name(f"model-{model.name}-source-account"),
+                    metadata=k8s.meta.v1.ObjectMetaArgs(name=source_secret(model), namespace=names.namespace, labels=own),
+                    secrets=[k8s.core.v1.ObjectReferenceArgs(name=source_secret(model))],
+                    automount_service_account_token=False,
+                    opts=stack.child(),
                 )
             if plan.endpoint.kind == "InferenceService":
                 isvc = inference_service(plan, names, self.storage_class)
                 custom(f"model-{model.name}", f"{KSERVE}/v1beta1", "InferenceService", model.name, isvc["spec"], isvc["metadata_annotations"])
             else:
-                custom(f"model-{model.name}", f"{KSERVE}/v1alpha2", "LLMInferenceService", model.name, llm_inference_service(plan, names, self.storage_class, self.image))
+                custom(f"model-{model.name}", f"{KSERVE}/v1alpha2", "LLMInferenceService", model.name, llm_inference_service(plan, names))
             if model.source.startswith("hf://"):
                 custom(f"model-{model.name}-hub", "cilium.io/v2", "CiliumNetworkPolicy", f"{model.name}-model-hub", hub_egress_policy(plan))
 
@@ -533,6 +587,38 @@ def model_plans(cfg: FactoryConfig, plan: Plan) -> dict[str, tuple[ModelPlan, ..
 
 
 # --------------------------------------------------------------------------- config rules
+
+
+def images_allowed(raw: dict[str, Any]) -> list[str]:
+    """The images a tenant's model pods run must pass the tenant admission policy's registries
+    (`layers.kyverno.allowed_registries`), or every model pod would be refused at admission."""
+    layers = as_dict(raw.get("layers"))
+    kyverno = as_dict(layers.get("kyverno"))
+    if kyverno.get("enabled") is False:
+        return []
+    allowed = kyverno.get("allowed_registries", KyvernoLayer().allowed_registries)
+    if not isinstance(allowed, list) or not all(isinstance(p, str) for p in allowed):
+        return []  # a field error
+    models = [as_dict(m) for t in as_list(raw.get("tenants")) for m in as_list(as_dict(t).get("models"))]
+    if not models:
+        return []
+    image = as_dict(layers.get("serving")).get("vllm_image", ServingLayer().vllm_image)
+    needed = {image: "the vLLM image (`layers.serving.vllm_image`)"} if isinstance(image, str) else {}
+    per_node = {p.get("name"): as_dict(p.get("gpu")).get("per_node") for p in map(as_dict, as_list(as_dict(raw.get("fleet")).get("pools")))}
+
+    def large(m: dict) -> bool:
+        count, node = as_dict(m.get("gpus")).get("count"), per_node.get(as_dict(m.get("gpus")).get("pool"))
+        return bool(m.get("disaggregation")) or (isinstance(count, int) and isinstance(node, int) and count > node)
+
+    if any(large(m) or str(m.get("source", "")).startswith("s3://") for m in models):
+        needed[STORAGE_INITIALIZER] = "KServe's storage initializer"
+    if any(large(m) for m in models):
+        needed[LLM_D_IMAGE] = "llm-d's scheduler and model-server presets"
+    return [
+        f"layers.kyverno.allowed_registries: {what} ({ref}) runs in tenants' namespaces but matches none of the allowed patterns"
+        for ref, what in needed.items()
+        if not any(fnmatchcase(ref, pattern) for pattern in allowed)
+    ]
 
 
 def models_fit(raw: dict[str, Any]) -> list[str]:
@@ -600,7 +686,7 @@ LAYER = Layer(
     args=lambda cfg, plan: ServingArgs.from_config(cfg),
     requires=("fleet", "kueue"),
     tenant_hook=ServingTenantHook.from_config,
-    config_checks=(models_fit,),
+    config_checks=(models_fit, images_allowed),
     # cert-manager issues KServe's webhook certificates (the charts render its Issuer and
     # Certificates, with no way around it); KEDA actuates the autoscaling.
     external_crds=("cert-manager.io", "keda.sh"),

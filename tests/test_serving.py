@@ -97,8 +97,8 @@ def test_source_credentials_come_from_the_tenants_own_openbao_prefix(dev):
     secret = one(dev, "ExternalSecret", "llama-8b-source")
     assert secret["metadata"]["namespace"] == "tenant-search"
     assert secret["spec"]["secretStoreRef"] == {"kind": "SecretStore", "name": "openbao"}
-    assert [d["remoteRef"] for d in secret["spec"]["data"]] == [{"key": "tenants/search/hf-token", "property": "token"}]
-    assert env_of(container_of(one(dev, "InferenceService", "llama-8b")))["HF_TOKEN"] == {"secretKeyRef": {"name": "llama-8b-source", "key": "token"}}
+    assert secret["spec"]["data"] == [{"secretKey": "HF_TOKEN", "remoteRef": {"key": "tenants/search/hf-token", "property": "token"}}]
+    assert env_of(container_of(one(dev, "InferenceService", "llama-8b")))["HF_TOKEN"] == {"secretKeyRef": {"name": "llama-8b-source", "key": "HF_TOKEN"}}
     assert not [m for m in objects(dev, "ExternalSecret") if m["metadata"]["name"] == "qwen-1-5b-source"]
 
 
@@ -121,10 +121,12 @@ def test_a_large_model_is_disaggregated_behind_an_endpoint_picker(dev):
     assert spec["prefill"]["replicas"] == 1
     assert spec["router"] == {"scheduler": {}}
     assert spec["parallelism"] == {"tensor": 4, "pipeline": 1} == spec["prefill"]["parallelism"]
-    assert spec["scaling"]["minReplicas"] == 1 and spec["scaling"]["maxReplicas"] == 2
+    assert spec["scaling"] == {"minReplicas": 1, "maxReplicas": 2, "wva": {"keda": {}}}
     assert "worker" not in spec  # one node per replica
     (main,) = spec["template"]["containers"]
+    assert main["name"] == "main" and main["image"].startswith("ghcr.io/llm-d/") and "command" not in main  # llm-d's preset runs vLLM
     assert main["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    assert env_of(main)["VLLM_ADDITIONAL_ARGS"] == "--max-model-len=32768 --pipeline-parallel-size=1 --gpu-memory-utilization=0.9"
 
 
 def test_the_gateway_reaches_each_model_at_the_service_kserve_creates():
@@ -167,7 +169,7 @@ def test_a_replica_over_two_nodes_is_a_leader_worker_group_of_dra_claims(raw):
     assert spec["model"]["uri"] == "s3://models-par1/llama-405b-fp8"
     assert one(rendered, "HelmRelease", "lws")["metadata"]["namespace"] == "lws-system"
     secret = one(rendered, "ExternalSecret", "llama-405b-source")
-    assert {d["secretKey"] for d in secret["spec"]["data"]} == {"access_key_id", "secret_access_key"}
+    assert {(d["secretKey"], d["remoteRef"]["property"]) for d in secret["spec"]["data"]} == {("AWS_ACCESS_KEY_ID", "access_key_id"), ("AWS_SECRET_ACCESS_KEY", "secret_access_key")}
 
 
 def test_the_plan_shows_each_models_share_of_its_grant(dev_raw):
@@ -245,6 +247,11 @@ BAD: list[tuple[str, Callable[[dict], None], str]] = [
         "served-name-of-another-tenant",
         _set(lambda r: model(r, ASSISTANT), served_name="search/llama-8b"),
         "tenants[1].models[0].served_name: 'search/llama-8b' is already served by tenant 'search'",
+    ),
+    (
+        "model-images-not-admitted",
+        lambda r: r["layers"]["kyverno"].update(allowed_registries=["nvcr.io/nvidia/*", "docker.io/kserve/storage-initializer:*"]),
+        "layers.kyverno.allowed_registries: llm-d's scheduler and model-server presets (ghcr.io/llm-d/llm-d-cuda:v0.8.0) runs in tenants' namespaces",
     ),
     ("time-sliced-pool", None, "tenants[1].models[0].gpus.pool: pool 'l40s-infer' is time-sliced"),
 ]

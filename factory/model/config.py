@@ -595,6 +595,9 @@ class ServingLayer(Model):
     crd_chart: Chart = Chart.pinned("kserve-crd")
     llmisvc_chart: Chart = Chart.pinned("kserve-llmisvc-resources")
     llmisvc_crd_chart: Chart = Chart.pinned("kserve-llmisvc-crd")
+    llmisvc_configs_chart: Chart = Chart.pinned("kserve-runtime-configs")
+    """The llm-d presets LLMInferenceServices build on; their images (`ghcr.io/llm-d/...`) run in
+    tenants' namespaces, so `layers.kyverno.allowed_registries` must allow them."""
     lws_chart: Chart = Chart.pinned("lws")
     lws_namespace: DnsLabel = "lws-system"
     vllm_image: Annotated[str, StringConstraints(pattern=r"^[a-z0-9][-a-z0-9.:/_]*(:[-A-Za-z0-9_.]+)?(@sha256:[0-9a-f]{64})?$", max_length=MAX_TEXT)] = "nvcr.io/nvidia/vllm:26.05-py3"
