@@ -58,6 +58,7 @@ from ai_factory.components.external_secrets import STORE_NAME, secret_prefix
 from ai_factory.components.kyverno import QUEUE_LABEL
 from ai_factory.components.metrics import PROMETHEUS_SERVICE, TENANT_METRICS_PORT
 from ai_factory.components.registry import Layer
+from ai_factory.factory.checking import serving as serving_checks
 from ai_factory.factory.model.catalog import ChartSource
 from ai_factory.factory.model.config import FactoryConfig, KyvernoLayer, Pool, ServedModel, ServingLayer, Tenant
 from ai_factory.factory.model.gpus import GPU_MODELS
@@ -687,6 +688,7 @@ LAYER = Layer(
     requires=("fleet", "kueue"),
     tenant_hook=ServingTenantHook.from_config,
     config_checks=(models_fit, images_allowed),
+    checks=(serving_checks.model_pods, serving_checks.shared_model_caches),
     # cert-manager issues KServe's webhook certificates (the charts render its Issuer and
     # Certificates, with no way around it); KEDA actuates the autoscaling.
     external_crds=("cert-manager.io", "keda.sh"),
