@@ -470,14 +470,16 @@ def serving_runtime(image: str) -> dict[str, Any]:
 
 
 def hub_egress_policy(plan: ModelPlan) -> dict[str, Any]:
-    """The model's pods may reach the Hugging Face Hub over HTTPS (its DNS answers seen by Cilium's
+    """The model's pods may reach the Hugging Face Hub over HTTPS (DNS answers seen by Cilium's
     proxy, which FQDN rules need), nothing more than the tenant baseline otherwise."""
     return {
         "endpointSelector": {"matchLabels": dict(plan.endpoint.pod_labels)},
         "egress": [
             {
                 "toEndpoints": [{"matchLabels": {"k8s:io.kubernetes.pod.namespace": "kube-system", "k8s:k8s-app": "kube-dns"}}],
-                "toPorts": [{"ports": [{"port": "53", "protocol": "ANY"}], "rules": {"dns": [{"matchPattern": h} for h in HF_HOSTS]}}],
+                # Every name may be looked up (the proxy only needs to see the answers); the
+                # FQDN rule below is what limits where the pods connect.
+                "toPorts": [{"ports": [{"port": "53", "protocol": "ANY"}], "rules": {"dns": [{"matchPattern": "*"}]}}],
             },
             {
                 "toFQDNs": [{"matchPattern": h} if "*" in h else {"matchName": h} for h in HF_HOSTS],

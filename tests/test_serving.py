@@ -291,3 +291,23 @@ def test_the_cli_refuses_a_model_over_its_grant_with_exit_2_and_writes_nothing(t
     assert result.returncode == 2, result.stderr
     assert "tenants[1].models[0].replicas.max" in result.stderr and "1 short" in result.stderr
     assert "Traceback" not in result.stderr and not out.exists()
+
+
+def test_an_s3_model_is_downloaded_by_kserve_with_credentials_of_its_service_account(raw):
+    model(raw, ASSISTANT).update(source="s3://models-par1/qwen", credentials={"secret": "s3-models"})
+    rendered = render(raw)
+    predictor = one(rendered, "InferenceService", "qwen-1-5b")["spec"]["predictor"]
+    assert predictor["model"]["storageUri"] == "s3://models-par1/qwen" and "--model=/mnt/models" in predictor["model"]["args"]
+    assert predictor["serviceAccountName"] == "qwen-1-5b-source" and predictor["automountServiceAccountToken"] is False
+    account = one(rendered, "ServiceAccount", "qwen-1-5b-source")
+    assert account["secrets"] == [{"name": "qwen-1-5b-source"}] and account["automountServiceAccountToken"] is False
+    assert not [p for p in objects(rendered, "CiliumNetworkPolicy") if p["metadata"]["name"] == "qwen-1-5b-model-hub"]
+
+
+def test_a_hub_model_may_reach_the_hub_and_nothing_else(dev):
+    spec = one(dev, "CiliumNetworkPolicy", "llama-8b-model-hub")["spec"]
+    assert spec["endpointSelector"] == {"matchLabels": {"ai-factory.io/model": "llama-8b"}}
+    dns, hub = spec["egress"]
+    assert hub["toFQDNs"] == [{"matchName": "huggingface.co"}, {"matchPattern": "*.huggingface.co"}, {"matchPattern": "*.hf.co"}]
+    assert hub["toPorts"] == [{"ports": [{"port": "443", "protocol": "TCP"}]}]
+    assert set(dns) == {"toEndpoints", "toPorts"} and "ingress" not in spec
