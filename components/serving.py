@@ -69,6 +69,7 @@ from ai_factory.factory.model.serving import (
     cache_gib,
     endpoint,
     grant_problems,
+    model_endpoints,
     model_problems,
     replica_shape,
 )
@@ -136,7 +137,7 @@ class ServingArgs:
     @classmethod
     def from_config(cls, cfg: FactoryConfig) -> ServingArgs:
         layer = cfg.layers.serving
-        large = any(e.kind == "LLMInferenceService" for e in endpoints(cfg))
+        large = any(e.kind == "LLMInferenceService" for e in model_endpoints(cfg))
         return cls(
             namespace=layer.namespace,
             crd_chart=layer.crd_chart.source("kserve-crd"),
@@ -147,10 +148,6 @@ class ServingArgs:
             lws_chart=layer.lws_chart.source("lws") if large else None,
             lws_namespace=layer.lws_namespace,
         )
-
-
-def endpoints(cfg: FactoryConfig) -> tuple[ModelEndpoint, ...]:
-    return tuple(endpoint(cfg, t, m) for t in cfg.tenants for m in t.models)
 
 
 def controller_values() -> dict[str, Any]:
@@ -204,7 +201,6 @@ class Serving(FactoryComponent):
 class ModelPlan:
     """Everything the serving objects of one model need, from the config and the plan."""
 
-    tenant: str
     model: ServedModel
     endpoint: ModelEndpoint
     shape: ReplicaShape
@@ -575,7 +571,6 @@ def model_plans(cfg: FactoryConfig, plan: Plan) -> dict[str, tuple[ModelPlan, ..
             pool = cfg.pool(model.gpus.pool)
             found.append(
                 ModelPlan(
-                    tenant=tenant.name,
                     model=model,
                     endpoint=endpoint(cfg, tenant, model),
                     shape=replica_shape(pool, tenant, model),
