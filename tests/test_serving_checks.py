@@ -43,6 +43,24 @@ MODEL_PODS = [
     ("flags a host-path cache",
      lambda r: broken(r, "InferenceService", "mistral-7b", _predictor(lambda p: p["volumes"].append({"name": "cache", "hostPath": {"path": "/mnt/models"}}))),
      ["InferenceService/tenant-partner-acme/mistral-7b: spec.predictor: mounts host path '/mnt/models'"]),
+    ("flags a worker pod tolerating another domain",
+     lambda r: broken(r, "LLMInferenceService", "llama-70b", lambda o: o["spec"].update(worker={"containers": [], "tolerations": [{"key": "ai-factory.io/trust-domain", "operator": "Equal", "value": "assistant"}]})),
+     ["LLMInferenceService/tenant-search/llama-70b: spec.worker: tolerates the shared-GPU nodes of trust domain assistant (its own is internal)"]),
+    ("flags a prefill worker tolerating every tenant's dedicated nodes",
+     lambda r: broken(r, "LLMInferenceService", "llama-70b", lambda o: o["spec"]["prefill"].update(worker={"containers": [], "tolerations": [{"key": "ai-factory.io/dedicated", "operator": "Exists"}]})),
+     ["spec.prefill.worker: tolerates the nodes dedicated to every tenant"]),
+    ("accepts malformed parts (the schema check reports them)",
+     lambda r: broken(r, "InferenceService", "llama-8b", _predictor(lambda p: p.update(tolerations=["internal"], volumes=["cache"]))),
+     []),
+    ("accepts a model object without a spec",
+     lambda r: broken(r, "InferenceService", "llama-8b", lambda o: o.update(spec="predictor")),
+     []),
+    ("accepts an LLMInferenceService with malformed parts",
+     lambda r: broken(r, "LLMInferenceService", "llama-70b", lambda o: o["spec"].update(prefill="1", template=[])),
+     []),
+    ("flags every model outside a tenant namespace",
+     lambda r: broken(broken(r, "InferenceService", "mistral-7b", _moved), "InferenceService", "qwen-1-5b", _moved),
+     ["InferenceService/kserve/mistral-7b: serves a model from kserve", "InferenceService/kserve/qwen-1-5b: serves a model from kserve"]),
     ("flags a model outside a tenant namespace",
      lambda r: broken(r, "InferenceService", "mistral-7b", _moved),
      ["serves a model from kserve, not a tenant's namespace"]),
@@ -56,14 +74,23 @@ def test_model_pods(dev, change, expected):
     assert all(any(e in f for f in found) for e in expected), found
 
 
+def _with(rendered: Rendered, kind: str) -> Rendered:
+    cache = {"apiVersion": "serving.kserve.io/v1alpha1", "kind": kind, "metadata": {"name": "llama"}, "spec": {}}
+    return Rendered(rendered.config, rendered.kubernetes_version, [*rendered.manifests, Manifest(cache, "serving", None, "test")], rendered.inventory)
+
+
 SHARED_CACHES = [
     ("accepts dev", lambda r: r, []),
     ("flags the node-local cache switched on",
      lambda r: broken(r, "HelmRelease", "kserve", lambda o: o["spec"]["values"]["kserve"]["localmodel"].update(enabled=True)),
      ["HelmRelease/kserve/kserve: enables KServe's node-local model cache"]),
-    ("flags a LocalModelCache",
-     lambda r: Rendered(r.config, r.kubernetes_version, [*r.manifests, Manifest({"apiVersion": "serving.kserve.io/v1alpha1", "kind": "LocalModelCache", "metadata": {"name": "llama"}, "spec": {}}, "serving", None, "test")], r.inventory),
-     ["LocalModelCache/llama: a KServe node-local model cache is shared by every namespace"]),
+    *(
+        (f"flags a {kind}", lambda r, kind=kind: _with(r, kind), [f"{kind}/llama: a KServe node-local model cache is shared by every namespace"])
+        for kind in ("LocalModelCache", "LocalModelNodeGroup", "LocalModelNamespaceCache")
+    ),
+    ("accepts a release with malformed values",
+     lambda r: broken(r, "HelmRelease", "kserve", lambda o: o["spec"].update(values={"kserve": "on"})),
+     []),
 ]
 
 
