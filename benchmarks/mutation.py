@@ -43,7 +43,6 @@ MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
     # short name: (source file, the test files that exercise it; fastest first, they run with -x)
     "isolation": ("factory/checking/isolation.py", ("tests/test_isolation.py",)),
     "scheduling": ("factory/checking/scheduling.py", ("tests/test_scheduling.py",)),
-    "serving": ("factory/checking/serving.py", ("tests/test_serving_checks.py",)),
     "gpu": ("policies/aif_policies/gpu.py", ("tests/test_policies.py", "tests/test_policy_pack.py")),
     "security": ("policies/aif_policies/security.py", ("tests/test_policies.py", "tests/test_policy_pack.py")),
 }
