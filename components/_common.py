@@ -19,6 +19,8 @@ BLOCK_LABEL = f"{LABEL_PREFIX}/block"
 NVLINK_DOMAIN_LABEL = f"{LABEL_PREFIX}/nvlink-domain"
 GPU_MODEL_LABEL = f"{LABEL_PREFIX}/gpu-model"
 FABRIC_LABEL = f"{LABEL_PREFIX}/fabric"
+RDMA_LABEL = f"{LABEL_PREFIX}/rdma"
+"""On the nodes of RDMA pools: how their NICs are exposed (`sriov` or `rdma-shared`)."""
 PART_OF = "ai-factory"
 
 

@@ -26,10 +26,12 @@ from ai_factory.components._common import (
     NVLINK_DOMAIN_LABEL,
     POOL_LABEL,
     RACK_LABEL,
+    RDMA_LABEL,
     SITE_LABEL,
     FactoryComponent,
 )
 from ai_factory.factory.model.config import FactoryConfig, Pool
+from ai_factory.factory.planning.from_config import is_rdma_pool
 from ai_factory.factory.planning.model import Plan
 from ai_factory.factory.planning.placement import NodePlacement, node_placements
 from ai_factory.components.registry import Layer
@@ -62,6 +64,8 @@ def node_labels(pool: Pool) -> dict[str, dict[str, str]]:
         }
         if node.nvlink_domain:
             node_labels[NVLINK_DOMAIN_LABEL] = node.nvlink_domain
+        if is_rdma_pool(pool):
+            node_labels[RDMA_LABEL] = pool.network.devices
         result[node.name] = node_labels
     return result
 

@@ -47,8 +47,10 @@ Per sharing mode, what the stack allows (conditions and remediation are per node
   down. Quarantining one instance alone is not possible.
 - time-slicing, hami: every replica or slice shares the faulted GPU; per node as exclusive.
 - dra: the DRA driver (0.4.1) publishes no device health, so a faulted GPU stays allocatable until
-  the node is remediated (per-device taints, KEP-5055 `DeviceTaintRule`, are alpha and not used;
-  XID classification under DRA is open upstream, kubernetes-sigs/dra-driver-nvidia-gpu#904).
+  the node is remediated or an operator applies the `DeviceTaintRule` (KEP-5055) that
+  `ai-factory quarantine` writes for that one device (`factory/planning/quarantine.py`): nothing
+  upstream turns an XID into such a rule yet (XID classification under DRA is open upstream,
+  kubernetes-sigs/dra-driver-nvidia-gpu#904).
 
 One `PrometheusRule` (prometheus-operator's CRD) holds three groups: the loop's alerts (node
 conditions, cordons and taints through kube-state-metrics); device alerts on the DCGM exporter's
@@ -74,7 +76,7 @@ from ai_factory.factory.model.catalog import ChartSource
 from ai_factory.factory.model.config import FactoryConfig, Pool
 from ai_factory.factory.model.gpus import GPU_MODELS
 from ai_factory.factory.model.raw import as_dict, as_list, did_you_mean
-from ai_factory.factory.planning.credits import tenant_shares
+from ai_factory.factory.planning.credits import NODE_UNAVAILABLE as UNAVAILABLE, TENANT_ENTITLED, TENANT_UNAVAILABLE, tenant_shares
 from ai_factory.factory.planning.model import Plan
 
 TOKEN = "ai-factory:health:Health"
@@ -361,11 +363,6 @@ def tenant_node_shares(plan: Plan) -> dict[str, dict[str, float]]:
     return {t: dict(sorted(n.items())) for t, n in sorted(shares.items())}
 
 
-UNAVAILABLE = "ai_factory:node_gpu_unavailable"
-TENANT_UNAVAILABLE = "ai_factory:tenant_gpu_equivalents_unavailable"
-TENANT_ENTITLED = "ai_factory:tenant_gpu_equivalents_entitled"
-
-
 def availability_rules(args: HealthArgs) -> list[dict[str, Any]]:
     """Recording rules tying node health to tenants: a node is unavailable (1) while a GPU fault
     condition is True, it is not Ready, or remediation taints it; a tenant loses its GPU-equivalents
@@ -566,7 +563,7 @@ LAYER = Layer(
     component=Health,
     args=HealthArgs.from_config,
     requires=("fleet",),
-    checks=(health_checks.detection_coverage, health_checks.remediation_blast_radius),
+    checks=(health_checks.detection_coverage, health_checks.remediation_blast_radius, health_checks.remediation_rbac),
     config_checks=(remediation_limits,),
     privileged_namespaces={
         "node-problem-detector": "Node Problem Detector: reads the kernel log (/dev/kmsg) and the host's /var/log",

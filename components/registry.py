@@ -59,6 +59,9 @@ class Layer:
     """Layers installed before this one (Pulumi `depends_on`)."""
     sharing: tuple[str, ...] = ()
     """Installed only when a pool of the fleet uses one of these sharing modes (empty: always)."""
+    needed: Callable[[FactoryConfig], bool] | None = None
+    """Installed only when this holds of the config (hardware the fleet has, e.g. an RDMA fabric);
+    None: always."""
     tenant_hook: Callable[[FactoryConfig, Plan], TenantHook | None] | None = None
     """What the layer adds to every tenant's environment; None when it has nothing to add yet."""
     checks: tuple[Check, ...] = ()
@@ -77,6 +80,8 @@ class Layer:
     def enabled(self, cfg: FactoryConfig) -> bool:
         settings = getattr(cfg.layers, self.section) if self.section else None
         if not getattr(settings, "enabled", True):
+            return False
+        if self.needed is not None and not self.needed(cfg):
             return False
         return not self.sharing or any(p.sharing in self.sharing for p in cfg.fleet.pools)
 

@@ -61,6 +61,9 @@ from ai_factory.factory.planning.quotas import GpuCeiling, gpu_ceiling
 from ai_factory.factory.model.tenancy import LABEL_PREFIX, OIDC_PREFIX, TenantNames, tenant_names
 
 TOKEN = "ai-factory:tenancy:TenantStack"
+CRD_GROUPS = ("cilium.io",)
+"""The CRD groups of the custom resources the stack creates itself (its hooks' are their layers'):
+the stack is applied after the layers installing them (`platform.tenant_layers`)."""
 
 OWNERS_ANNOTATION = f"{LABEL_PREFIX}/owners"
 DEVICE_CLASS_QUOTA_SUFFIX = ".deviceclass.resource.k8s.io/devices"

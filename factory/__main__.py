@@ -2,4 +2,5 @@ import sys
 
 from ai_factory.factory.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # not when a render's worker process imports the parent's main module
+    sys.exit(main())

@@ -103,11 +103,25 @@ def main(argv: list[str] | None = None) -> int:
 
     bill = commands.add_parser("bill", help="write a per-tenant GPU bill (FOCUS CSV, totals, chart) for a period from an export of the metering series")
     bill.add_argument("env", help="environment name (reads Pulumi.<env>.yaml) or a stack file's path")
-    bill.add_argument("--export", type=Path, required=True, help="JSON lines of Prometheus range-query series (see factory/metering/bill.py)")
+    source = bill.add_mutually_exclusive_group(required=True)
+    source.add_argument("--export", type=Path, help="JSON lines of Prometheus range-query series (see factory/metering/bill.py)")
+    source.add_argument(
+        "--prometheus", metavar="URL", help="query the series from this Prometheus (bearer token, if needed, in FACTORY_PROMETHEUS_TOKEN)"
+    )
+    bill.add_argument("--opencost", type=Path, help="OpenCost's /allocation response for the period (aggregate=namespace), saved as JSON")
     bill.add_argument("--start", required=True, help="start of the period, ISO 8601 (UTC unless an offset is given), included")
     bill.add_argument("--end", required=True, help="end of the period, ISO 8601, excluded")
     bill.add_argument("--step", type=int, default=None, help="seconds each sample counts for (default: the rules' interval, 60)")
     bill.add_argument("--out", type=Path, help="output directory (default: build/<env>/bill)")
+
+    quarantine = commands.add_parser(
+        "quarantine", help="write the DeviceTaintRule taking one faulty GPU of a DRA node out of service, not its node (factory/planning/quarantine.py)"
+    )
+    quarantine.add_argument("env", help="environment name (reads Pulumi.<env>.yaml) or a stack file's path")
+    quarantine.add_argument("--node", required=True, help="the GPU node")
+    quarantine.add_argument("--gpu", type=int, required=True, help="the GPU's index on the node (its DRA device is gpu-<index>)")
+    quarantine.add_argument("--evict", action="store_true", help="NoExecute: also evict the pods whose claims use it (default NoSchedule: new claims only)")
+    quarantine.add_argument("--out", type=Path, help="output file (default: build/<env>/quarantine/<node>-gpu-<index>.yaml)")
 
     args = parser.parse_args(argv)
     if args.project_dir is not None:
@@ -146,6 +160,8 @@ def _run(args: argparse.Namespace) -> int:
         return _plan(args, args.out or Path("build") / stack_name(stack_file(args.env)) / "plan.json")
     if args.command == "bill":
         return _bill(args)
+    if args.command == "quarantine":
+        return _quarantine(args)
     if args.command == "diff":
         return _diff(args.env, args.without_tenant, args.format)
     if args.command == "charts":
@@ -214,9 +230,30 @@ def _bill(args: argparse.Namespace) -> int:
 
     cfg = load_stack_file(args.env)
     out = args.out or Path("build") / stack_name(stack_file(args.env)) / "bill"
-    bill = make_bill(cfg, stack_name(stack_file(args.env)), args.export, args.start, args.end, out, args.step or INTERVAL_SECONDS)
+    bill = make_bill(
+        cfg, stack_name(stack_file(args.env)), args.start, args.end, out,
+        export=args.export, prometheus=args.prometheus, opencost=args.opencost, step=args.step or INTERVAL_SECONDS,
+    )
     print(bill.summary())
-    print(f"wrote {out}/bill.csv, totals.csv, gpu-hours.svg")
+    print(f"wrote {out}/bill.csv, totals.csv, gpu-hours.svg" + (", credits.csv" if bill.credits else ""))
+    return 0
+
+
+def _quarantine(args: argparse.Namespace) -> int:
+    from ai_factory.factory.model.loading import load_stack_file
+    from ai_factory.factory.planning.from_config import plan_for, previous_plan
+    from ai_factory.factory.planning.quarantine import device_taint_rule
+    from ai_factory.factory.rendering.bundle import dump_yaml
+
+    path = stack_file(args.env)
+    cfg = load_stack_file(args.env)
+    plan = plan_for(cfg, previous_plan(stack_name(path), path.resolve().parent))
+    rule, tenants = device_taint_rule(cfg, plan, args.node, args.gpu, "NoExecute" if args.evict else "NoSchedule")
+    out = args.out or Path("build") / stack_name(path) / "quarantine" / f"{args.node}-gpu-{args.gpu}.yaml"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(dump_yaml(rule))
+    print(f"wrote {out}: apply it (kubectl apply -f {out}) to take GPU {args.gpu} of {args.node} out of service; delete it once the GPU is reset or replaced")
+    print(f"tenants holding that GPU: {', '.join(tenants) or 'none'}")
     return 0
 
 

@@ -62,12 +62,18 @@ def gpu_seconds(record: str, by: str) -> str:
 class RuleTest:
     series: list[tuple[str, str]] = field(default_factory=list)
     expectations: list[tuple[str, list[tuple[dict[str, str], float]]]] = field(default_factory=list)
+    alerts: list[dict[str, Any]] = field(default_factory=list)
 
     def add(self, metric: str, labels: dict[str, str], *runs: tuple[float | None, int]) -> None:
         self.series.append((selector(metric, labels), values(*runs)))
 
     def expect(self, expr: str, samples: list[tuple[dict[str, str], float]]) -> None:
         self.expectations.append((expr, samples))
+
+    def expect_alert(self, alert: str, eval_time: str, firing: list[dict[str, str]]) -> None:
+        """The labels of every alert of that name firing at that time (none: `firing` is empty);
+        rules under test carry no annotations (see `without_annotations`)."""
+        self.alerts.append({"eval_time": eval_time, "alertname": alert, "exp_alerts": [{"exp_labels": labels} for labels in firing]})
 
     def document(self, rule_file: str) -> dict[str, Any]:
         return {
@@ -85,6 +91,7 @@ class RuleTest:
                         }
                         for expr, samples in self.expectations
                     ],
+                    **({"alert_rule_test": self.alerts} if self.alerts else {}),
                 }
             ],
         }
@@ -95,3 +102,9 @@ def run_rule_test(groups: list[dict[str, Any]], test: RuleTest, workdir: Path) -
     (workdir / "rules.yaml").write_text(yaml.safe_dump({"groups": groups}, sort_keys=False))
     (workdir / "test.yaml").write_text(yaml.safe_dump(test.document("rules.yaml"), sort_keys=False))
     return subprocess.run([binary, "test", "rules", "test.yaml"], cwd=workdir, capture_output=True, text=True, timeout=120)
+
+
+def without_annotations(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The groups with their alerts' annotations left out: promtool compares an alert's annotations
+    too, and the tests are about when alerts fire and with which labels, not about their wording."""
+    return [{**g, "rules": [{k: v for k, v in r.items() if k != "annotations"} for r in g["rules"]]} for g in groups]

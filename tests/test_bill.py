@@ -11,8 +11,9 @@ import pytest
 import yaml
 
 from ai_factory.factory.cli import main
-from ai_factory.factory.metering.bill import FOCUS_COLUMNS
+from ai_factory.factory.metering.bill import FOCUS_COLUMNS, LITELLM_SPEND, LITELLM_TOKENS, counter_increase
 from ai_factory.factory.metering.rules import POOL_GPUS, POOL_IDLE, TENANT_ALLOCATED, TENANT_USED
+from ai_factory.factory.planning.credits import TENANT_ENTITLED, TENANT_UNAVAILABLE
 from tests.conftest import REPO
 
 START = 1_764_547_200  # 2025-12-01T00:00:00Z
@@ -60,10 +61,13 @@ def stack(tmp_path: Path, edit=None) -> Path:
     return path
 
 
-def bill(tmp_path: Path, *, start="2025-12-01T00:00:00Z", end="2025-12-01T01:00:00Z", extra=(), edit=None) -> tuple[int, Path]:
+def bill(tmp_path: Path, *, start="2025-12-01T00:00:00Z", end="2025-12-01T01:00:00Z", extra=(), edit=None, opencost=None) -> tuple[int, Path]:
     out = tmp_path / "bill"
-    code = main(["bill", str(stack(tmp_path, edit)), "--export", str(export(tmp_path, extra)), "--start", start, "--end", end, "--out", str(out)])
-    return code, out
+    argv = ["bill", str(stack(tmp_path, edit)), "--export", str(export(tmp_path, extra)), "--start", start, "--end", end, "--out", str(out)]
+    if opencost is not None:
+        (tmp_path / "opencost.json").write_text(json.dumps(opencost))
+        argv += ["--opencost", str(tmp_path / "opencost.json")]
+    return main(argv), out
 
 
 def rows(path: Path) -> list[dict[str, str]]:
@@ -139,3 +143,112 @@ def test_a_malformed_export_line_is_named(tmp_path, capsys):
     code = main(["bill", str(stack(tmp_path)), "--export", str(path), "--start", "2025-12-01", "--end", "2025-12-01T01:00", "--out", str(tmp_path / "bill")])
     assert code == 2
     assert f"export line {len(path.read_text().splitlines())}: not a range-query series" in capsys.readouterr().err
+
+
+def counter(name: str, labels: dict[str, str], points: list[tuple[int, float]]) -> dict:
+    """A counter sampled at the given minutes of the period."""
+    return {"metric": {"__name__": name, **labels}, "values": [[START + 60 * m, repr(v)] for m, v in points]}
+
+
+@pytest.mark.parametrize(
+    "points, increase",
+    [
+        ([(0, 5.0), (30, 7.0), (60, 11.0)], 6.0),  # the sample at the period's end is its last
+        ([(0, 5.0), (30, 9.0), (40, 2.0), (60, 3.0)], 4.0 + 2.0 + 1.0),  # reset at minute 40
+        ([(-1, 1.0), (0, 5.0), (61, 20.0)], 0.0),  # samples outside the period do not count
+        ([(10, 3.0)], 0.0),
+    ],
+)
+def test_a_counter_increases_by_its_deltas_over_the_period_restarting_at_resets(points, increase):
+    values = [(START + 60.0 * m, v) for m, v in points]
+    assert counter_increase(values, START, START + 3600) == pytest.approx(increase)
+
+
+def test_litellm_spend_and_tokens_are_a_line_per_tenant_and_model_in_dollars(tmp_path):
+    team = {"team_alias": "assistant", "team": "uuid-1", "model": "llama-3-8b", "hashed_api_key": "k1"}
+    other_key = {**team, "hashed_api_key": "k2"}
+    code, out = bill(tmp_path, extra=[
+        counter(LITELLM_SPEND, team, [(0, 1.0), (60, 3.5)]),
+        counter(LITELLM_SPEND, other_key, [(0, 0.0), (30, 1.0), (31, 0.25), (60, 0.5)]),  # restarted at 31
+        counter(LITELLM_TOKENS, team, [(0, 100.0), (60, 4100.0)]),
+        counter(LITELLM_SPEND, {"model": "llama-3-8b"}, [(0, 0.0), (60, 2.0)]),  # no team: the platform's
+    ])
+    assert code == 0
+    lines = [r for r in rows(out / "bill.csv") if r["ServiceName"] == "ai-factory model gateway (LiteLLM)"]
+    got = {r["SubAccountId"]: r for r in lines}
+    assert set(got) == {"assistant", "_unassigned"}
+    assistant = got["assistant"]
+    assert float(assistant["BilledCost"]) == pytest.approx(2.5 + 1.0 + 0.5) and assistant["BillingCurrency"] == "USD"
+    assert (float(assistant["PricingQuantity"]), assistant["PricingUnit"], assistant["ResourceName"]) == (4000.0, "Tokens", "llama-3-8b")
+
+
+def test_litellm_spend_of_a_team_that_is_no_tenant_is_refused(tmp_path, capsys):
+    code, out = bill(tmp_path, extra=[counter(LITELLM_SPEND, {"team_alias": "mallory", "model": "m"}, [(0, 0.0), (60, 1.0)])])
+    assert code == 2 and "litellm_spend_metric_total of unknown tenant 'mallory'" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def allocation(cpu_hours=10.0, cpu=0.31, ram_gib_hours=40.0, ram=0.17, pv_gib_hours=100.0, pv=0.005, net_gib=2.0, net=0.0, start="2025-12-01T00:00:00Z", end="2025-12-01T01:00:00Z"):
+    gib = 1024**3
+    return {
+        "cpuCoreHours": cpu_hours, "cpuCost": cpu, "ramByteHours": ram_gib_hours * gib, "ramCost": ram, "pvByteHours": pv_gib_hours * gib,
+        "pvCost": pv, "networkTransferBytes": net_gib * gib, "networkCost": net, "gpuCost": 0, "totalCost": cpu + ram + pv + net,
+        "window": {"start": start, "end": end},
+    }
+
+
+def test_opencost_prices_each_tenants_cpu_memory_storage_and_network_from_its_namespace(tmp_path, capsys):
+    response = {"code": 200, "data": [{"tenant-search": allocation(), "kube-system": allocation(cpu=1.0), "__idle__": allocation(cpu=2.0)}]}
+    code, out = bill(tmp_path, opencost=response)
+    assert code == 0
+    lines = {r["SkuId"]: r for r in rows(out / "bill.csv") if r["ServiceName"] == "ai-factory compute (OpenCost)"}
+    # Network cost 0 with 2 GiB moved is still a line: what was consumed is reported.
+    assert set(lines) == {"opencost/CPU", "opencost/memory", "opencost/storage", "opencost/network"}
+    assert {r["SubAccountId"] for r in lines.values()} == {"search"}
+    cpu, ram = lines["opencost/CPU"], lines["opencost/memory"]
+    assert (float(cpu["BilledCost"]), float(cpu["PricingQuantity"]), cpu["PricingUnit"], cpu["BillingCurrency"]) == (0.31, 10.0, "Core-Hours", "EUR")
+    assert (float(ram["PricingQuantity"]), ram["PricingUnit"], ram["ResourceName"]) == (40.0, "GiB-Hours", "tenant-search")
+    assert "3.35 of cost outside every tenant's namespace" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "response, message",
+    [
+        ({"code": 500, "data": []}, "not an OpenCost allocation response"),
+        ({"code": 200, "data": [{"tenant-search": allocation(cpu=-1.0)}]}, "data[0].tenant-search: cpuCost, totalCost must be non-negative numbers"),
+        ({"code": 200, "data": [{"tenant-search": allocation(end="2025-12-01T02:00:00Z")}]}, "is outside the bill's period"),
+        ({"code": 200, "data": [{"tenant-search": {**allocation(), "window": {}}}]}, "window must have ISO 8601 start and end"),
+    ],
+)
+def test_a_bad_opencost_response_exits_2_and_writes_nothing(tmp_path, capsys, response, message):
+    code, out = bill(tmp_path, opencost=response)
+    assert code == 2 and message in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_slo_credits_are_the_loss_beyond_the_target_priced_at_the_tenants_gpu_hour(tmp_path):
+    # search (high, 99 %): entitled 16.75 GPU-equivalents for the hour, 8 of them out for 30 minutes.
+    availability = [
+        series(TENANT_ENTITLED, {"tenant": "search"}, 16.75),
+        {"metric": {"__name__": TENANT_UNAVAILABLE, "tenant": "search"}, "values": [[START + 60 * i, "8" if i < 30 else "0"] for i in range(60)]},
+        series(TENANT_ENTITLED, {"tenant": "partner-acme"}, 8.0),
+        series(TENANT_UNAVAILABLE, {"tenant": "partner-acme"}, 0.0),
+    ]
+    code, out = bill(tmp_path, extra=availability)
+    assert code == 0
+    credits = {c["tenant"]: c for c in rows(out / "credits.csv")}
+    search, acme = credits["search"], credits["partner-acme"]
+    assert float(search["lost_gpu_hours"]) == pytest.approx(4.0) and float(search["availability"]) == pytest.approx(1 - 4 / 16.75)
+    assert float(search["credit_gpu_hours"]) == pytest.approx(4.0 - 0.01 * 16.75)
+    assert float(acme["credit_gpu_hours"]) == 0
+    credit_lines = [r for r in rows(out / "bill.csv") if r["ChargeCategory"] == "Credit"]
+    assert [r["SubAccountId"] for r in credit_lines] == ["search"]
+    # search's only GPU line in this export is 16 H100-hours at 2.90.
+    assert float(credit_lines[0]["BilledCost"]) == pytest.approx(-(4.0 - 0.1675) * 2.90, abs=1e-6)
+
+
+def test_a_sample_that_is_not_a_finite_number_is_refused(tmp_path, capsys):
+    nan = {"metric": {"__name__": TENANT_USED, "tenant": "search", "namespace": "tenant-search", **pool_labels("h100-train")}, "values": [[START, "NaN"]]}
+    code, out = bill(tmp_path, extra=[nan])
+    assert code == 2 and "not a finite number" in capsys.readouterr().err
+    assert not out.exists()

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from ai_factory.components._common import FactoryComponent
+from ai_factory.components.registry import layers
 from ai_factory.factory.checking.ordering import bundle_order, bundle_patches
 from ai_factory.factory.model.catalog import CHARTS
 from ai_factory.factory.model.loading import validate
@@ -22,6 +23,8 @@ from ai_factory.factory.rendering.bundle import (
     PATCH_ANNOTATIONS,
     Manifest,
     Rendered,
+    ReferenceDumper,
+    dump_yaml,
     from_graph,
     load_rendered,
 )
@@ -281,3 +284,41 @@ def test_inventory_says_what_the_pulumi_program_configures_outside_the_bundle(de
             assert entry["bundle"] and all(path in files for path in entry["bundle"]), entry["name"]
         elif not entry["custom"] or entry["type"].startswith("pulumi:providers:"):
             assert entry["bundle"] is None, entry["name"]
+
+
+def test_libyaml_writes_the_bundle_byte_for_byte_as_pyyamls_own_emitter(dev):
+    """The bundle is written through libyaml (fast) but must read exactly as PyYAML's emitter
+    wrote it: the same files for the whole dev render and for strings each emitter treats specially."""
+    assert yaml.__with_libyaml__, "PyYAML without libyaml: the bundle falls back to the pure-Python emitter"
+    objects = [m.obj for m in dev.manifests] + dev.kustomizations + [
+        {"block": "a\nb\n", "trailing": "space \n", "unicode": "é 中", "lead": " x", "long": "word " * 60, "flowish": "a: b", "tab": "a\tb",
+         "blank_lines": "x\n\n\ny\n\n", "words": ["yes", "no", "on", "0x1F", "1e3", "", "~"], "numbers": [1, 1.5, -0.0, 10**20], "null": None}
+    ]
+    for obj in objects:
+        assert dump_yaml(obj) == dump_yaml(obj, ReferenceDumper)
+
+
+def test_a_tenant_stack_depends_on_the_layers_its_objects_use_and_no_other(dev):
+    """Every custom resource of a tenant waits for the layer installing its CRDs (directly or
+    through that layer's `requires`); layers a tenant does not use (Falco, Trivy, the GPU
+    operator) are not its dependencies, so the inventory's dependsOn says what really orders it."""
+    registry = {l.name: l for l in layers()}
+    installs = {group: l.name for l in registry.values() if l.chart for group in CHARTS[l.chart].crd_groups}
+
+    def closure(names: set[str]) -> set[str]:
+        found = set(names)
+        while grown := {r for n in found for r in registry[n].requires if r in registry} - found:
+            found |= grown
+        return found
+
+    stacks = dev.graph.of_type("ai-factory:tenancy:TenantStack")
+    assert stacks
+    for stack in stacks:
+        direct = {d.layer for d in stack.dependencies}
+        assert direct.isdisjoint({"falco", "trivy", "gpu-operator", "hami", "health"}), stack.name
+        needed = {
+            installs[group]
+            for r in dev.graph.children(stack)
+            if r.custom and r.type.startswith("kubernetes:") and (group := r.type.split(":")[1].rpartition("/")[0]) in installs
+        }
+        assert needed and needed <= closure(direct), (stack.name, needed - closure(direct))

@@ -1,7 +1,7 @@
 """SLO credits over the dev plan, against figures worked out by hand from it:
 partner-acme (low, 99.5 %) holds the 8 whole H100s of gpu-h100-01; search (high, 99 %) the 16 of
-gpu-h100-02/03 plus two MIG GPUs of a100-mig-001 (4x1g.10gb+3g.40gb = 1 GPU, 2x1g.10gb+3g.40gb =
-max(5/7, 6/8) = 0.75); gpu-h100-04 is idle."""
+gpu-h100-02/03 plus two MIG GPUs of a100-mig-001 (memory slices / 8: 4x1g.10gb+3g.40gb = 1 GPU,
+2x1g.10gb+3g.40gb = 6/8 = 0.75); gpu-h100-04 is idle."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ import pytest
 
 from ai_factory.factory.model.config import SloTargets
 from ai_factory.factory.model.loading import validate
-from ai_factory.factory.planning.credits import ConditionEvent, Outage, credits, outages_from_conditions
+from ai_factory.factory.model.gpus import GPU_MODELS
+from ai_factory.factory.planning.credits import ConditionEvent, Outage, credits, outages_from_conditions, tenant_shares
+from ai_factory.factory.planning.model import GpuAssignment, HamiAllocation, MigInstance
 from ai_factory.factory.planning.from_config import plan_for
 
 H = 3600.0
@@ -82,3 +84,19 @@ def test_conditions_become_outages_until_healthy_plus_delay():
 def test_empty_period_is_refused(plan):
     with pytest.raises(ValueError, match="must end after it starts"):
         credits(plan, TRUST, SloTargets(), [], 10, 10)
+
+
+@pytest.mark.parametrize(
+    "gpu, shares",
+    [
+        # 3x2g.20gb: 6 of 7 compute slices but 6 of 8 memory slices; the metering counts memory.
+        (GpuAssignment(0, "mig", "internal", mig=tuple(MigInstance("2g.20gb", 2 * i, "a") for i in range(3))), {"a": 0.75}),
+        # HAMi: memory over what HAMi registers (scaled 2x: 160 GiB for an 80 GiB GPU), cores ignored.
+        (GpuAssignment(0, "hami", "internal", hami=(HamiAllocation("a", 40960, 90), HamiAllocation("b", 81920, 10)), hami_memory_scaling=2.0), {"a": 0.25, "b": 0.5}),
+    ],
+)
+def test_credits_count_gpu_equivalents_as_the_metering_rules_do(plan, gpu, shares):
+    pool = next(p for p in plan.pools if p.sharing == "mig")
+    model = GPU_MODELS["A100-80GB"]
+    assert model.memory_mib == 81920
+    assert tenant_shares(model, pool, gpu) == pytest.approx(shares)

@@ -269,8 +269,16 @@ BLAST_RADIUS = [
      ["ai-factory-gpu-a100-mig: bounds healthy nodes (minHealthy)"]),
     ("flags no bound at all", lambda r, raw: broken(r, *nhc("a100-mig"), lambda o: o["spec"].pop("maxUnhealthy")),
      ["ai-factory-gpu-a100-mig: sets no maxUnhealthy"]),
+    ("flags a bound that is no count", lambda r, raw: broken(r, *nhc("a100-mig"), lambda o: o["spec"].update(maxUnhealthy="half")),
+     ["ai-factory-gpu-a100-mig: maxUnhealthy 'half' is not a node count or a percentage"]),
     ("flags a selector spanning pools", lambda r, raw: broken(r, *nhc("a100-mig"), lambda o: o["spec"].update(selector={})),
      ["Node/gpu-h100-01: selected by 2 NodeHealthChecks", "Node/l40s-infer-000: selected by 2 NodeHealthChecks"]),
+    ("flags a bound of zero", lambda r, raw: broken(r, *nhc("a100-mig"), lambda o: o["spec"].update(maxUnhealthy=0)),
+     ["ai-factory-gpu-a100-mig: maxUnhealthy 0 allows no remediation at all"]),
+    ("accepts objects at the site's limit", lambda r, raw: _with_site_limit(r, raw, 3), []),
+    ("counts a check at most its nodes of the site",
+     lambda r, raw: _with_site_limit(broken(r, *nhc("a100-mig"), lambda o: o["spec"].update(maxUnhealthy=5)), raw, 3),
+     ["site/par1: NodeHealthChecks may remediate 4 nodes of the site at once"]),
     ("flags objects above the site's limit",
      lambda r, raw: _with_site_limit(broken(r, *nhc("h100-train"), lambda o: o["spec"].update(maxUnhealthy=2)), raw, 3),
      ["site/par1: NodeHealthChecks may remediate 4 nodes of the site at once"]),
@@ -282,3 +290,73 @@ def test_remediation_blast_radius(dev, dev_raw, change, expected):
     found = [str(f) for f in health_checks.remediation_blast_radius(change(dev, dev_raw[0]), None)]
     assert all(any(e in f for f in found) for e in expected), found
     assert bool(found) == bool(expected), found
+
+
+# The RBAC Node Problem Detector's chart binds its service account to (its kind of rules: read
+# nodes, patch their status, write events); `RBAC` rows change it or add bindings beside it.
+NPD_ACCOUNT = {"kind": "ServiceAccount", "name": "node-problem-detector", "namespace": "node-problem-detector"}
+NPD_RULES = [
+    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
+    {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]},
+    {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch", "update"]},
+]
+DRAIN_RULES = [
+    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
+    {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
+]
+
+
+def _rbac(name: str, rules: list[dict] | None, subject: dict, namespace: str | None = None, role_kind: str = "ClusterRole") -> list[Manifest]:
+    """A role (unless None) and its binding: cluster-wide, or in `namespace`."""
+    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": role_kind, "metadata": {"name": name, **({"namespace": namespace} if role_kind == "Role" else {})}, "rules": rules}
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding" if namespace else "ClusterRoleBinding",
+        "metadata": {"name": name, **({"namespace": namespace} if namespace else {})},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": role_kind, "name": name},
+        "subjects": [subject],
+    }
+    return [Manifest(o, "health", None, "chart:test") for o in ([role] if rules is not None else []) + [binding]]
+
+
+def _with(rendered: Rendered, *objects: list[Manifest]) -> Rendered:
+    extra = [m for group in objects for m in group]
+    return Rendered(rendered.config, rendered.kubernetes_version, [*rendered.manifests, *extra], rendered.inventory)
+
+
+SNR_ACCOUNT = {"kind": "ServiceAccount", "name": "self-node-remediation-controller-manager", "namespace": "medik8s"}
+TENANT_ACCOUNT = {"kind": "ServiceAccount", "name": "runner", "namespace": "tenant-search"}
+RBAC = [
+    ("accepts NPD's rules", [_rbac("npd", NPD_RULES, NPD_ACCOUNT)], []),
+    ("accepts a drain that evicts", [_rbac("drain", DRAIN_RULES, SNR_ACCOUNT)], []),
+    ("accepts reading Secrets of its own namespace", [_rbac("own", [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}], SNR_ACCOUNT, "medik8s", "Role")], []),
+    ("ignores accounts of other namespaces", [_rbac("tenant", [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}], TENANT_ACCOUNT)], []),
+    ("flags reading Secrets cluster-wide",
+     [_rbac("npd", [*NPD_RULES, {"apiGroups": [""], "resources": ["secrets"], "verbs": ["list"]}], NPD_ACCOUNT)],
+     ["ClusterRoleBinding/npd: grants ServiceAccount node-problem-detector/node-problem-detector ClusterRole/npd with reads Secrets in every namespace"]),
+    ("flags reading a tenant's Secrets",
+     [_rbac("peek", [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["watch"]}], SNR_ACCOUNT, "tenant-search")],
+     ["RoleBinding/tenant-search/peek: grants ServiceAccount medik8s/self-node-remediation-controller-manager ClusterRole/peek with reads Secrets in namespace tenant-search"]),
+    ("flags deleting pods instead of evicting them",
+     [_rbac("drain", [*DRAIN_RULES, {"apiGroups": [""], "resources": ["pods"], "verbs": ["delete"]}], SNR_ACCOUNT)],
+     ["deletes pods in every namespace: a drain must evict"]),
+    ("flags deleting pods by collection", [_rbac("drain", [{"apiGroups": [""], "resources": ["pods"], "verbs": ["deletecollection"]}], SNR_ACCOUNT)],
+     ["deletes pods in every namespace"]),
+    ("flags wildcards", [_rbac("drain", [{"apiGroups": [""], "resources": ["*"], "verbs": ["get"]}], SNR_ACCOUNT)], ["with wildcard resources, reads Secrets in every namespace"]),
+    ("flags a wildcard API group", [_rbac("drain", [{"apiGroups": ["*"], "resources": ["nodes"], "verbs": ["get"]}], SNR_ACCOUNT)], ["with wildcard apiGroups: get on */nodes"]),
+    ("flags a wildcard verb", [_rbac("drain", [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["*"]}], SNR_ACCOUNT)], ["with wildcard verbs: * on core/nodes"]),
+    ("flags escalation", [_rbac("drain", [{"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles"], "verbs": ["bind", "escalate"]}], SNR_ACCOUNT)],
+     ["with verb bind, verb escalate"]),
+    ("flags the namespace's service-account group", [_rbac("all", [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}], {"kind": "Group", "name": "system:serviceaccounts:medik8s"})],
+     ["grants Group system:serviceaccounts:medik8s ClusterRole/all with reads Secrets"]),
+    ("flags a role it cannot see, and goes on", [_rbac("missing", None, NPD_ACCOUNT), _rbac("peek", [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}], SNR_ACCOUNT)],
+     ["binds ServiceAccount node-problem-detector/node-problem-detector to ClusterRole/missing, which is not in the rendered set", "ClusterRole/peek with reads Secrets"]),
+]
+
+
+@pytest.mark.parametrize("added, expected", [r[1:] for r in RBAC], ids=[r[0] for r in RBAC])
+def test_remediation_rbac(dev, added, expected):
+    found = [str(f) for f in health_checks.remediation_rbac(_with(dev, *added), None)]
+    assert all(any(e in f for f in found) for e in expected), found
+    assert len(found) == len(expected), found

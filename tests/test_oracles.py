@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 import yaml
 
-from ai_factory.factory.checking.oracles import OracleError, Oracles, is_core_api, locate_upstream_dir
+from ai_factory.factory.checking import oracles as oracles_module
+from ai_factory.factory.checking.oracles import OracleError, Oracles, cached_crd_index, is_core_api, locate_upstream_dir
 
 KUBERNETES = "1.34"
 
@@ -357,6 +358,24 @@ def test_multi_document_and_compact_json_crd_files(tmp_path: pathlib.Path) -> No
     assert oracles.validate_custom_object({**custom("Gamma", "text"), "apiVersion": "example.com/v1alpha1"}) == [
         "Gamma/x: no upstream CRD for example.com/v1alpha1 Gamma (served versions: v1)"
     ]
+
+
+def test_the_crd_index_is_reused_from_disk_only_for_the_same_oracle_content(tmp_path: pathlib.Path, monkeypatch) -> None:
+    root, cache = tmp_path / "oracles", tmp_path / "cache"
+    crds = root / "product" / "crds"
+    crds.mkdir(parents=True)
+    (crds / "alpha.yaml").write_text(yaml.safe_dump(crd("Alpha", {"type": "string"})))
+    built = cached_crd_index(root, cache)
+    assert built == {("example.com", "Alpha"): [(crds / "alpha.yaml", "v1alpha1", False), (crds / "alpha.yaml", "v1", True)]}
+    assert len(list(cache.iterdir())) == 1
+    parsed = []
+    monkeypatch.setattr(oracles_module, "_read_crds", lambda path: parsed.append(path) or oracles_module._load_documents(path.read_text()))
+    assert cached_crd_index(root, cache) == built
+    assert parsed == []  # same content: read from the cache, nothing parsed
+    (crds / "beta.yaml").write_text(yaml.safe_dump(crd("Beta", {"type": "string"})))
+    assert set(cached_crd_index(root, cache)) == {("example.com", "Alpha"), ("example.com", "Beta")}
+    assert parsed == [crds / "alpha.yaml", crds / "beta.yaml"]
+    assert len(list(cache.iterdir())) == 2
 
 
 def test_same_kind_defined_twice_passes_against_either(tmp_path: pathlib.Path) -> None:

@@ -24,6 +24,7 @@ from ai_factory.factory.model.tenancy import TENANT_LABEL, TRUST_DOMAIN_LABEL
 from ai_factory.policies.aif_policies import POLICIES
 from ai_factory.policies.aif_policies import gpu as gpu_policies
 from ai_factory.policies.aif_policies import security as security_policies
+from ai_factory.policies.aif_policies.kube import Cluster
 from tests.conftest import render, without_models
 from tests.policy_stacks import (
     all_violations,
@@ -1282,3 +1283,21 @@ def test_unbounded_node_health_checks_are_reported():
     assert "allows no remediation at all" in found[key + "blocked"][0]
     assert "selects every node" in found[key + "everything"][0]
     assert "never ends" in found[key + "endless"][0]
+
+
+@pytest.mark.parametrize(
+    "selector, expected",
+    [
+        pytest.param({}, ["tenant-a", "tenant-b", "tenant-c"], id="empty-selects-all"),
+        pytest.param({"matchLabels": {TENANT_LABEL: "a"}}, ["tenant-a"], id="match-labels"),
+        pytest.param({"matchLabels": {TENANT_LABEL: "a", TRUST_DOMAIN_LABEL: "x"}}, ["tenant-a"], id="match-labels-all-of"),
+        pytest.param({"matchLabels": {TENANT_LABEL: "a", TRUST_DOMAIN_LABEL: "y"}}, [], id="match-labels-one-differs"),
+        pytest.param({"matchLabels": {TENANT_LABEL: ["a"]}}, [], id="unhashable-value-matches-nothing"),
+        pytest.param({"matchExpressions": [{"key": TRUST_DOMAIN_LABEL, "operator": "In", "values": ["x"]}]}, ["tenant-a", "tenant-b"], id="expression"),
+        pytest.param({"matchLabels": {TRUST_DOMAIN_LABEL: "x"}, "matchExpressions": [{"key": TENANT_LABEL, "operator": "NotIn", "values": ["a"]}]},
+                     ["tenant-b"], id="labels-and-expression"),
+    ],
+)
+def test_namespaces_selected_by_a_label_selector(selector, expected):
+    cluster = Cluster([tenant_space("a", domain="x"), tenant_space("b", domain="x"), tenant_space("c", domain="z"), res("Namespace", "kube-system")])
+    assert cluster.namespaces_selected(selector, cluster.namespace_tenant) == expected

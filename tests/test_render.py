@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import filecmp
 import json
 import subprocess
@@ -11,7 +12,10 @@ import pulumi_kubernetes as k8s
 import pytest
 
 from ai_factory.factory.rendering.harness import DuplicateResourceError, run_program
+from ai_factory.factory.model.loading import validate
+from ai_factory.factory.rendering.bundle import render_raw
 from tests.conftest import REPO, objects, one, render
+from tests.tenancy_env import many_tenants
 
 
 def test_render_is_deterministic(dev_raw, dev):
@@ -27,6 +31,20 @@ def test_render_is_byte_identical_across_processes(tmp_path):
     assert files and not comparison.diff_files and not comparison.left_only and not comparison.right_only
     mismatch, errors = filecmp.cmpfiles(tmp_path / "a", tmp_path / "b", [str(f) for f in files], shallow=False)[1:]
     assert mismatch == [] and errors == []
+
+
+def test_a_render_in_worker_processes_is_the_serial_render_byte_for_byte(dev_raw):
+    """Tenants split over processes (three shares, one per process), merged: the same files and
+    inventory as one process, and the same resource graph (parents, dependencies)."""
+    raw = many_tenants(copy.deepcopy(dev_raw[0]), 5)
+    cfg = validate(raw)
+    serial = render_raw(raw, dev_raw[1], cfg, stack="dev", workers=1)
+    parallel = render_raw(raw, dev_raw[1], cfg, stack="dev", workers=3)
+    assert len({m.tenant for m in parallel.manifests if m.tenant}) == 5
+    assert parallel.files() == serial.files()
+    assert [(r.urn, r.parent_urn, r.dependency_urns, r.inputs) for r in parallel.graph.resources] == [
+        (r.urn, r.parent_urn, r.dependency_urns, r.inputs) for r in serial.graph.resources
+    ]
 
 
 def test_every_helm_release_becomes_a_flux_release_with_its_source(dev):

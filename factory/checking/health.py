@@ -1,5 +1,6 @@
 """Offline checks of the health layer (`components/health.py`): every GPU node is watched and can be
-remediated, and no remediation object can act on more nodes at once than the blast radius allows.
+remediated, no remediation object can act on more nodes at once than the blast radius allows, and
+the layer's own service accounts hold least privilege.
 
 GPU nodes are the rendered `Node` objects (the fleet layer labels every GPU node it knows). The
 limits come from the render's config when there is one (`factory check <env>`); a render read back
@@ -12,6 +13,7 @@ from collections import defaultdict
 from typing import Any, Iterable, Mapping
 
 from ai_factory.factory.checking.findings import Finding
+from ai_factory.factory.checking.isolation import ESCALATION_VERBS, SERVICE_ACCOUNTS_GROUP, View, bound_rules, rule_text
 from ai_factory.factory.checking.oracles import Oracles
 from ai_factory.factory.checking.scheduling import selects, tolerates
 from ai_factory.factory.model.config import FactoryConfig
@@ -83,6 +85,9 @@ def remediation_blast_radius(rendered: Rendered, oracles: Oracles | None) -> Ite
         elif allowed is None:
             yield Finding("remediation-blast-radius", check.ref, f"maxUnhealthy {spec.get('maxUnhealthy')!r} is not a node count or a percentage")
             allowed = len(selected)
+        elif allowed == 0:
+            # The pack's `remediation-bounded` refuses it too: the loop would never start.
+            yield Finding("remediation-blast-radius", check.ref, "maxUnhealthy 0 allows no remediation at all: a faulty node would stay unremediated")
         if pools is not None:
             selected_pools = sorted({p for n in selected if (p := _labels(n.obj).get(POOL_LABEL))})
             limit = min((pools[p] for p in selected_pools if p in pools), default=None)
@@ -101,6 +106,58 @@ def remediation_blast_radius(rendered: Rendered, oracles: Oracles | None) -> Ite
         if limit is not None and total > limit:
             listed = ", ".join(f"{c.name} {n}" for c, n in members)
             yield Finding("remediation-blast-radius", f"site/{site}", f"NodeHealthChecks may remediate {total} nodes of the site at once ({listed}), above its limit of {limit}")
+
+
+READ_VERBS = frozenset({"get", "list", "watch", "*"})
+DELETE_VERBS = frozenset({"delete", "deletecollection", "*"})
+
+
+def remediation_rbac(rendered: Rendered, oracles: Oracles | None) -> Iterable[Finding]:
+    """Least privilege of the service accounts of the health layer's namespaces (Node Problem
+    Detector's, the remediation operators'), over every binding that names them, the charts' too:
+    they read no Secret outside their own namespace (tenants' credentials included), delete no
+    pod (a drain evicts through `pods/eviction`, which honours PodDisruptionBudgets), use no
+    wildcard and cannot escalate, bind or impersonate; a role that is not rendered cannot be
+    judged and is a finding. The medik8s operators' own roles come with OLM, outside the render."""
+    view = View(rendered)
+    homes = {m.name for m in rendered.manifests if m.kind == "Namespace" and m.layer == "health"}
+    for binding, subject, scope, role, rules in bound_rules(view):
+        home = _home(subject, homes)
+        if home is None:
+            continue
+        who = f"{subject[0]} {subject[1]}"
+        if rules is None:
+            yield Finding("remediation-rbac", binding.ref, f"binds {who} to {role}, which is not in the rendered set: its permissions cannot be judged")
+            continue
+        where = "in every namespace" if scope is None else f"in namespace {scope}"
+        for rule in rules:
+            verbs = set(rule.get("verbs") or [])
+            problems = [f"wildcard {part}" for part in ("apiGroups", "resources", "verbs") if "*" in (rule.get(part) or [])]
+            problems += [f"verb {v}" for v in sorted(ESCALATION_VERBS & verbs)]
+            if verbs & READ_VERBS and _names(rule, "", "secrets") and scope != home:
+                problems.append(f"reads Secrets {where} (tenants' credentials included)")
+            if verbs & DELETE_VERBS and _names(rule, "", "pods"):
+                problems.append(f"deletes pods {where}: a drain must evict (create pods/eviction), which honours PodDisruptionBudgets")
+            if problems:
+                yield Finding("remediation-rbac", binding.ref, f"grants {who} {role} with {', '.join(problems)}: {rule_text(rule)}")
+
+
+def _home(subject: tuple[str, str], homes: set[str]) -> str | None:
+    """The health namespace a service account (or a namespace's service-account group) lives in."""
+    kind, name = subject
+    if kind == "ServiceAccount":
+        namespace = name.split("/", 1)[0]
+    elif kind == "Group" and name.startswith(SERVICE_ACCOUNTS_GROUP):
+        namespace = name.removeprefix(SERVICE_ACCOUNTS_GROUP)
+    else:
+        return None
+    return namespace if namespace in homes else None
+
+
+def _names(rule: Mapping[str, Any], group: str, resource: str) -> bool:
+    """The rule covers the resource itself (not only subresources such as pods/eviction)."""
+    groups, resources = rule.get("apiGroups") or [], rule.get("resources") or []
+    return (group in groups or "*" in groups) and (resource in resources or "*" in resources)
 
 
 def _resolve(value: Any, total: int) -> int | None:

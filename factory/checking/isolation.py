@@ -122,6 +122,14 @@ class View:
 
     def __init__(self, rendered: Rendered):
         self.manifests = rendered.manifests
+        # Indexed once by kind and by (kind, namespace): checks ask per tenant, and a rescan of
+        # every object per tenant made the checks quadratic in the environment's size.
+        self._by_kind: dict[str, list[int]] = {}
+        self._by_namespace: dict[tuple[str, str | None], list[Manifest]] = {}
+        for i, m in enumerate(self.manifests):
+            self._by_kind.setdefault(m.kind, []).append(i)
+            self._by_namespace.setdefault((m.kind, m.namespace), []).append(m)
+        self._pod_rules: dict[str, list[Mapping[str, Any]]] | None = None
         self.namespace_labels: dict[str, dict[str, str]] = {}
         self.tenant_namespaces: dict[str, TenantNamespace] = {}
         for m in self.of_kind("Namespace"):
@@ -145,7 +153,28 @@ class View:
                 self.owners.setdefault(subject, set()).add(t.tenant)
 
     def of_kind(self, *kinds: str) -> list[Manifest]:
-        return [m for m in self.manifests if m.kind in kinds]
+        """Objects of these kinds, in render order."""
+        positions = sorted(i for kind in set(kinds) for i in self._by_kind.get(kind, ()))
+        return [self.manifests[i] for i in positions]
+
+    def in_namespace(self, kind: str, namespace: str | None) -> list[Manifest]:
+        """Objects of one kind in one namespace, in render order."""
+        return list(self._by_namespace.get((kind, namespace), ()))
+
+    def enforced_pod_rules(self, namespace: str) -> list[Mapping[str, Any]]:
+        """The validate rules of Kyverno ClusterPolicies that enforce on Pods of one namespace, in
+        policy and rule order (every policy is read once, for all namespaces)."""
+        if self._pod_rules is None:
+            self._pod_rules = {}
+            for m in self.of_kind("ClusterPolicy"):
+                for rule in (m.obj.get("spec") or {}).get("rules") or []:
+                    if (rule.get("validate") or {}).get("failureAction") != "Enforce":
+                        continue
+                    matched = [(f.get("resources") or {}) for f in ((rule.get("match") or {}).get("any") or [])]
+                    selected = dict.fromkeys(ns for r in matched if "Pod" in (r.get("kinds") or []) for ns in (r.get("namespaces") or []) if isinstance(ns, str))
+                    for ns in selected:
+                        self._pod_rules.setdefault(ns, []).append(rule)
+        return list(self._pod_rules.get(namespace, ()))
 
     def tenant_at(self, namespace: str | None) -> TenantNamespace | None:
         return self.tenant_namespaces.get(namespace or "")
@@ -277,6 +306,17 @@ class Grant:
 
 def tenant_grants(view: View) -> list[Grant]:
     """Every (binding, tenant subject) pair with the rules it grants."""
+    return [
+        Grant(binding, tenant, subject, scope, role, rules)
+        for binding, subject, scope, role, rules in bound_rules(view)
+        for tenant in sorted(view.subject_tenants(subject))
+    ]
+
+
+def bound_rules(view: View) -> Iterator[tuple[Manifest, Subject, str | None, str, tuple[Mapping[str, Any], ...] | None]]:
+    """(binding, subject, scope, role, rules) of every subject of every binding: the rules its
+    Role or ClusterRole (aggregated ClusterRoles included) grants, None when the role is not in the
+    rendered set; the scope is the RoleBinding's namespace, None for a ClusterRoleBinding."""
     roles: dict[tuple[str | None, str], list[Mapping[str, Any]]] = {}
     for m in view.of_kind("Role"):
         roles[(m.namespace, m.name)] = list(m.obj.get("rules") or [])
@@ -295,7 +335,6 @@ def tenant_grants(view: View) -> list[Grant]:
                     rules += list(other.get("rules") or [])
         return rules
 
-    grants = []
     for m in view.of_kind("RoleBinding", "ClusterRoleBinding"):
         scope = m.namespace if m.kind == "RoleBinding" else None
         ref = m.obj.get("roleRef") or {}
@@ -306,10 +345,7 @@ def tenant_grants(view: View) -> list[Grant]:
             rules = cluster_role_rules(ref.get("name", ""))
             role = f"ClusterRole/{ref.get('name')}"
         for raw in m.obj.get("subjects") or []:
-            subject = _subject(raw, scope)
-            for tenant in sorted(view.subject_tenants(subject)):
-                grants.append(Grant(m, tenant, subject, scope, role, None if rules is None else tuple(rules)))
-    return grants
+            yield m, _subject(raw, scope), scope, role, None if rules is None else tuple(rules)
 
 
 def _covers(rule: Mapping[str, Any], group: str, resource: str) -> bool:
@@ -318,7 +354,7 @@ def _covers(rule: Mapping[str, Any], group: str, resource: str) -> bool:
     return (group in groups or "*" in groups) and any(r in ("*", resource) or r.startswith(f"{resource}/") for r in resources)
 
 
-def _rule_text(rule: Mapping[str, Any]) -> str:
+def rule_text(rule: Mapping[str, Any]) -> str:
     groups = ",".join(g or "core" for g in rule.get("apiGroups") or []) or "-"
     return f"{','.join(rule.get('verbs') or [])} on {groups}/{','.join(rule.get('resources') or rule.get('nonResourceURLs') or [])}"
 
@@ -333,7 +369,7 @@ def rbac_rules(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
             escalation = sorted(ESCALATION_VERBS & set(rule.get("verbs") or []))
             if wildcard or escalation:
                 problem = ", ".join([*(f"wildcard {p}" for p in wildcard), *(f"verb {v}" for v in escalation)])
-                yield _finding("rbac-rules", g.binding, f"grants tenant {g.tenant} ({_show(g.subject)}) {g.role} with {problem}: {_rule_text(rule)}", g.tenant)
+                yield _finding("rbac-rules", g.binding, f"grants tenant {g.tenant} ({_show(g.subject)}) {g.role} with {problem}: {rule_text(rule)}", g.tenant)
 
 
 def rbac_access(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
@@ -350,7 +386,7 @@ def rbac_access(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
         rules = [r for r in g.rules if r.get("verbs")]
         if not rules:
             continue
-        granted = "; ".join(_rule_text(r) for r in rules)
+        granted = "; ".join(rule_text(r) for r in rules)
         if g.scope is None:
             yield _finding("rbac-access", g.binding, f"{who} can {granted} in every namespace and on cluster-scoped resources (its Namespace included)", g.tenant)
         elif not home or home.tenant != g.tenant:
@@ -674,8 +710,8 @@ def _gpu_quota_key(key: str) -> bool:
 def _unscoped_quotas(view: View, namespace: str) -> list[Manifest]:
     return [
         m
-        for m in view.of_kind("ResourceQuota")
-        if m.namespace == namespace and not (m.obj.get("spec") or {}).get("scopes") and not (m.obj.get("spec") or {}).get("scopeSelector")
+        for m in view.in_namespace("ResourceQuota", namespace)
+        if not (m.obj.get("spec") or {}).get("scopes") and not (m.obj.get("spec") or {}).get("scopeSelector")
     ]
 
 
@@ -764,18 +800,6 @@ def _node_is_shared(labels: Mapping[str, str]) -> bool:
     return labels.get(HAMI_LABEL) == "enabled" or DEVICE_PLUGIN_CONFIG_LABEL in labels or bool(mig and mig != MIG_DISABLED_CONFIG)
 
 
-def _enforced_pod_rules(view: View, namespace: str) -> list[Mapping[str, Any]]:
-    """The validate rules of Kyverno ClusterPolicies that enforce on Pods of one namespace, by name."""
-    rules = []
-    for m in view.of_kind("ClusterPolicy"):
-        for rule in (m.obj.get("spec") or {}).get("rules") or []:
-            matched = [(f.get("resources") or {}) for f in ((rule.get("match") or {}).get("any") or [])]
-            selects = any("Pod" in (r.get("kinds") or []) and namespace in (r.get("namespaces") or []) for r in matched)
-            if selects and (rule.get("validate") or {}).get("failureAction") == "Enforce":
-                rules.append(rule)
-    return rules
-
-
 def _conditions(block: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
     conditions = (block or {}).get("conditions", block) or {}
     return list(conditions.get("any") or []) if isinstance(conditions, Mapping) else []
@@ -818,7 +842,7 @@ def gpu_placement(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
     view = View(rendered)
     low_trust = {t.tenant for t in view.tenant_namespaces.values() if t.trust == "low"}
     for t in sorted(view.tenant_namespaces.values(), key=lambda t: t.tenant):
-        kyverno = _enforced_pod_rules(view, t.namespace)
+        kyverno = view.enforced_pod_rules(t.namespace)
         annotated = _tolerations(t, TOLERATIONS_WHITELIST_ANNOTATION)
         pairs = _kyverno_toleration_pairs(kyverno)
         if not annotated and pairs is None:

@@ -31,13 +31,18 @@ import shutil
 import tempfile
 from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
+
+import msgspec
 
 from ai_factory.factory.metering.rules import INTERVAL_SECONDS, POOL_GPUS, POOL_IDLE, TENANT_ALLOCATED, TENANT_USED, UNASSIGNED
 from ai_factory.factory.model.config import FactoryConfig
 from ai_factory.factory.model.loading import ConfigError
+from ai_factory.factory.model.tenancy import tenant_names
+from ai_factory.factory.planning.credits import TENANT_ENTITLED, TENANT_UNAVAILABLE, tenant_credit
 
 MAX_PERIOD_DAYS = 366
 MAX_EXPORT_BYTES = 8 * 1024**3
@@ -47,7 +52,13 @@ RECONCILE_TOLERANCE_HOURS = 1e-6
 MIN_STEP, MAX_STEP = 1, 3600
 MIN_PART_BYTES = 32 * 1024**2
 """An export is read in parallel parts of at least this size (smaller ones in one process)."""
-READ = {TENANT_ALLOCATED, TENANT_USED, POOL_IDLE, POOL_GPUS}
+LITELLM_SPEND = "litellm_spend_metric_total"
+LITELLM_TOKENS = "litellm_total_tokens_metric_total"
+LITELLM = frozenset({LITELLM_SPEND, LITELLM_TOKENS})
+"""LiteLLM's Prometheus counters (its `prometheus` callback), per `team_alias`, `model`, key and user."""
+AVAILABILITY = frozenset({TENANT_UNAVAILABLE, TENANT_ENTITLED})
+METERING = frozenset({TENANT_ALLOCATED, TENANT_USED, POOL_IDLE, POOL_GPUS})
+READ = METERING | AVAILABILITY | LITELLM
 
 FOCUS_COLUMNS = (
     "BillingAccountId",
@@ -128,22 +139,125 @@ PoolKey = tuple[str, str, str]
 
 @dataclass
 class Sums:
-    """GPU-equivalent samples summed over the period (× step = GPU-seconds)."""
+    """What the bill integrates over the period. Gauges (GPU-equivalents) are summed samples
+    (× step = GPU-seconds); LiteLLM's counters are increases."""
 
     allocated: dict[Key, float]
     used: dict[Key, float]
     idle: dict[PoolKey, float]
     physical: dict[PoolKey, float]
+    unavailable: dict[str, float] = field(default_factory=dict)
+    """Per tenant: summed GPU-equivalents the health layer saw unavailable (SLO credits)."""
+    entitled: dict[str, float] = field(default_factory=dict)
+    spend: dict[tuple[str, str], float] = field(default_factory=dict)
+    """(tenant, model): LiteLLM's spend over the period."""
+    tokens: dict[tuple[str, str], float] = field(default_factory=dict)
+
+    @classmethod
+    def empty(cls) -> Sums:
+        return cls(*(defaultdict(float) for _ in range(8)))
+
+    def add(self, other: Sums) -> None:
+        for name in SUM_FIELDS:
+            mine = getattr(self, name)
+            for key, value in getattr(other, name).items():
+                mine[key] += value
 
 
+SUM_FIELDS = ("allocated", "used", "idle", "physical", "unavailable", "entitled", "spend", "tokens")
 Pools = dict[str, tuple[str, str]]
+Samples = list[tuple[float, float]]
 
 
-def _read_part(path: Path, begin: int, stop: int, pools: Pools, tenants: frozenset[str], period: tuple[float, float]):
+class _Series(msgspec.Struct):
+    metric: dict[str, str]
+    values: msgspec.Raw
+    """Decoded only for the series the bill reads."""
+
+
+_SERIES = msgspec.json.Decoder(_Series)
+# strict=False reads Prometheus' quoted sample values ("0.25") as floats, in C: parsing the values
+# is most of a bill's time.
+_VALUES = msgspec.json.Decoder(list[tuple[float, float]], strict=False)
+SERIES_SHAPE = 'not a range-query series ({"metric": {"__name__": ..., label: "value"}, "values": [[t, v], ...]})'
+VALUES_SHAPE = 'values must be [unix time, "number"] pairs'
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a series is checked against: the config's pools and tenants, and the period."""
+
+    pools: Pools
+    tenants: frozenset[str]
+    start: float
+    end: float
+
+    @classmethod
+    def of(cls, cfg: FactoryConfig, period: Period) -> Context:
+        return cls(
+            {p.name: (p.gpu.model, p.sharing) for p in cfg.fleet.pools},
+            frozenset({t.name for t in cfg.tenants} | {UNASSIGNED}),
+            *period.bounds,
+        )
+
+
+def add_series(sums: Sums, ctx: Context, metric: dict[str, str], values: Samples) -> str | None:
+    """Add one series of a known name to the sums; the problem if it does not fit the config."""
+    name = metric["__name__"]
+    if name in LITELLM:
+        # A request without a team (the master key, a key of no team) is the platform's.
+        tenant = metric.get("team_alias") or UNASSIGNED
+        if tenant not in ctx.tenants:
+            return f"{name} of unknown tenant {tenant!r} (label team_alias: a tenant's LiteLLM team is named after it)"
+        total = counter_increase(values, ctx.start, ctx.end)
+        target = sums.spend if name == LITELLM_SPEND else sums.tokens
+        key: Any = (tenant, metric.get("model", ""))
+    elif name in AVAILABILITY:
+        tenant = metric.get("tenant", "")
+        if tenant not in ctx.tenants:
+            return f"{name} of unknown tenant {tenant!r}"
+        total, target, key = _gauge(values, ctx), (sums.entitled if name == TENANT_ENTITLED else sums.unavailable), tenant
+    else:
+        pool = metric.get("pool", "")
+        if pool not in ctx.pools:
+            return f"{name} of unknown pool {pool!r} (the fleet's pools: {', '.join(sorted(ctx.pools))})"
+        if (metric.get("gpu_model"), metric.get("mode")) != ctx.pools[pool]:
+            return f"{name} says pool {pool} is {metric.get('gpu_model')}/{metric.get('mode')}; the config says {'/'.join(ctx.pools[pool])}"
+        key = (pool, *ctx.pools[pool])
+        if name in (TENANT_ALLOCATED, TENANT_USED):
+            tenant = metric.get("tenant", "")
+            if tenant not in ctx.tenants:
+                return f"{name} of unknown tenant {tenant!r}"
+            key = (tenant, *key)
+        total = _gauge(values, ctx)
+        target = {TENANT_ALLOCATED: sums.allocated, TENANT_USED: sums.used, POOL_IDLE: sums.idle, POOL_GPUS: sums.physical}[name]
+    if not math.isfinite(total):
+        return f"{name}: a sample is not a finite number (NaN or ±Inf), which no bill can add up"
+    target[key] += total
+    return None
+
+
+def _gauge(values: Samples, ctx: Context) -> float:
+    start, end = ctx.start, ctx.end
+    return math.fsum(v for t, v in values if start <= t < end)
+
+
+def counter_increase(values: Samples, start: float, end: float) -> float:
+    """A counter's increase from its samples in [start, end], end included so that consecutive
+    periods share their boundary sample and no increase is lost or counted twice; a drop is a
+    counter reset (the process restarted), after which the counter counts from zero."""
+    total, last = 0.0, None
+    for t, v in sorted((t, v) for t, v in values if start <= t <= end):
+        if last is not None:
+            total += v - last if v >= last else v
+        last = v
+    return total
+
+
+def _read_part(path: Path, begin: int, stop: int, ctx: Context):
     """Sums and problems of the lines in bytes [begin, stop) of the export (whole lines); problems
     carry the line's number within the part, and the part's line count comes back too."""
-    start, end = period
-    sums: dict[str, dict[tuple[str, ...], float]] = {name: defaultdict(float) for name in READ}
+    sums = Sums.empty()
     problems: list[tuple[int, str]] = []
     number = 0
     with path.open("rb") as f:
@@ -154,35 +268,22 @@ def _read_part(path: Path, begin: int, stop: int, pools: Pools, tenants: frozens
             if not raw.strip():
                 continue
             try:
-                series = json.loads(raw)
-                metric, values = series["metric"], series["values"]
-                name = metric["__name__"]
-            except (ValueError, KeyError, TypeError):
-                problems.append((number, 'not a range-query series ({"metric": {"__name__": ...}, "values": [[t, v], ...]})'))
+                series = _SERIES.decode(raw)
+                name = series.metric["__name__"]
+            except (msgspec.DecodeError, KeyError):
+                problems.append((number, SERIES_SHAPE))
                 continue
             if name not in READ:
                 continue
-            pool = metric.get("pool", "")
-            if pool not in pools:
-                problems.append((number, f"{name} of unknown pool {pool!r} (the fleet's pools: {', '.join(sorted(pools))})"))
-                continue
-            if (metric.get("gpu_model"), metric.get("mode")) != pools[pool]:
-                problems.append((number, f"{name} says pool {pool} is {metric.get('gpu_model')}/{metric.get('mode')}; the config says {'/'.join(pools[pool])}"))
-                continue
-            key: tuple[str, ...] = (pool, *pools[pool])
-            if name in (TENANT_ALLOCATED, TENANT_USED):
-                tenant = metric.get("tenant", "")
-                if tenant not in tenants:
-                    problems.append((number, f"{name} of unknown tenant {tenant!r}"))
-                    continue
-                key = (tenant, *key)
             try:
-                total = math.fsum(float(v) for t, v in values if start <= t < end)
-            except (ValueError, TypeError):
-                problems.append((number, 'values must be [unix time, "number"] pairs'))
+                values = _VALUES.decode(series.values)
+            except msgspec.DecodeError:
+                problems.append((number, VALUES_SHAPE))
                 continue
-            sums[name][key] += total
-    return {name: dict(part) for name, part in sums.items()}, problems, number
+            problem = add_series(sums, ctx, series.metric, values)
+            if problem:
+                problems.append((number, problem))
+    return sums, problems, number
 
 
 def _parts(path: Path, size: int, jobs: int) -> list[tuple[int, int]]:
@@ -198,40 +299,40 @@ def _parts(path: Path, size: int, jobs: int) -> list[tuple[int, int]]:
 
 
 def read_export(path: Path, cfg: FactoryConfig, period: Period, jobs: int = 1) -> Sums:
-    """Sum every metering series of the export over the period; every problem at once. With
-    `jobs` > 1, parts of the file are read in that many processes (results do not depend on it
-    beyond float rounding far below the bill's six decimals)."""
+    """Sum every series the bill reads over the period; every problem at once. With `jobs` > 1,
+    parts of the file are read in that many processes (results do not depend on it beyond float
+    rounding far below the bill's six decimals)."""
     try:
         size = path.stat().st_size
     except OSError as err:
         raise ConfigError([f"export: cannot read {path}: {err.strerror}"], "bill") from None
     if size > MAX_EXPORT_BYTES:
         raise ConfigError([f"export: {path} is {size} bytes, more than {MAX_EXPORT_BYTES}"], "bill")
-    pools = {p.name: (p.gpu.model, p.sharing) for p in cfg.fleet.pools}
-    tenants = frozenset({t.name for t in cfg.tenants} | {UNASSIGNED})
+    ctx = Context.of(cfg, period)
     parts = _parts(path, size, max(1, min(jobs, size // MIN_PART_BYTES)))
-    arguments = [(path, a, b, pools, tenants, period.bounds) for a, b in parts]
+    arguments = [(path, a, b, ctx) for a, b in parts]
     if len(parts) > 1:
         with ProcessPoolExecutor(len(parts)) as pool:
             results = list(pool.map(_read_part, *zip(*arguments)))
     else:
         results = [_read_part(*a) for a in arguments]
-    sums = Sums(defaultdict(float), defaultdict(float), defaultdict(float), defaultdict(float))
-    targets = {TENANT_ALLOCATED: sums.allocated, TENANT_USED: sums.used, POOL_IDLE: sums.idle, POOL_GPUS: sums.physical}
+    sums = Sums.empty()
     problems: list[str] = []
     first = 0
     for part_sums, part_problems, lines in results:
-        for name, values in part_sums.items():
-            for key, total in values.items():
-                targets[name][key] += total
+        sums.add(part_sums)
         problems += [f"export line {first + n}: {message}" for n, message in part_problems]
         first += lines
+    raise_problems(problems)
+    return sums
+
+
+def raise_problems(problems: list[str]) -> None:
     if problems:
         listed = problems[:MAX_LISTED_PROBLEMS]
         if len(problems) > len(listed):
-            listed.append(f"export: {len(problems) - len(listed)} more problem(s) not listed")
+            listed.append(f"{len(problems) - len(listed)} more problem(s) not listed")
         raise ConfigError(listed, "bill")
-    return sums
 
 
 def _hours(samples: float, step: int) -> float:
@@ -247,68 +348,198 @@ def _instant(moment: datetime) -> str:
 
 
 @dataclass(frozen=True)
+class OpenCostCosts:
+    """What OpenCost's allocation API says a tenant's namespace cost over the period."""
+
+    cpu_core_hours: float = 0.0
+    cpu_cost: float = 0.0
+    ram_gib_hours: float = 0.0
+    ram_cost: float = 0.0
+    pv_gib_hours: float = 0.0
+    pv_cost: float = 0.0
+    network_gib: float = 0.0
+    network_cost: float = 0.0
+
+    def __add__(self, other: OpenCostCosts) -> OpenCostCosts:
+        return OpenCostCosts(*(a + b for a, b in zip(astuple(self), astuple(other))))
+
+
+@dataclass(frozen=True)
+class OpenCost:
+    tenants: dict[str, OpenCostCosts]
+    unattributed: float
+    """The cost of every other allocation (platform namespaces, `__idle__`, `__unallocated__`)."""
+
+
+OPENCOST_SHAPE = 'not an OpenCost allocation response ({"code": 200, "data": [{"<namespace>": {"cpuCost": ..., "window": {...}}}]})'
+OPENCOST_NUMBERS = ("cpuCoreHours", "cpuCost", "ramByteHours", "ramCost", "pvByteHours", "pvCost", "networkTransferBytes", "networkCost", "totalCost")
+MAX_OPENCOST_BYTES = 256 * 1024**2
+GIB = 1024.0**3
+
+
+def read_opencost(path: Path, cfg: FactoryConfig, period: Period) -> OpenCost:
+    """OpenCost's `/allocation?window=<start>,<end>&aggregate=namespace` response, saved as a file
+    (one set with `accumulate=true`, or one per step: they are added up). A tenant's namespace is
+    its allocation; every allocation's window must lie within the bill's period."""
+    try:
+        if path.stat().st_size > MAX_OPENCOST_BYTES:
+            raise ConfigError([f"opencost: {path} is larger than {MAX_OPENCOST_BYTES} bytes"], "bill")
+        document = json.loads(path.read_bytes())
+    except OSError as err:
+        raise ConfigError([f"opencost: cannot read {path}: {err.strerror}"], "bill") from None
+    except ValueError:
+        raise ConfigError([f"opencost: {path}: {OPENCOST_SHAPE}"], "bill") from None
+    sets = document.get("data") if isinstance(document, dict) and document.get("code") == 200 else None
+    if not isinstance(sets, list) or not all(isinstance(s, dict) for s in sets):
+        raise ConfigError([f"opencost: {path}: {OPENCOST_SHAPE}"], "bill")
+    tenant_of = {tenant_names(t).namespace: t.name for t in cfg.tenants}
+    start, end = period.bounds
+    tenants: dict[str, OpenCostCosts] = {}
+    unattributed, problems = 0.0, []
+    for i, allocations in enumerate(sets):
+        for name, allocation in sorted(allocations.items()):
+            where = f"opencost: data[{i}].{name}"
+            if not isinstance(allocation, dict):
+                problems.append(f"{where}: not an allocation object")
+                continue
+            numbers = {k: allocation.get(k, 0) for k in OPENCOST_NUMBERS}
+            bad = [k for k, v in numbers.items() if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0]
+            if bad:
+                problems.append(f"{where}: {', '.join(bad)} must be non-negative numbers")
+                continue
+            window = allocation.get("window") if isinstance(allocation.get("window"), dict) else {}
+            try:
+                lo, hi = (parse_time(str(window[k]).replace("Z", "+00:00"), f"{where}.window.{k}").timestamp() for k in ("start", "end"))
+            except (KeyError, ConfigError):
+                problems.append(f"{where}: window must have ISO 8601 start and end")
+                continue
+            if lo < start or hi > end:
+                problems.append(f"{where}: window {window['start']}..{window['end']} is outside the bill's period")
+                continue
+            tenant = tenant_of.get(name)
+            if tenant is None:
+                unattributed += numbers["totalCost"]
+                continue
+            costs = OpenCostCosts(
+                numbers["cpuCoreHours"], numbers["cpuCost"], numbers["ramByteHours"] / GIB, numbers["ramCost"],
+                numbers["pvByteHours"] / GIB, numbers["pvCost"], numbers["networkTransferBytes"] / GIB, numbers["networkCost"],
+            )
+            tenants[tenant] = tenants.get(tenant, OpenCostCosts()) + costs
+    raise_problems(problems)
+    return OpenCost(dict(sorted(tenants.items())), unattributed)
+
+
+@dataclass(frozen=True)
 class Bill:
     rows: list[dict[str, str]]
     totals: list[dict[str, str]]
     by_tenant_mode: dict[tuple[str, str], float]
     idle_by_pool: dict[str, float]
+    credits: list[dict[str, str]] = field(default_factory=list)
+    unattributed_opencost: float = 0.0
 
     def summary(self) -> str:
         physical = sum(float(t["physical_gpu_hours"]) for t in self.totals)
         billed = sum(float(t["billed_gpu_hours"]) for t in self.totals)
         idle = sum(float(t["idle_gpu_hours"]) for t in self.totals)
-        cost = sum(float(r["BilledCost"]) for r in self.rows)
-        currency = self.totals[0]["currency"] if self.totals else ""
-        return (
+        costs: dict[str, float] = defaultdict(float)
+        for r in self.rows:
+            costs[r["BillingCurrency"]] += float(r["BilledCost"])
+        cost = " + ".join(f"{v:.2f} {c}" for c, v in sorted(costs.items())) or "0"
+        lines = [
             f"{len(self.rows)} bill line(s); physical {physical:.3f} GPU-hours = billed {billed:.3f} + idle {idle:.3f}"
-            f" (unreconciled {physical - billed - idle:.6f}); billed cost {cost:.2f} {currency}"
-        )
+            f" (unreconciled {physical - billed - idle:.6f}); billed cost {cost}"
+        ]
+        if self.credits:
+            owed = [c for c in self.credits if float(c["credit_gpu_hours"]) > 0]
+            lines.append(f"SLO credits: {len(owed)} of {len(self.credits)} tenant(s) owed {sum(float(c['credit_gpu_hours']) for c in owed):.3f} GPU-hours")
+        if self.unattributed_opencost:
+            lines.append(f"OpenCost: {self.unattributed_opencost:.2f} of cost outside every tenant's namespace (platform, idle), not billed")
+        return "\n".join(lines)
 
 
-def compute(cfg: FactoryConfig, env: str, period: Period, sums: Sums, step: int) -> Bill:
-    prices = cfg.layers.metrics.prices
+def _line(env: str, period: Period, tenant: str, **fields: str) -> dict[str, str]:
+    """A FOCUS row of the tenant's with the period's columns; every column present."""
     begin, finish = _instant(period.start), _instant(period.end)
+    row = dict.fromkeys(FOCUS_COLUMNS, "")
+    row.update(
+        BillingAccountId=env, BillingPeriodStart=begin, BillingPeriodEnd=finish, ChargePeriodStart=begin, ChargePeriodEnd=finish,
+        ChargeCategory="Usage", SubAccountId=tenant, SubAccountName=tenant,
+    )
+    row.update(fields)
+    return row
+
+
+def _priced(cost: float, currency: str, quantity: float, unit: str, price: float | None = None) -> dict[str, str]:
+    unit_price = price if price is not None else (cost / quantity if quantity else 0.0)
+    return {
+        "BillingCurrency": currency, "ListUnitPrice": _fmt(unit_price), "ListCost": _fmt(cost), "BilledCost": _fmt(cost), "EffectiveCost": _fmt(cost),
+        "PricingQuantity": _fmt(quantity), "PricingUnit": unit, "ConsumedQuantity": _fmt(quantity), "ConsumedUnit": unit,
+    }
+
+
+OPENCOST_LINES = (
+    # (what, FOCUS ServiceCategory, unit, quantity field, cost field)
+    ("CPU", "Compute", "Core-Hours", "cpu_core_hours", "cpu_cost"),
+    ("memory", "Compute", "GiB-Hours", "ram_gib_hours", "ram_cost"),
+    ("storage", "Storage", "GiB-Hours", "pv_gib_hours", "pv_cost"),
+    ("network", "Networking", "GiB", "network_gib", "network_cost"),
+)
+LITELLM_CURRENCY = "USD"
+"""LiteLLM prices tokens from its model cost map, in US dollars."""
+
+
+def compute(cfg: FactoryConfig, env: str, period: Period, sums: Sums, step: int, opencost: OpenCost | None = None) -> Bill:
+    prices = cfg.layers.metrics.prices
     rows = []
+    gpu_cost: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
     for key in sorted(sums.allocated):
         tenant, pool, model, mode = key
         allocated = _hours(sums.allocated[key], step)
         used = _hours(sums.used.get(key, 0.0), step)
         price = prices.gpu_hour[model]
-        cost = allocated * price
-        rows.append(
-            {
-                "BillingAccountId": env,
-                "BillingPeriodStart": begin,
-                "BillingPeriodEnd": finish,
-                "ChargePeriodStart": begin,
-                "ChargePeriodEnd": finish,
-                "ChargeCategory": "Usage",
-                "ChargeDescription": f"{mode} {model} GPU-equivalent hours in pool {pool}",
-                "BillingCurrency": prices.currency,
-                "ListUnitPrice": _fmt(price),
-                "ListCost": _fmt(cost),
-                "BilledCost": _fmt(cost),
-                "EffectiveCost": _fmt(cost),
-                "PricingQuantity": _fmt(allocated),
-                "PricingUnit": "GPU-Hours",
-                "ConsumedQuantity": _fmt(allocated),
-                "ConsumedUnit": "GPU-Hours",
-                "ResourceId": f"{env}/{pool}",
-                "ResourceName": pool,
-                "ResourceType": "GPU",
-                "ServiceCategory": "Compute",
-                "ServiceName": "ai-factory GPU",
-                "SkuId": f"{model}/{mode}",
-                "SubAccountId": tenant,
-                "SubAccountName": tenant,
-                "x_Pool": pool,
-                "x_GpuModel": model,
-                "x_SharingMode": mode,
-                "x_AllocatedGpuHours": _fmt(allocated),
-                "x_UsedGpuHours": _fmt(used) if key in sums.used else "",
-                "x_Utilisation": _fmt(used / allocated) if key in sums.used and allocated else "",
-            }
-        )
+        gpu_cost[tenant][0] += allocated * price
+        gpu_cost[tenant][1] += allocated
+        rows.append(_line(
+            env, period, tenant,
+            ChargeDescription=f"{mode} {model} GPU-equivalent hours in pool {pool}",
+            **_priced(allocated * price, prices.currency, allocated, "GPU-Hours", price),
+            ResourceId=f"{env}/{pool}", ResourceName=pool, ResourceType="GPU", ServiceCategory="Compute", ServiceName="ai-factory GPU",
+            SkuId=f"{model}/{mode}", x_Pool=pool, x_GpuModel=model, x_SharingMode=mode, x_AllocatedGpuHours=_fmt(allocated),
+            x_UsedGpuHours=_fmt(used) if key in sums.used else "",
+            x_Utilisation=_fmt(used / allocated) if key in sums.used and allocated else "",
+        ))
+    for tenant, costs in (opencost.tenants if opencost else {}).items():
+        for what, category, unit, quantity, cost in OPENCOST_LINES:
+            amount, count = getattr(costs, cost), getattr(costs, quantity)
+            if amount or count:
+                rows.append(_line(
+                    env, period, tenant, ChargeDescription=f"{what} of namespace {tenant_namespace(cfg, tenant)} (OpenCost)",
+                    **_priced(amount, prices.currency, count, unit), ResourceId=f"{env}/{tenant_namespace(cfg, tenant)}",
+                    ResourceName=tenant_namespace(cfg, tenant), ResourceType="Namespace", ServiceCategory=category,
+                    ServiceName="ai-factory compute (OpenCost)", SkuId=f"opencost/{what}",
+                ))
+    for tenant, model in sorted(set(sums.spend) | set(sums.tokens)):
+        spend, tokens = sums.spend.get((tenant, model), 0.0), sums.tokens.get((tenant, model), 0.0)
+        rows.append(_line(
+            env, period, tenant, ChargeDescription=f"tokens of model {model or '(none)'} through the model gateway (LiteLLM)",
+            **_priced(spend, LITELLM_CURRENCY, tokens, "Tokens"), ResourceId=f"{env}/litellm/{model}", ResourceName=model,
+            ResourceType="Model", ServiceCategory="AI and Machine Learning", ServiceName="ai-factory model gateway (LiteLLM)", SkuId=f"litellm/{model}",
+        ))
+    credit_rows = slo_credits(cfg, sums, step)
+    for credit in credit_rows:
+        hours = float(credit["credit_gpu_hours"])
+        if hours <= 0:
+            continue
+        cost, billed_hours = gpu_cost.get(credit["tenant"], (0.0, 0.0))
+        price = cost / billed_hours if billed_hours else 0.0
+        credit["credit_cost"] = _fmt(hours * price)
+        rows.append(_line(
+            env, period, credit["tenant"], ChargeCategory="Credit",
+            ChargeDescription=f"SLO credit: GPU availability {credit['availability']} below the {credit['trust']} target {credit['target']}",
+            **_priced(-hours * price, prices.currency, hours, "GPU-Hours", price), ResourceType="GPU", ServiceCategory="Compute",
+            ServiceName="ai-factory GPU", SkuId="slo-credit",
+        ))
     totals = []
     for pool_key in sorted(set(sums.physical) | set(sums.idle) | {k[1:] for k in sums.allocated}):
         pool, model, mode = pool_key
@@ -331,7 +562,31 @@ def compute(cfg: FactoryConfig, env: str, period: Period, sums: Sums, step: int)
     for (tenant, _, _, mode), samples in sums.allocated.items():
         by_tenant_mode[(tenant, mode)] += _hours(samples, step)
     idle_by_pool = {pool: _hours(v, step) for (pool, _, _), v in sorted(sums.idle.items())}
-    return Bill(rows, totals, dict(by_tenant_mode), idle_by_pool)
+    return Bill(rows, totals, dict(by_tenant_mode), idle_by_pool, credit_rows, opencost.unattributed if opencost else 0.0)
+
+
+def tenant_namespace(cfg: FactoryConfig, tenant: str) -> str:
+    return next(tenant_names(t).namespace for t in cfg.tenants if t.name == tenant)
+
+
+CREDIT_COLUMNS = ("tenant", "trust", "target", "entitled_gpu_hours", "lost_gpu_hours", "availability", "credit_gpu_hours", "credit_cost", "currency")
+
+
+def slo_credits(cfg: FactoryConfig, sums: Sums, step: int) -> list[dict[str, str]]:
+    """Per tenant the health layer reports on, `credits.tenant_credit` of the GPU-hours it was
+    entitled to and lost over the period (its availability rules integrated like the metering's);
+    a credit is priced at the tenant's mean GPU-hour price in this bill."""
+    trust = {t.name: t.trust for t in cfg.tenants}
+    result = []
+    for tenant in sorted(set(sums.entitled) - {UNASSIGNED}):
+        level = trust[tenant]
+        c = tenant_credit(tenant, level, getattr(cfg.layers.health.slo, level), _hours(sums.entitled[tenant], step), _hours(sums.unavailable.get(tenant, 0.0), step))
+        result.append({
+            "tenant": tenant, "trust": level, "target": repr(c.target), "entitled_gpu_hours": _fmt(c.entitled_gpu_hours),
+            "lost_gpu_hours": _fmt(c.lost_gpu_hours), "availability": _fmt(c.availability), "credit_gpu_hours": _fmt(c.credit_gpu_hours),
+            "credit_cost": _fmt(0.0), "currency": cfg.layers.metrics.prices.currency,
+        })
+    return result
 
 
 def _csv(columns: tuple[str, ...], rows: list[dict[str, str]]) -> str:
@@ -383,6 +638,8 @@ def write(bill: Bill, out: Path) -> None:
         (staging / "bill.csv").write_text(_csv(FOCUS_COLUMNS, bill.rows))
         (staging / "totals.csv").write_text(_csv(TOTAL_COLUMNS, bill.totals))
         (staging / "gpu-hours.svg").write_text(svg_chart(bill))
+        if bill.credits:
+            (staging / "credits.csv").write_text(_csv(CREDIT_COLUMNS, bill.credits))
         if out.exists():
             shutil.rmtree(out)
         os.replace(staging, out)
@@ -399,15 +656,30 @@ def unreconciled(bill: Bill) -> list[str]:
     ]
 
 
-def make_bill(cfg: FactoryConfig, env: str, export: Path, start: str, end: str, out: Path, step: int = INTERVAL_SECONDS, jobs: int = 2) -> Bill:
-    """Check everything, compute, then write; a problem anywhere writes nothing (ConfigError)."""
+def make_bill(
+    cfg: FactoryConfig,
+    env: str,
+    start: str,
+    end: str,
+    out: Path,
+    *,
+    export: Path | None = None,
+    prometheus: str | None = None,
+    opencost: Path | None = None,
+    step: int = INTERVAL_SECONDS,
+    jobs: int = 2,
+) -> Bill:
+    """Check everything, compute, then write; a problem anywhere writes nothing (ConfigError). The
+    series come from an offline `export` or a live `prometheus` URL (exactly one)."""
     problems = price_problems(cfg)
+    if (export is None) == (prometheus is None):
+        problems.append("source: give exactly one of an export file or a Prometheus URL")
     if not MIN_STEP <= step <= MAX_STEP:
         problems.append(f"step: {step} s is outside {MIN_STEP}..{MAX_STEP}")
     instants = []
-    for text, field in ((start, "start"), (end, "end")):
+    for text, name in ((start, "start"), (end, "end")):
         try:
-            instants.append(parse_time(text, field))
+            instants.append(parse_time(text, name))
         except ConfigError as err:
             problems += err.problems
     period = Period(*instants) if len(instants) == 2 else None
@@ -415,10 +687,16 @@ def make_bill(cfg: FactoryConfig, env: str, export: Path, start: str, end: str, 
         problems += period_problems(period)
     if problems or period is None:
         raise ConfigError(problems, "bill")
-    sums = read_export(export, cfg, period, jobs)
-    bill = compute(cfg, env, period, sums, step)
+    if export is not None:
+        sums = read_export(export, cfg, period, jobs)
+    else:
+        from ai_factory.factory.metering.prometheus import read_prometheus
+
+        sums = read_prometheus(str(prometheus), cfg, period, step)
+    costs = read_opencost(opencost, cfg, period) if opencost is not None else None
+    bill = compute(cfg, env, period, sums, step, costs)
     problems = unreconciled(bill)
     if problems:
-        raise ConfigError(problems, "bill (the export does not reconcile)")
+        raise ConfigError(problems, "bill (the series do not reconcile)")
     write(bill, out)
     return bill

@@ -218,6 +218,18 @@ CHARTS: dict[str, ChartSource] = {
         oracle_dir="lws/chart",
         crd_groups=("leaderworkerset.x-k8s.io",),
     ),
+    # Mellanox/network-operator tag v26.4.1, the latest stable release (master is 26.7.0-rc.1); its values
+    # are chart-release/. The bundled SR-IOV Network Operator (NVIDIA's build, its CRDs in the chart)
+    # is the one installed: the standalone sriov-network-operator chart would be a second operator
+    # fighting over the same SriovNetworkNodePolicies. No values schema.
+    "network-operator": ChartSource(
+        name="network-operator",
+        repository="https://helm.ngc.nvidia.com/nvidia",
+        version="26.4.1",
+        oracle_dir="network-operator/chart-release",
+        # nv-ipam's CRDs come from the operator once a NicClusterPolicy asks for nv-ipam.
+        crd_groups=("mellanox.com", "k8s.cni.cncf.io", "sriovnetwork.openshift.io", "sriovnetwork.k8snetworkplumbingwg.io", "nv-ipam.nvidia.com"),
+    ),
 }
 
 

@@ -13,6 +13,7 @@ here) and a component in `components/` listed in `components.LAYERS`.
 from __future__ import annotations
 
 import re
+import ipaddress
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, model_validator
@@ -87,8 +88,10 @@ class NumaDomain(Model):
     node: int = Field(ge=0, le=MAX_ITEMS)
     gpus: list[Annotated[int, Field(ge=0, lt=MAX_GPUS_PER_NODE)]] = Field(min_length=1, max_length=MAX_GPUS_PER_NODE)
     """GPU indexes (as the driver numbers them) attached to this NUMA node."""
-    nics: list[Annotated[str, StringConstraints(max_length=64)]] = Field(default=[], max_length=MAX_ITEMS)
-    """RDMA NIC names (e.g. `mlx5_0`) on this NUMA node, paired with its GPUs for GPUDirect RDMA."""
+    nics: list[Annotated[str, StringConstraints(pattern=r"^[a-zA-Z0-9][-_.a-zA-Z0-9]*$", max_length=15)]] = Field(default=[], max_length=MAX_ITEMS)
+    """The RDMA NICs on this NUMA node, paired with its GPUs for GPUDirect RDMA, by the network
+    interface name of their physical function (e.g. `ibp24s0`, `ens1f0np0`: what SR-IOV policies and
+    the RDMA device plugin select on). A NIC belongs to one NUMA node only."""
     cpus: Annotated[str, StringConstraints(max_length=MAX_TEXT)] = ""
     """CPU list in cpuset syntax, e.g. `0-47`."""
 
@@ -144,6 +147,20 @@ class HamiPool(Model):
     """HAMi `deviceSplitCount`: at most this many containers on one GPU."""
 
 
+class PoolNetwork(Model):
+    """How an RDMA pool (`topology.fabric` `roce` or `infiniband`) exposes its NICs
+    (`topology.numa[].nics`) to pods, through the NVIDIA Network Operator (`components/network.py`)."""
+
+    devices: Literal["sriov", "rdma-shared"] = "sriov"
+    """`sriov`: each NIC is cut into virtual functions (SR-IOV Network Operator), one per pod
+    interface, each tenant's on its own InfiniBand partition or VLAN: the only mode that keeps
+    tenants' RDMA traffic apart. `rdma-shared`: every pod of the node shares the NICs' RDMA devices
+    (RDMA shared device plugin), with no per-tenant partition: only for a pool serving one trust
+    domain."""
+    vfs_per_nic: int = Field(default=8, ge=1, le=127)
+    """Virtual functions per NIC (`sriov`): at most this many pods per NIC and node."""
+
+
 class Pool(Model):
     name: DnsLabel
     site: DnsLabel
@@ -157,6 +174,7 @@ class Pool(Model):
     `dra`), MIG instances, time-sliced replicas or HAMi soft slices. Sharing is only ever granted
     inside one trust domain; the planner decides which GPU serves which domain."""
     topology: Topology = Topology()
+    network: PoolNetwork = PoolNetwork()
     driver: DriverSettings = DriverSettings()
     time_slicing: TimeSlicing = TimeSlicing()
     hami: HamiPool = HamiPool()
@@ -468,6 +486,108 @@ class TrivyLayer(Model):
     namespace: DnsLabel = "trivy-system"
 
 
+PKEY_DEFAULT = 0x7FFF
+"""The default InfiniBand partition: every port is a full member, so it isolates nothing."""
+PKEY_MAX = 0x7FFE
+VLAN_MAX = 4094
+
+
+def _parse_pkey(value: object) -> object:
+    # Partition keys are written in hex (`0x0101`), as subnet managers and ib-sriov show them.
+    if isinstance(value, str) and value.lower().startswith("0x"):
+        try:
+            return int(value, 16)
+        except ValueError:
+            raise ValueError(f"{value!r} is not a hexadecimal partition key") from None
+    return value
+
+
+def _valid_pkey(value: int) -> int:
+    if value == PKEY_DEFAULT:
+        raise ValueError("0x7fff is the default partition, of which every port is a member: it isolates nothing")
+    if not 1 <= value <= PKEY_MAX:
+        raise ValueError(f"{value:#x} is outside the 15-bit partition keys 0x0001-0x7ffe (the membership bit is not part of the key)")
+    return value
+
+
+def _valid_vlan(value: int) -> int:
+    if not 2 <= value <= VLAN_MAX:
+        raise ValueError(f"VLAN {value} is outside 2-4094 (0 and 4095 are reserved, 1 is the default VLAN of every port)")
+    return value
+
+
+def _ipv4_network(value: str) -> str:
+    try:
+        network = ipaddress.IPv4Network(value)
+    except ValueError as err:
+        raise ValueError(f"not an IPv4 network in CIDR notation: {err}") from None
+    if network.prefixlen > 24:
+        raise ValueError("a tenant RDMA network needs at least a /24")
+    return value
+
+
+PartitionKey = Annotated[int, BeforeValidator(_parse_pkey), AfterValidator(_valid_pkey)]
+"""An InfiniBand partition key (15 bits, never the default 0x7fff), as an integer or `0x...`."""
+VlanId = Annotated[int, AfterValidator(_valid_vlan)]
+
+
+class KeyRange(Model):
+    """The partition keys (or VLANs) the planner allocates from; keys given by hand may be outside it."""
+
+    first: int
+    last: int
+
+    @model_validator(mode="after")
+    def _ordered(self) -> KeyRange:
+        if self.first > self.last:
+            raise ValueError(f"first ({self.first}) is above last ({self.last})")
+        return self
+
+
+class PartitionKeyRange(KeyRange):
+    first: PartitionKey = 0x0100
+    last: PartitionKey = PKEY_MAX
+
+
+class VlanRange(KeyRange):
+    first: VlanId = 100
+    last: VlanId = 3999
+
+
+DocaVersion = Annotated[str, StringConstraints(pattern=r"^[0-9A-Za-z][-0-9A-Za-z.]*$", max_length=64)]
+
+
+class NetworkLayer(Model):
+    """The fast path (`components/network.py`): the NVIDIA Network Operator, with Multus, the
+    container network plugins, nv-ipam, ib-kubernetes (InfiniBand), the RDMA shared device plugin or
+    its bundled SR-IOV Network Operator, per pool. Installed only when a pool's fabric is RoCE or
+    InfiniBand; each tenant with an RDMA network gets its own partition key or VLAN (the plan)."""
+
+    enabled: bool = True
+    """Off is refused while a pool has an RDMA fabric: its NICs would serve no pod."""
+    chart: Chart = Chart.pinned("network-operator")
+    namespace: DnsLabel = "nvidia-network-operator"
+    driver: Literal["host", "doca"] = "host"
+    """`host`: the NIC driver (MLNX_OFED/DOCA-OFED or inbox) comes with the node's OS image (the
+    provisioning layer); `doca`: the operator runs the DOCA-OFED driver container on RDMA nodes."""
+    doca_driver_version: DocaVersion | None = None
+    """The DOCA-OFED driver container's tag (`nvcr.io/nvidia/mellanox/doca-driver`), required with
+    `driver: doca`: it must match the node's kernel and the operator release's support matrix."""
+    ufm_secret: DnsLabel = "ufm-credentials"
+    """Secret (in `namespace`, created by the site, never by this library) holding UFM's address and
+    credentials: ib-kubernetes adds each pod's GUID to its tenant's partition through UFM."""
+    pkeys: PartitionKeyRange = PartitionKeyRange()
+    """Partition keys the planner gives tenants on InfiniBand (unique in the fleet)."""
+    vlans: VlanRange = VlanRange()
+    """VLANs the planner gives tenants on RoCE (unique per site's RoCE fabric)."""
+    subnet: Annotated[str, StringConstraints(max_length=18), AfterValidator(_ipv4_network)] = "100.64.0.0/10"
+    """Addresses of every tenant RDMA network (nv-ipam, one pool per tenant network). Networks of
+    different tenants are apart (partition, VLAN), so they reuse the range; it must not overlap the
+    cluster's pod or service ranges, which share the pod's routing table."""
+    per_node_addresses: int = Field(default=64, ge=8, le=4096)
+    """Addresses nv-ipam gives each node of a tenant network (at least its pods on that network)."""
+
+
 XidClass = Literal["fatal", "needs-reset", "informational"]
 """What an NVIDIA XID error means for its node (`components/health.py` holds the table and its source)."""
 
@@ -624,6 +744,7 @@ class Layers(Model):
     health: HealthLayer = HealthLayer()
     metrics: MetricsLayer = MetricsLayer()
     serving: ServingLayer = ServingLayer()
+    network: NetworkLayer = NetworkLayer()
 
 
 # --------------------------------------------------------------------------- identity
@@ -680,6 +801,10 @@ class GpuDemand(Model):
     mig: dict[Annotated[str, StringConstraints(max_length=64)], Annotated[int, Field(ge=1, le=MAX_GPU_UNITS)]] = Field(default={}, max_length=MAX_ITEMS)
     memory_mib: int | None = Field(default=None, ge=256, le=1 << 24)
     cores_percent: int | None = Field(default=None, ge=1, le=100)
+    rdma: bool | None = None
+    """An RDMA network for this demand on the pool's fabric (its own partition key or VLAN): `None`
+    (default) when the plan spreads the tenant's GPUs on the pool over several nodes, `true` always
+    (multi-pod jobs inside one node too), `false` never. Only on an RDMA pool exposing SR-IOV."""
     memory_oversubscription: float = Field(default=1.0, ge=1.0, le=4.0)
     """HAMi only: device-memory scaling on this tenant's GPUs (HAMi `deviceMemoryScaling`). 1 = no
     oversubscription, the default; above 1 the tenant opts in to sharing memory that may not be there."""
@@ -885,6 +1010,35 @@ class ServedModel(Model):
     cache_gib: int | None = Field(default=None, ge=1, le=65536)
     """Size of the model's download cache, a volume in the tenant's namespace only; default: the
     weights' size plus a quarter, rounded up."""
+class TenantVpc(Model):
+    """A VPC (overlay network) the tenant's pods join through a secondary interface. The fabric
+    (VXLAN/EVPN on the leaf switches, or BlueField DPUs running OVN/OVS in their Arm cores) is
+    managed outside Kubernetes; this names what Kubernetes needs to use it (see README, "Fast path")."""
+
+    name: DnsLabel
+    kind: Literal["evpn", "dpu"]
+    """`evpn`: the leaf switches map `vlan` on the nodes' uplinks to the VXLAN `vni`; `dpu`: the
+    nodes' BlueField DPUs map their host-facing representor to `vni`."""
+    vni: int = Field(ge=1, le=16_777_215)
+    """The VXLAN network identifier of the VPC, as the external fabric manager defines it."""
+    vlan: VlanId
+    """The VLAN the external fabric hands the VPC over on (leaf port or DPU host interface)."""
+    uplink: Annotated[str, StringConstraints(pattern=r"^[a-zA-Z0-9][-_.a-zA-Z0-9]*$", max_length=15)]
+    """The node interface that carries `vlan` (a bond or a DPU host interface), as on every node of
+    the tenant's pools."""
+    subnet: Annotated[str, StringConstraints(max_length=18), AfterValidator(_ipv4_network)]
+    """The VPC's addresses handed to the tenant's pods (nv-ipam), as the VPC's routing expects."""
+
+
+class TenantNetwork(Model):
+    """The tenant's fast-path networks. Keys are allocated by the planner and recorded in the plan
+    lock; give one here only to keep a key an outside system already uses."""
+
+    pkey: PartitionKey | None = None
+    """The tenant's InfiniBand partition key (unique in the fleet)."""
+    vlan: VlanId | None = None
+    """The tenant's VLAN on every RoCE fabric it uses (unique per site's RoCE fabric)."""
+    vpc: TenantVpc | None = None
 
 
 class Tenant(Model):
@@ -901,6 +1055,7 @@ class Tenant(Model):
     gpus: list[GpuDemand] = Field(default=[], max_length=MAX_ITEMS)
     quota: TenantQuota = TenantQuota()
     borrowing: Borrowing = Borrowing()
+    network: TenantNetwork = TenantNetwork()
     organisation: DnsLabel | None = None
     """The organisation the tenant's trust domain belongs to: its Kueue cohort and KAI queue nest
     under the organisation's, which shares fairly between its domains. All tenants of a trust

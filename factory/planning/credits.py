@@ -22,11 +22,16 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
 from ai_factory.factory.model.config import SloTargets
-from ai_factory.factory.model.gpus import COMPUTE_SLICES, GPU_MODELS, MEMORY_SLICES, GpuModel
+from ai_factory.factory.model.gpus import GPU_MODELS, MEMORY_SLICES, GpuModel
 from ai_factory.factory.planning.model import GpuAssignment, Plan, PoolPlan
 
 FAULT_CONDITIONS = ("GpuXidFatal", "GpuXidNeedsReset")
 SECONDS_PER_HOUR = 3600.0
+NODE_UNAVAILABLE = "ai_factory:node_gpu_unavailable"
+TENANT_UNAVAILABLE = "ai_factory:tenant_gpu_equivalents_unavailable"
+TENANT_ENTITLED = "ai_factory:tenant_gpu_equivalents_entitled"
+"""The health layer's recording rules of these figures (`components/health.py`), which
+`ai-factory bill` integrates over its period."""
 
 
 @dataclass(frozen=True)
@@ -62,25 +67,21 @@ class TenantCredit:
 
 
 def tenant_shares(model: GpuModel, pool: PoolPlan, gpu: GpuAssignment) -> dict[str, float]:
-    """Each tenant's GPU-equivalents on one GPU: its dominant share of what it holds there (MIG:
-    max(compute/7, memory/8) of its instances; HAMi: max(memory, cores) share, at most 1;
-    time-slicing: its replicas over the GPU's). Unlike the planner's utilisation figure, which
-    takes the dominant share of the GPU's total, this is per tenant."""
+    """Each tenant's GPU-equivalents on one GPU, as the metering rules define them
+    (`factory/metering/rules.py`), so that credits and the bill count the same unit: MIG: its
+    instances' memory slices / 8; HAMi: its reserved memory over the memory HAMi registers for the
+    GPU (its memory times `hami_memory_scaling`), at most 1;
+    time-slicing: its replicas over the GPU's."""
     shares: dict[str, float] = defaultdict(float)
     if gpu.mode == "whole" and gpu.owner:
         shares[gpu.owner] = 1.0
     elif gpu.mode == "mig":
-        compute: dict[str, int] = defaultdict(int)
-        memory: dict[str, int] = defaultdict(int)
         for i in gpu.mig:
-            compute[i.tenant] += model.profile(i.profile).compute_slices
-            memory[i.tenant] += model.profile(i.profile).memory_slices
-        for tenant in compute:
-            shares[tenant] = max(compute[tenant] / COMPUTE_SLICES, memory[tenant] / MEMORY_SLICES)
+            shares[i.tenant] += model.profile(i.profile).memory_slices / MEMORY_SLICES
     elif gpu.mode == "hami":
-        for tenant in sorted({a.tenant for a in gpu.hami}):
-            mine = [a for a in gpu.hami if a.tenant == tenant]
-            shares[tenant] = min(1.0, max(sum(a.memory_mib for a in mine) / model.memory_mib, sum(a.cores_percent for a in mine) / 100))
+        for a in gpu.hami:
+            shares[a.tenant] += a.memory_mib / (model.memory_mib * gpu.hami_memory_scaling)
+        shares.update({tenant: min(1.0, share) for tenant, share in shares.items()})
     elif gpu.mode == "time-sliced":
         for s in gpu.time_slices:
             shares[s.tenant] += s.replicas / pool.time_slicing_replicas
@@ -125,20 +126,20 @@ def credits(plan: Plan, trust: Mapping[str, str], slo: SloTargets, outages: Sequ
                 for tenant, share in tenant_shares(model, pool, gpu).items():
                     entitled[tenant] += share * hours
                     lost[tenant] += share * down.get((node.name, gpu.index), 0.0)
-    result = []
-    for tenant, level in sorted(trust.items()):
-        target = getattr(slo, level)
-        mine, gone = entitled.get(tenant, 0.0), lost.get(tenant, 0.0)
-        result.append(TenantCredit(
-            tenant=tenant,
-            trust=level,
-            target=target,
-            entitled_gpu_hours=round(mine, 6),
-            lost_gpu_hours=round(gone, 6),
-            availability=round(1 - gone / mine, 6) if mine else 1.0,
-            credit_gpu_hours=round(max(0.0, gone - (1 - target) * mine), 6),
-        ))
-    return result
+    return [tenant_credit(tenant, level, getattr(slo, level), entitled.get(tenant, 0.0), lost.get(tenant, 0.0)) for tenant, level in sorted(trust.items())]
+
+
+def tenant_credit(tenant: str, trust: str, target: float, entitled: float, lost: float) -> TenantCredit:
+    """The credit of `lost` GPU-hours out of `entitled` under an availability `target`."""
+    return TenantCredit(
+        tenant=tenant,
+        trust=trust,
+        target=target,
+        entitled_gpu_hours=round(entitled, 6),
+        lost_gpu_hours=round(lost, 6),
+        availability=round(1 - lost / entitled, 6) if entitled else 1.0,
+        credit_gpu_hours=round(max(0.0, lost - (1 - target) * entitled), 6),
+    )
 
 
 def _down_hours(plan: Plan, outages: Sequence[Outage], start: float, end: float) -> dict[tuple[str, int], float]:

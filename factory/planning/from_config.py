@@ -3,18 +3,21 @@
 The planner itself (`ai_factory.factory.planning.planner` and the modules it uses) is pure and
 knows nothing of the config model; this module is the adapter. A previous plan, when the
 environment has one in `plans/<env>.json`, is passed to the planner so that re-planning keeps
-existing tenants' GPUs (a MIG geometry change drains a node).
+existing tenants' GPUs (a MIG geometry change drains a node) and their fabric keys.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from pydantic import TypeAdapter, ValidationError
 
 from ai_factory.factory.model.config import FactoryConfig, GpuDemand, Pool, Tenant
+from ai_factory.factory.model.gpus import GPU_MODELS
 from ai_factory.factory.model.loading import ConfigError, project_dir
-from ai_factory.factory.planning.model import Demand, HamiSlice, Plan, PlanError, PoolSpec, TenantSpec
+from ai_factory.factory.planning.fabric import INFINIBAND, FabricError, FabricWant, allocate, roce_fabric
+from ai_factory.factory.planning.model import Demand, HamiSlice, Plan, PlanError, PoolSpec, TenantSpec, gpu_grants
 from ai_factory.factory.planning.planner import plan
 
 PLANS_DIR = "plans"
@@ -87,12 +90,61 @@ _PLAN_LOCK = TypeAdapter(Plan)
 
 
 def plan_for(cfg: FactoryConfig, previous: Plan | None = None) -> Plan:
-    """The capacity plan of an environment; demands that do not fit are configuration errors."""
+    """The capacity plan of an environment, with its tenants' fabric keys; demands that do not fit
+    and keys that cannot be given are configuration errors."""
     try:
-        return plan(
+        planned = plan(
             [pool_spec(p) for p in cfg.fleet.pools],
             [tenant_spec(t, cfg) for t in cfg.tenants],
             previous=previous,
         )
     except PlanError as err:
         raise ConfigError([f"plan: {p}" for p in err.problems]) from None
+    ranges = {"infiniband": (cfg.layers.network.pkeys.first, cfg.layers.network.pkeys.last), "roce": (cfg.layers.network.vlans.first, cfg.layers.network.vlans.last)}
+    try:
+        networks = allocate(fabric_wants(cfg, planned), ranges, previous.networks if previous else ())
+    except FabricError as err:
+        raise ConfigError(err.problems) from None
+    return dataclasses.replace(planned, networks=networks)
+
+
+RDMA_FABRICS = ("infiniband", "roce")
+
+
+def is_rdma_pool(pool: Pool) -> bool:
+    return pool.topology.fabric in RDMA_FABRICS
+
+
+def fabric_wants(cfg: FactoryConfig, planned: Plan) -> list[FabricWant]:
+    """The RDMA networks tenants need: per demand on an RDMA pool exposing SR-IOV, when it asks for
+    one (`rdma: true`) or, by default, when the plan spreads the tenant's GPUs there over several
+    nodes (its jobs then talk across nodes). Shared RDMA devices carry no per-tenant network."""
+    if not cfg.layers.network.enabled:
+        return []
+    wants = []
+    for i, tenant in enumerate(cfg.tenants):
+        for d in tenant.gpus:
+            pool = cfg.pool(d.pool)
+            if not is_rdma_pool(pool) or pool.network.devices != "sriov" or d.rdma is False:
+                continue
+            if d.rdma is None and len(_nodes_of(planned, pool.name, tenant.name)) < 2:
+                continue
+            ib = pool.topology.fabric == "infiniband"
+            field = "pkey" if ib else "vlan"
+            wants.append(
+                FabricWant(
+                    tenant=tenant.name,
+                    pool=pool.name,
+                    fabric=INFINIBAND if ib else roce_fabric(pool.site),
+                    kind="infiniband" if ib else "roce",
+                    manual=getattr(tenant.network, field),
+                    manual_path=f"tenants[{i}].network.{field}",
+                )
+            )
+    return wants
+
+
+def _nodes_of(planned: Plan, pool: str, tenant: str) -> set[str]:
+    pool_plan = planned.pool(pool)
+    model = GPU_MODELS[pool_plan.gpu_model]
+    return {node.name for node in pool_plan.nodes for gpu in node.gpus if any(owner == tenant for owner, _, _ in gpu_grants(model, gpu))}

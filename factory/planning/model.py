@@ -12,6 +12,7 @@ from functools import cached_property
 from typing import Any, Literal, Sequence
 
 from ai_factory.factory.model.gpus import GPU_MODELS, GpuModel
+from ai_factory.factory.planning.fabric import TenantFabricNetwork
 
 
 Sharing = Literal["exclusive", "mig", "time-slicing", "hami", "dra"]
@@ -203,6 +204,9 @@ class Plan:
     changed_gpus: int | None
     """GPUs in use in the previous plan whose MIG layout, owner or allocations the new plan
     changes (None when planned from scratch); new work in a GPU's spare room does not count."""
+    networks: tuple[TenantFabricNetwork, ...] = ()
+    """Tenants' RDMA networks, per (tenant, pool), with their partition key or VLAN
+    (`ai_factory.factory.planning.fabric`); kept from the lock while the tenant keeps the network."""
 
     # ------------------------------------------------------------------ queries
 
@@ -290,6 +294,7 @@ class Plan:
             pool_figures=tuple(_figures_from_dict(f) for f in data["pool_figures"]),
             fleet_figures=_figures_from_dict(data["fleet_figures"]),
             changed_gpus=data["changed_gpus"],
+            networks=tuple(TenantFabricNetwork(**n) for n in data.get("networks", ())),
         )
 
 

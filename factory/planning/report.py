@@ -45,6 +45,9 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("ceiling", "the most the tenant can ever be admitted, per pool and resource name: its grant plus what it may borrow in its trust domain"),
     ("placed", "the tenant's GPUs, per pool, as node:GPU indexes"),
     ("idle cost", "idle GPUs on the tenant's nodes charged to it: all of a dedicated node's; on a node its domain owns, a share in proportion to its GPU-eq there"),
+    ("fabric", "the RDMA fabric of the tenant's network: `infiniband` (the whole fleet) or `roce-<site>`"),
+    ("key", "the tenant's InfiniBand partition key or RoCE VLAN on that fabric, unique on it"),
+    ("from", "`plan`: allocated by the planner and kept in the lock; `config`: given in tenants[].network"),
     ("node", "the node"),
     ("index", "the GPU's index on its node"),
     ("mode", "what the GPU does: whole, mig, hami, time-sliced or idle"),
@@ -239,6 +242,11 @@ def model_table(cfg: FactoryConfig) -> Table:
                 str(shape.units * replicas_at_max(model)),
                 f"{need:.1f}/{shape.memory_gib * model.gpu_memory_utilization:.1f} GiB",
             )
+def fabric_table(plan: Plan) -> Table:
+    """One row per tenant RDMA network: its partition key or VLAN."""
+    table = _table("Fabric", ("tenant", "pool", "fabric", "key", "from"))
+    for n in plan.networks:
+        table.add_row(n.tenant, n.pool, n.fabric, n.shown, "config" if n.manual else "plan")
     return table
 
 
@@ -282,6 +290,9 @@ def print_report(console: Console, plan: Plan, cfg: FactoryConfig, *, gpus: bool
     if any(t.models for t in cfg.tenants):
         console.print()
         console.print(model_table(cfg))
+    if plan.networks:
+        console.print()
+        console.print(fabric_table(plan))
     for table in gpu_tables(plan) if gpus else []:
         console.print()
         console.print(table)

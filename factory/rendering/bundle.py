@@ -24,8 +24,13 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import pickle
 import re
 import shutil
+import subprocess
+import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -34,7 +39,7 @@ import yaml
 
 from ai_factory.factory.model.catalog import crd_groups
 from ai_factory.factory.model.config import FactoryConfig
-from ai_factory.factory.rendering.harness import Graph, RecordingMocks, RecordingMonitor, Resource, run_program
+from ai_factory.factory.rendering.harness import DuplicateResourceError, Graph, RecordingMocks, RecordingMonitor, Resource, run_program
 from ai_factory.factory.model.tenancy import TENANT_LABEL
 from ai_factory.factory.planning.from_config import plan_for
 from ai_factory.factory.planning.model import Plan
@@ -195,18 +200,26 @@ def kustomize_files(files: Mapping[str, str]) -> dict[str, str]:
     }
 
 
-class _Dumper(yaml.SafeDumper):
+def _block_strings(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
     """Multi-line strings (configs embedded in Helm values: mig-parted, device plugin) as `|` blocks,
-    readable in review; PyYAML falls back to quoting where a block cannot hold the string."""
+    readable in review; the emitter falls back to quoting where a block cannot hold the string."""
+    return dumper.represent_scalar("tag:yaml.org,2002:str", text, style="|" if "\n" in text else None)
 
 
-_Dumper.add_representer(
-    str, lambda dumper, text: dumper.represent_scalar("tag:yaml.org,2002:str", text, style="|" if "\n" in text else None)
-)
+class ReferenceDumper(yaml.SafeDumper):
+    """PyYAML's own emitter: the reference `_Dumper` must match byte for byte (tests/test_bundle.py)."""
 
 
-def dump_yaml(obj: Any) -> str:
-    return yaml.dump(obj, Dumper=_Dumper, sort_keys=True, default_flow_style=False, allow_unicode=True, width=120)
+class _Dumper(getattr(yaml, "CSafeDumper", yaml.SafeDumper)):  # type: ignore[misc]
+    """libyaml's emitter where PyYAML was built with it (4-5 times faster on a large bundle)."""
+
+
+for _dumper in (ReferenceDumper, _Dumper):
+    _dumper.add_representer(str, _block_strings)
+
+
+def dump_yaml(obj: Any, dumper: type[yaml.SafeDumper] = _Dumper) -> str:
+    return yaml.dump(obj, Dumper=dumper, sort_keys=True, default_flow_style=False, allow_unicode=True, width=120)
 
 
 # --------------------------------------------------------------------------- running the program
@@ -226,6 +239,11 @@ def render_env(env: str, on_resource: Callable[[], None] | None = None) -> Rende
     return render_raw(raw, secret_sections, cfg, stack=stack_name(path), project=stack_project(path), on_resource=on_resource)
 
 
+PARALLEL_MIN_TENANTS = 40
+"""Tenants per worker process below which a render stays in one process: a worker costs its
+imports and the platform built again (~3 s of CPU), more than a few tenants' stacks."""
+
+
 def render_raw(
     raw: dict[str, Any],
     secret_sections: set[str],
@@ -234,21 +252,106 @@ def render_raw(
     plan: Plan | None = None,
     project: str = "ai-factory",
     on_resource: Callable[[], None] | None = None,
+    workers: int | None = None,
 ) -> Rendered:
     """`plan`: deploy this plan instead of planning from the stack's recorded one (see `program.main`).
-    `project`: the Pulumi project the program runs in, whose name is the config namespace."""
+    `project`: the Pulumi project the program runs in, whose name is the config namespace.
+    `workers`: processes to render in (default: one per core, at most one per
+    `PARALLEL_MIN_TENANTS` tenants). Each runs the whole program for its share of the tenants
+    (every share builds the same platform); the shares' tenant resources are merged by URN, so
+    the render is the serial one byte for byte. `on_resource` counts this process's share."""
+    config = {f"{project}:{section}": json.dumps(value, default=_placeholder) for section, value in raw.items()}
+    secret_keys = [f"{project}:{s}" for s in secret_sections]
+    names = sorted(t.name for t in cfg.tenants)
+    if workers is None:
+        workers = min(os.cpu_count() or 1, len(names) // PARALLEL_MIN_TENANTS)
+    if workers <= 1:
+        return from_graph(_run_share(project, stack, config, secret_keys, plan, None, on_resource), cfg)
+    shares = [frozenset(names[i::workers]) for i in range(workers)]
+    # Plain interpreters, not multiprocessing's: a worker starts with no Pulumi runtime state, and
+    # without importing the caller's main module (a script calling this need not guard its body).
+    started = [
+        subprocess.Popen([sys.executable, "-c", _WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for _ in shares[1:]
+    ]
+    try:
+        # A pipe's buffer is small: write from threads so that our own share need not wait for it.
+        feeders = [
+            threading.Thread(target=_feed, args=(process, pickle.dumps((project, stack, config, secret_keys, plan, share))), daemon=True)
+            for process, share in zip(started, shares[1:])
+        ]
+        for feeder in feeders:
+            feeder.start()
+        resources = list(_run_share(project, stack, config, secret_keys, plan, shares[0], on_resource).resources)
+        for process, feeder in zip(started, feeders):
+            feeder.join()
+            process.stdin = None  # written and closed by its feeder
+            out, err = process.communicate()
+            if process.returncode != 0:
+                raise RuntimeError(f"a render worker failed:\n{err.decode(errors='replace')[-4000:]}")
+            resources += pickle.loads(out)
+    finally:
+        for process in started:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    seen: set[str] = set()
+    for r in resources:
+        if r.key in seen:
+            raise DuplicateResourceError(f"two resources are named {r.name!r} with type {r.type}")
+        seen.add(r.key)
+    return from_graph(Graph(sorted(resources, key=lambda r: r.urn)), cfg)
+
+
+def _run_share(
+    project: str,
+    stack: str,
+    config: dict[str, str],
+    secret_keys: list[str],
+    plan: Plan | None,
+    tenants: frozenset[str] | None,
+    on_resource: Callable[[], None] | None = None,
+) -> Graph:
     from ai_factory.factory.rendering.program import main
 
-    config = {f"{project}:{section}": json.dumps(value, default=_placeholder) for section, value in raw.items()}
-    graph = run_program(
-        functools.partial(main, plan, with_tenant_stacks=True),
+    return run_program(
+        functools.partial(main, plan, with_tenant_stacks=True, only_tenants=tenants),
         project=project,
         stack=stack,
         config=config,
-        secret_keys=[f"{project}:{s}" for s in secret_sections],
+        secret_keys=secret_keys,
         monitor=RecordingMonitor(RecordingMocks(), on_record=on_resource),
     )
-    return from_graph(graph, cfg)
+
+
+_WORKER = "from ai_factory.factory.rendering.bundle import _worker; _worker()"
+
+
+def _feed(process: subprocess.Popen, payload: bytes) -> None:
+    try:
+        process.stdin.write(payload)
+        process.stdin.close()
+    except OSError:
+        pass  # the worker died; its exit status says why
+
+
+def _worker() -> None:
+    """A render worker's body: its share's arguments pickled on stdin, its resources on stdout."""
+    result = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # whatever the program prints goes to stderr, never into the result
+    share = _tenant_share(*pickle.loads(sys.stdin.buffer.read()))
+    result.write(pickle.dumps(share))
+    result.close()
+
+
+def _tenant_share(
+    project: str, stack: str, config: dict[str, str], secret_keys: list[str], plan: Plan | None, tenants: frozenset[str]
+) -> list[Resource]:
+    """A worker's share: its tenants' resources, unlinked (the merged graph links them again)."""
+    share = [r for r in _run_share(project, stack, config, secret_keys, plan, tenants).resources if r.tenant in tenants]
+    for r in share:
+        r.parent, r.dependencies = None, []
+    return share
 
 
 def _placeholder(value: Any) -> str:

@@ -18,6 +18,8 @@ from typing import Any, Callable
 import pulumi
 from pulumi.runtime import mocks as pulumi_mocks
 from pulumi.runtime import rpc
+from pulumi.runtime.proto import resource_pb2
+from pulumi.runtime.sync_await import _ensure_event_loop, _sync_await
 
 from ai_factory.factory.model.secrets import REDACTED
 
@@ -124,12 +126,31 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
         return "urn:pulumi:" + "::".join([pulumi.get_stack(), pulumi.get_project(), type_, name])
 
     def RegisterResource(self, request):
-        if request.type != "pulumi:pulumi:Stack":
-            self._record(request)
-        return super().RegisterResource(request)
-
-    def _record(self, request) -> None:
+        if request.type == "pulumi:pulumi:Stack":
+            return super().RegisterResource(request)
+        _ensure_event_loop()  # deserialising resource references needs one on this thread
         raw = rpc.deserialize_properties(request.object, keep_unknowns=True)
+        self._record(request, raw)
+        if rpc.contains_unknowns(raw):  # a preview: the SDK's own path reads unknowns its way
+            return super().RegisterResource(request)
+        # What `MockMonitor.RegisterResource` does, on the inputs already read: deserialising
+        # every resource's inputs twice was a large share of a render.
+        urn = self.make_urn(request.parent, request.type, request.name)
+        id_, state = self.mocks.new_resource(
+            pulumi.runtime.MockResourceArgs(
+                typ=request.type,
+                name=request.name,
+                inputs=raw,
+                provider=request.provider,
+                resource_id=request.importId,
+                custom=request.custom or False,
+                transforms=pulumi_mocks._resolve_callbacks(request.transforms),
+            )
+        )
+        self.resources[urn] = pulumi_mocks.MockMonitor.ResourceRegistration(urn, id_, state)
+        return resource_pb2.RegisterResourceResponse(urn=urn, id=id_, object=_sync_await(rpc.serialize_properties(state, {})))
+
+    def _record(self, request, raw: Any) -> None:
         secret_paths: list[str] = []
         inputs = _redact(raw, "", secret_paths)
         resource = Resource(

@@ -3,13 +3,14 @@ layer registry (`ai_factory.components.registry`) declares them."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import pulumi
 
 from ai_factory.components._common import FactoryComponent, TenantHook
-from ai_factory.components.registry import enabled_layers, tenant_hooks
-from ai_factory.components.tenant_stack import TenantStack, tenant_stack_args
+from ai_factory.components.registry import Layer, enabled_layers, tenant_hooks
+from ai_factory.components.tenant_stack import CRD_GROUPS, TenantStack, tenant_stack_args
+from ai_factory.factory.model.catalog import CHARTS
 from ai_factory.factory.model.config import FactoryConfig, Tenant
 from ai_factory.factory.planning.model import Plan
 
@@ -30,28 +31,37 @@ def own_tenant_stack(cfg: FactoryConfig, plan: Plan, tenant: Tenant, hooks: Sequ
     return TenantStack(tenant_stack_name(ROOT, tenant.name), tenant_stack_args(cfg, plan, tenant, hooks))
 
 
+def tenant_layers(layers: Iterable[Layer], hooks: Sequence[TenantHook]) -> set[str]:
+    """The layers a tenant's objects need before them: those whose hooks add objects to it, and
+    those installing the CRDs of the tenant stack's own custom resources. Only these: a
+    dependency on every layer cost the SDK an edge to every platform resource per tenant resource."""
+    return {hook.layer for hook in hooks} | {l.name for l in layers if l.chart and set(CHARTS[l.chart].crd_groups) & set(CRD_GROUPS)}
+
+
 class Platform(FactoryComponent):
     """Everything one environment runs: each enabled layer (the fleet's node labels first, then
     every layer after the layers it requires), then one `TenantStack` per tenant.
 
     `hooks`: what layers add to every tenant's environment (its queue, identity group, secret
-    store, ...); each tenant stack attaches them all, after every layer exists. Children are named
-    `<name>-<layer>` and `<name>-tenant-<tenant>`, so two platforms (two clusters, through two
-    providers) fit in one program.
+    store, ...); each tenant stack attaches them all, after the layers it uses (`tenant_layers`).
+    Children are named `<name>-<layer>` and `<name>-tenant-<tenant>`, so two platforms (two
+    clusters, through two providers) fit in one program.
     """
 
-    def __init__(self, name: str, cfg: FactoryConfig, plan: Plan, opts: pulumi.ResourceOptions | None = None):
+    def __init__(
+        self, name: str, cfg: FactoryConfig, plan: Plan, opts: pulumi.ResourceOptions | None = None, only_tenants: frozenset[str] | None = None
+    ):
+        """`only_tenants`: build only these tenants' stacks (a parallel render's share)."""
         super().__init__(TOKEN, name, layer="platform", opts=opts)
         self.hooks = tenant_hooks(cfg, plan)
         installed: dict[str, FactoryComponent] = {}
         for layer in enabled_layers(cfg):
             after = [installed[r] for r in layer.requires if r in installed]
             installed[layer.name] = layer.install(self, cfg, plan, depends_on=after)
-        for tenant in (t for t in cfg.tenants if t.managed_by == "platform"):  # the others have stacks of their own
-            TenantStack(
-                tenant_stack_name(name, tenant.name),
-                tenant_stack_args(cfg, plan, tenant, self.hooks),
-                opts=self.child(depends_on=list(installed.values())),
-            )
+        used = tenant_layers(enabled_layers(cfg), self.hooks)
+        after = [component for layer, component in installed.items() if layer in used]
+        platform_managed = (t for t in cfg.tenants if t.managed_by == "platform")  # the others have stacks of their own
+        for tenant in (t for t in platform_managed if only_tenants is None or t.name in only_tenants):
+            TenantStack(tenant_stack_name(name, tenant.name), tenant_stack_args(cfg, plan, tenant, self.hooks), opts=self.child(depends_on=after))
         self.layers = sorted(installed)
         self.register_outputs({"layers": self.layers})

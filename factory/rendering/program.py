@@ -12,20 +12,22 @@ from ai_factory.factory.rendering.platform import ROOT, Platform, own_tenant_sta
 from ai_factory.stacks.contract import CONTRACT_OUTPUT, CONTRACT_SECRETS_OUTPUT, platform_contract, platform_secrets
 
 
-def main(plan: Plan | None = None, *, with_tenant_stacks: bool = False) -> None:
+def main(plan: Plan | None = None, *, with_tenant_stacks: bool = False, only_tenants: frozenset[str] | None = None) -> None:
     """`plan`: deploy this capacity plan instead of planning from the recorded `plans/<stack>.json`
     (`factory diff` renders a tenant's removal with the plan unchanged, then re-planned).
     `with_tenant_stacks`: also build the tenants that have stacks of their own, as their stacks do
-    (`factory render` shows the environment whole; `pulumi up` of the platform leaves them out)."""
+    (`factory render` shows the environment whole; `pulumi up` of the platform leaves them out).
+    `only_tenants`: build these tenants' stacks only (a parallel render's share; the platform
+    itself is built whole, from every tenant's configuration)."""
     try:
         cfg = load_pulumi_config()
         plan = plan if plan is not None else plan_for(cfg, previous_plan(pulumi.get_stack()))
     except ConfigError as err:
         # A user mistake: a message, not a traceback, and nothing registered.
         raise pulumi.RunError(err.render()) from None
-    platform = Platform(ROOT, cfg, plan)
+    platform = Platform(ROOT, cfg, plan, only_tenants=only_tenants)
     if with_tenant_stacks:
-        for tenant in (t for t in cfg.tenants if t.managed_by == "tenant-stack"):
+        for tenant in (t for t in cfg.tenants if t.managed_by == "tenant-stack" and (only_tenants is None or t.name in only_tenants)):
             own_tenant_stack(cfg, plan, tenant, platform.hooks)
     # What tenant stacks read through a StackReference (stacks/contract.py): the contract in
     # clear, the configuration's secret values as a secret.

@@ -177,7 +177,7 @@ def queue_namespaces(cluster: Cluster, queue: Obj) -> list[str]:
     if "namespaceSelector" not in queue.spec:
         return []
     selector = queue.spec.get("namespaceSelector")
-    return sorted(ns for ns in cluster.namespace_tenant if selects(selector, cluster.namespace_labels.get(ns, {})))
+    return cluster.namespaces_selected(selector, cluster.namespace_tenant)
 
 
 def _taints(node: Obj) -> list[Mapping[str, Any]]:
