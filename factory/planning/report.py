@@ -242,6 +242,9 @@ def model_table(cfg: FactoryConfig) -> Table:
                 str(shape.units * replicas_at_max(model)),
                 f"{need:.1f}/{shape.memory_gib * model.gpu_memory_utilization:.1f} GiB",
             )
+    return table
+
+
 def fabric_table(plan: Plan) -> Table:
     """One row per tenant RDMA network: its partition key or VLAN."""
     table = _table("Fabric", ("tenant", "pool", "fabric", "key", "from"))
