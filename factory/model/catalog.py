@@ -172,6 +172,52 @@ CHARTS: dict[str, ChartSource] = {
         version="2.5.17",
         oracle_dir="opencost/chart",
     ),
+    # kserve/kserve release v0.20.0, published as OCI charts (no classic repository index). CRDs and
+    # controller are separate charts; the llmisvc pair serves LLMInferenceService (llm-d).
+    "kserve-crd": ChartSource(
+        name="kserve-crd",
+        repository="oci://ghcr.io/kserve/charts",
+        version="v0.20.0",
+        oracle_dir="kserve/charts/kserve-crd",
+        crd_groups=("serving.kserve.io",),
+    ),
+    "kserve-resources": ChartSource(
+        name="kserve-resources",
+        repository="oci://ghcr.io/kserve/charts",
+        version="v0.20.0",
+        oracle_dir="kserve/chart",
+    ),
+    "kserve-llmisvc-crd": ChartSource(
+        name="kserve-llmisvc-crd",
+        repository="oci://ghcr.io/kserve/charts",
+        version="v0.20.0",
+        oracle_dir="kserve/charts/kserve-llmisvc-crd",
+        # Its CRDs are of serving.kserve.io too, whose installer the bundle counts as kserve-crd (the
+        # chart skips ClusterStorageContainer when kserve-crd owns it); LLMInferenceServices are
+        # tenants' objects, applied after every platform release.
+    ),
+    "kserve-llmisvc-resources": ChartSource(
+        name="kserve-llmisvc-resources",
+        repository="oci://ghcr.io/kserve/charts",
+        version="v0.20.0",
+        oracle_dir="kserve/charts/kserve-llmisvc-resources",
+    ),
+    # The llm-d well-known LLMInferenceServiceConfigs (scheduler, prefill/decode templates, routing
+    # sidecar) that LLMInferenceServices are merged with; KServe's model-server runtimes off.
+    "kserve-runtime-configs": ChartSource(
+        name="kserve-runtime-configs",
+        repository="oci://ghcr.io/kserve/charts",
+        version="v0.20.0",
+        oracle_dir="kserve/charts/kserve-runtime-configs",
+    ),
+    # kubernetes-sigs/lws tag v0.10.0: the chart version is the tag (Chart.yaml says 0.1.0).
+    "lws": ChartSource(
+        name="lws",
+        repository="oci://registry.k8s.io/lws/charts",
+        version="v0.10.0",
+        oracle_dir="lws/chart",
+        crd_groups=("leaderworkerset.x-k8s.io",),
+    ),
     # Mellanox/network-operator tag v26.4.1, the latest stable release (master is 26.7.0-rc.1); its values
     # are chart-release/. The bundled SR-IOV Network Operator (NVIDIA's build, its CRDs in the chart)
     # is the one installed: the standalone sriov-network-operator chart would be a second operator
