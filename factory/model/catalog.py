@@ -172,6 +172,42 @@ CHARTS: dict[str, ChartSource] = {
         version="2.5.17",
         oracle_dir="opencost/chart",
     ),
+    # kserve/kserve release v0.20.0, published as OCI charts (no classic repository index). CRDs and
+    # controller are separate charts; the llmisvc pair serves LLMInferenceService (llm-d).
+    "kserve-crd": ChartSource(
+        name="kserve-crd",
+        repository="oci://ghcr.io/kserve/charts",
+        version="v0.20.0",
+        oracle_dir="kserve/charts/kserve-crd",
+        crd_groups=("serving.kserve.io",),
+    ),
+    "kserve-resources": ChartSource(
+        name="kserve-resources",
+        repository="oci://ghcr.io/kserve/charts",
+        version="v0.20.0",
+        oracle_dir="kserve/chart",
+    ),
+    "kserve-llmisvc-crd": ChartSource(
+        name="kserve-llmisvc-crd",
+        repository="oci://ghcr.io/kserve/charts",
+        version="v0.20.0",
+        oracle_dir="kserve/charts/kserve-llmisvc-crd",
+        crd_groups=("serving.kserve.io",),
+    ),
+    "kserve-llmisvc-resources": ChartSource(
+        name="kserve-llmisvc-resources",
+        repository="oci://ghcr.io/kserve/charts",
+        version="v0.20.0",
+        oracle_dir="kserve/charts/kserve-llmisvc-resources",
+    ),
+    # kubernetes-sigs/lws tag v0.10.0: the chart version is the tag (Chart.yaml says 0.1.0).
+    "lws": ChartSource(
+        name="lws",
+        repository="oci://registry.k8s.io/lws/charts",
+        version="v0.10.0",
+        oracle_dir="lws/chart",
+        crd_groups=("leaderworkerset.x-k8s.io",),
+    ),
 }
 
 

@@ -12,9 +12,10 @@ here) and a component in `components/` listed in `components.LAYERS`.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, model_validator
 
 from ai_factory.factory.model.catalog import CHARTS, ChartSource
 from ai_factory.factory.model.secrets import SecretValue
@@ -581,6 +582,26 @@ class MetricsLayer(Model):
     opencost: OpenCostSettings = OpenCostSettings()
 
 
+class ServingLayer(Model):
+    """Model serving (`components/serving.py`): KServe in standard (raw Deployment) mode without
+    Knative, a vLLM ServingRuntime per tenant, and each tenant's `models` as InferenceServices in
+    its namespace; disaggregated or multi-node models as LLMInferenceServices on LeaderWorkerSet.
+    Installed when a tenant declares a model."""
+
+    enabled: bool = True
+    namespace: DnsLabel = "kserve"
+    chart: Chart = Chart.pinned("kserve-resources")
+    crd_chart: Chart = Chart.pinned("kserve-crd")
+    llmisvc_chart: Chart = Chart.pinned("kserve-llmisvc-resources")
+    llmisvc_crd_chart: Chart = Chart.pinned("kserve-llmisvc-crd")
+    lws_chart: Chart = Chart.pinned("lws")
+    lws_namespace: DnsLabel = "lws-system"
+    vllm_image: Annotated[str, StringConstraints(pattern=r"^[a-z0-9][-a-z0-9.:/_]*(:[-A-Za-z0-9_.]+)?(@sha256:[0-9a-f]{64})?$", max_length=MAX_TEXT)] = "docker.io/vllm/vllm-openai:v0.11.0"
+    """The vLLM OpenAI-compatible server image every model runs."""
+    cache_storage_class: DnsLabel | None = None
+    """StorageClass of the per-model download caches (in the tenant's namespace); None: the cluster default."""
+
+
 class Layers(Model):
     gpu_operator: GpuOperatorLayer = GpuOperatorLayer()
     kueue: KueueLayer = KueueLayer()
@@ -598,6 +619,7 @@ class Layers(Model):
     trivy: TrivyLayer = TrivyLayer()
     health: HealthLayer = HealthLayer()
     metrics: MetricsLayer = MetricsLayer()
+    serving: ServingLayer = ServingLayer()
 
 
 # --------------------------------------------------------------------------- identity
@@ -699,6 +721,167 @@ class Borrowing(Model):
     over-quota weight, Volcano queue weight)."""
 
 
+# --------------------------------------------------------------------------- serving
+
+MAX_MODELS = 64
+"""Models one tenant may declare."""
+
+ModelSourceUri = Annotated[
+    str,
+    StringConstraints(
+        pattern=r"^(hf://[A-Za-z0-9][-A-Za-z0-9_.]*/[A-Za-z0-9][-A-Za-z0-9_.]*(@[A-Za-z0-9][-A-Za-z0-9_.]*)?"
+        r"|s3://[a-z0-9][-a-z0-9.]{1,61}[a-z0-9](/[-A-Za-z0-9_.=/]*)?"
+        r"|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[-A-Za-z0-9_./]*)?)$",
+        max_length=MAX_TEXT,
+    ),
+]
+"""Where the weights come from: `hf://<org>/<model>[@<revision>]` (Hugging Face Hub; pin a
+revision: a branch moves), `s3://<bucket>/<prefix>` or `pvc://<claim>/<path>` (a claim in the
+tenant's own namespace). Never holds a credential: those are `credentials`."""
+
+OpenBaoKey = Annotated[str, StringConstraints(pattern=r"^[a-z0-9]([-a-z0-9_]*[a-z0-9])?(/[a-z0-9]([-a-z0-9_]*[a-z0-9])?){0,3}$", max_length=128)]
+"""A key under the tenant's prefix of OpenBao's KV engine (`tenants/<tenant>/<key>`)."""
+
+_PLAINTEXT_HINT = re.compile(r"(hf_[A-Za-z0-9]{8,}|AKIA[0-9A-Z]{12,}|ASIA[0-9A-Z]{12,}|://[^/@\s]*:[^/@\s]*@)")
+"""Shapes of credentials typed in clear: a Hugging Face token, an AWS access key id, `user:pass@`."""
+
+
+def _no_plaintext_credential(value: object) -> object:
+    if isinstance(value, str) and _PLAINTEXT_HINT.search(value):
+        raise ValueError(
+            "holds a plaintext credential; store it in OpenBao under `tenants/<tenant>/<key>` and "
+            "name that key in `credentials.secret`"
+        )
+    return value
+
+
+class ModelCredentials(Model):
+    """The source's credentials, read from OpenBao by the tenant's own SecretStore (External
+    Secrets) into a Secret of the tenant's namespace; the config only ever names the key."""
+
+    secret: OpenBaoKey
+    """Key under `tenants/<tenant>/` holding the credential, e.g. `hf-token`."""
+    properties: dict[Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=64)], Annotated[str, StringConstraints(pattern=r"^[-A-Za-z0-9_.]+$", max_length=128)]] = Field(
+        default={}, max_length=8
+    )
+    """Environment variable of the model download -> property of the OpenBao secret. Default by
+    scheme: `HF_TOKEN: token` for hf://, `AWS_ACCESS_KEY_ID: access_key_id` and
+    `AWS_SECRET_ACCESS_KEY: secret_access_key` for s3://."""
+
+
+def _refuse_plain_credentials(value: object) -> object:
+    if isinstance(value, str):
+        raise ValueError(
+            "a plaintext credential is refused; store it in OpenBao under `tenants/<tenant>/<key>` "
+            "and give `{secret: <key>}`"
+        )
+    return value
+
+
+class ModelGpus(Model):
+    """The GPUs one replica uses, on a pool the tenant is granted (`tenants[].gpus`). Which field
+    applies follows the pool's sharing, as for a demand: `count` whole GPUs (exclusive; dra: one
+    claim per GPU from the tenant's ResourceClaimTemplate), one MIG instance of profile `mig`
+    (mig), or one HAMi slice of `memory_mib` and `cores_percent` (hami; defaults to the tenant's
+    granted slice)."""
+
+    pool: DnsLabel
+    count: int = Field(default=1, ge=1, le=MAX_GPUS_PER_NODE * 64)
+    """Whole GPUs per replica; equals tensor x pipeline parallelism. Above a node's GPUs the
+    replica spans nodes (LeaderWorkerSet), one node per pipeline stage."""
+    mig: Annotated[str, StringConstraints(max_length=64)] | None = None
+    """A MIG profile of the pool's GPU model, e.g. `3g.40gb` (one instance per replica: vLLM
+    runs one process per MIG device, and MIG instances share no NVLink)."""
+    memory_mib: int | None = Field(default=None, ge=256, le=1 << 24)
+    """HAMi slice memory; default: the tenant's granted slice on this pool."""
+    cores_percent: int | None = Field(default=None, ge=1, le=100)
+    """HAMi slice compute; default: the tenant's granted slice on this pool."""
+
+
+class ModelMemory(Model):
+    """What a replica must hold in GPU memory: its weights (declared, or `parameters_billion` x
+    bytes per `dtype`) plus `kv_cache_gib` of KV-cache headroom. A model whose total does not fit
+    its slice (times `gpu_memory_utilization`) is refused before anything is rendered."""
+
+    weights_gib: float | None = Field(default=None, gt=0, le=65536)
+    parameters_billion: float | None = Field(default=None, gt=0, le=100_000)
+    dtype: Literal["float32", "bfloat16", "float16", "fp8", "int8", "int4"] = "bfloat16"
+    """Weight precision; with `parameters_billion` it gives the weights' size."""
+    kv_cache_gib: float = Field(default=2.0, gt=0, le=65536)
+    """KV-cache headroom (all replicas' GPUs together) beyond the weights."""
+
+    @model_validator(mode="after")
+    def _one_size(self) -> ModelMemory:
+        if (self.weights_gib is None) == (self.parameters_billion is None):
+            raise ValueError("give exactly one of `weights_gib` or `parameters_billion`")
+        return self
+
+
+class ModelReplicas(Model):
+    min: int = Field(default=1, ge=1, le=1000)
+    """Replicas always running (no scale to zero: raw deployments keep a pod to answer)."""
+    max: int = Field(default=1, ge=1, le=1000)
+    """The planner reserves GPUs for `max` replicas inside the tenant's grant."""
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ModelReplicas:
+        if self.max < self.min:
+            raise ValueError(f"max ({self.max}) is below min ({self.min})")
+        return self
+
+
+class ModelScaling(Model):
+    """What scales replicas between `min` and `max`: an LLM signal from vLLM's own metrics
+    (scraped by the platform Prometheus), not CPU."""
+
+    metric: Literal["queue-depth", "kv-cache"] = "queue-depth"
+    """`queue-depth`: requests waiting per replica (`vllm:num_requests_waiting`); `kv-cache`: KV-cache
+    use per replica in percent (`vllm:kv_cache_usage_perc`)."""
+    target: float = Field(default=5, gt=0, le=10_000)
+    """Per-replica value above which a replica is added (requests, or percent for `kv-cache`)."""
+
+
+class Disaggregation(Model):
+    """Prefill/decode separation (KServe LLMInferenceService, llm-d): prefill replicas of the same
+    GPU shape hand their KV cache to the decode replicas (`replicas`)."""
+
+    prefill_replicas: int = Field(default=1, ge=1, le=1000)
+
+
+class ServedModel(Model):
+    """One model a tenant serves: a KServe InferenceService in the tenant's namespace (or an
+    LLMInferenceService when it is disaggregated or spans nodes), on vLLM."""
+
+    name: DnsLabel
+    """The model's name in the tenant: its InferenceService and Service names derive from it."""
+    source: Annotated[ModelSourceUri, BeforeValidator(_no_plaintext_credential)]
+    """E.g. `hf://Qwen/Qwen3-8B@main`."""
+    credentials: Annotated[ModelCredentials | None, BeforeValidator(_refuse_plain_credentials)] = None
+    """For a gated or private source; None for a public one."""
+    engine: Literal["vllm"] = "vllm"
+    served_name: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][-A-Za-z0-9_./:]*$", max_length=128)] | None = None
+    """The name clients call (OpenAI `model`); default: `<tenant>/<name>`."""
+    gpus: ModelGpus
+    tensor_parallel: int = Field(default=1, ge=1, le=MAX_GPUS_PER_NODE * 64)
+    """Must fit inside one NVLink/NVSwitch domain of the pool."""
+    pipeline_parallel: int = Field(default=1, ge=1, le=64)
+    memory: ModelMemory
+    gpu_memory_utilization: float = Field(default=0.9, ge=0.1, le=0.95)
+    """Share of the replica's GPU memory vLLM takes; under HAMi it is a share of the slice (the
+    rendered flag is rescaled to vLLM's view, see `components/serving.py`)."""
+    max_model_len: int = Field(default=8192, ge=128, le=10_000_000)
+    """Context length (vLLM `--max-model-len`)."""
+    replicas: ModelReplicas = ModelReplicas()
+    scaling: ModelScaling = ModelScaling()
+    disaggregation: Disaggregation | None = None
+    expose: bool = False
+    """Route the model through the shared inference gateway (and LiteLLM); off: reachable only
+    from the tenant's own namespace."""
+    cache_gib: int | None = Field(default=None, ge=1, le=65536)
+    """Size of the model's download cache, a volume in the tenant's namespace only; default: the
+    weights' size plus a quarter, rounded up."""
+
+
 class Tenant(Model):
     name: DnsLabel
     trust: Trust
@@ -717,6 +900,9 @@ class Tenant(Model):
     """The organisation the tenant's trust domain belongs to: its Kueue cohort and KAI queue nest
     under the organisation's, which shares fairly between its domains. All tenants of a trust
     domain name the same organisation (or none)."""
+    models: list[ServedModel] = Field(default=[], max_length=MAX_MODELS)
+    """Models the tenant serves (`ai_factory.factory.model.serving`); their replicas at `max` are
+    planned inside the tenant's `gpus`."""
     managed_by: Literal["platform", "tenant-stack"] = "platform"
     """Which stack builds the tenant's environment: the platform stack, or the tenant's own stack
     (`stacks/tenants.py`, the tenant API), so that its changes and deletion never touch the
