@@ -79,10 +79,7 @@ def chart_values(args: CiliumArgs) -> dict[str, Any]:
         "policyEnforcementMode": "default",
     }
     if args.gateway_api:
-        # Cilium's Gateway API needs its NodePort support (or the full kube-proxy replacement,
-        # a larger change to the cluster's service handling than the gateway calls for).
         values["gatewayAPI"] = {"enabled": True}
-        values["nodePort"] = {"enabled": True}
     if args.encryption == "wireguard":
         values["encryption"] = {"enabled": True, "type": "wireguard"}
     return values

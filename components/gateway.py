@@ -36,6 +36,7 @@ import pulumi_kubernetes as k8s
 
 from ai_factory.components._common import FactoryComponent, labels, namespace
 from ai_factory.components.registry import Layer
+from ai_factory.factory.checking.serving import GATEWAY_CHECKS
 from ai_factory.factory.model.config import FactoryConfig, Tenant
 from ai_factory.factory.model.raw import as_dict, as_list
 from ai_factory.factory.model.serving import ModelEndpoint, endpoint
@@ -299,6 +300,7 @@ LAYER = Layer(
     args=lambda cfg, plan: GatewayArgs.from_config(cfg),
     requires=("fleet", "cilium"),
     tenant_hook=lambda cfg, plan: GatewayHook.from_config(cfg),
+    checks=GATEWAY_CHECKS,
     external_crds=("gateway.networking.k8s.io",),
     config_checks=(hostnames_owned_once,),
 )

@@ -39,6 +39,7 @@ from ai_factory.components.gateway import LITELLM_POD_LABELS, LITELLM_PORT, NAME
 from ai_factory.components.litellm_keys import LiteLLMTeam, key_property
 from ai_factory.components.openbao import KUBERNETES_AUTH_PATH, OpenBaoArgs, service_address
 from ai_factory.components.registry import Layer
+from ai_factory.factory.checking.serving import LITELLM_CHECKS, MODEL_INFO_KEY
 from ai_factory.factory.model.catalog import ChartSource
 from ai_factory.factory.model.config import FactoryConfig, LiteLLMDatabase, TeamBudget, Tenant
 from ai_factory.factory.model.raw import as_dict, as_list, did_you_mean
@@ -90,7 +91,7 @@ def model_list(endpoints: list[ModelEndpoint]) -> list[dict[str, Any]]:
         {
             "model_name": e.served_name,
             "litellm_params": {"model": f"hosted_vllm/{e.served_name}", "api_base": e.url},
-            "model_info": {"id": f"{e.tenant}-{e.model}"},
+            "model_info": {"id": f"{e.tenant}-{e.model}", MODEL_INFO_KEY: e.model},
         }
         for e in endpoints
     ]
@@ -139,10 +140,9 @@ def chart_values(args: LiteLLMArgs) -> dict[str, Any]:
             "database": db.name,
             "secret": {"name": SECRETS, "usernameKey": "username", "passwordKey": "password"},
         },
-        "proxy_config": {
-            "model_list": model_list(list(args.endpoints)),
-            "general_settings": {"master_key": "os.environ/PROXY_MASTER_KEY"},
-        },
+        # The chart's default `general_settings` stay: the master key from the environment
+        # (`os.environ/PROXY_MASTER_KEY`, set from `masterkeySecretName`).
+        "proxy_config": {"model_list": model_list(list(args.endpoints))},
         "serviceAccount": {"create": True, "automount": False},
     }
     if args.replicas > 1:
@@ -356,5 +356,6 @@ LAYER = Layer(
     args=lambda cfg, plan: LiteLLMArgs.from_config(cfg),
     requires=("fleet", "cilium", "openbao", "external-secrets"),
     tenant_hook=lambda cfg, plan: LiteLLMHook.from_config(cfg),
+    checks=LITELLM_CHECKS,
     config_checks=(litellm_requirements,),
 )
