@@ -64,7 +64,7 @@ def gateway_routes(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
             yield _finding("gateway-routes", gateway, f"listener {name} admits routes of tenants {', '.join(tenants)}: each could capture the others' traffic", *tenants)
         if tenants and not listener.get("hostname"):
             yield _finding("gateway-routes", gateway, f"listener {name} admits tenant {', '.join(tenants)}'s routes under every hostname", *tenants)
-        if tenants and listener.get("hostname"):
+        if len(tenants) == 1 and listener.get("hostname"):
             host_owner.setdefault(str(listener["hostname"]), set()).update(tenants)
     routes = [m for m in view.of_kind(*ROUTE_KINDS) if view.tenant_at(m.namespace)]
     for m in routes:

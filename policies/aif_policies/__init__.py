@@ -5,7 +5,7 @@ analyzer server (only `PolicyPack(...)` does that, in `policies/__main__.py`).
 "Policies" section lists them.
 """
 
-from ai_factory.policies.aif_policies import admission, gpu, network, reliability, secret_stores, security, tenancy, workloads
+from ai_factory.policies.aif_policies import admission, gpu, network, reliability, secret_stores, security, serving, tenancy, workloads
 
 PACK_NAME = "ai-factory-guardrails"
 
@@ -16,6 +16,7 @@ POLICIES = [
     *reliability.POLICIES,
     *workloads.POLICIES,
     *network.POLICIES,
+    *serving.POLICIES,
     *secret_stores.POLICIES,
     *admission.POLICIES,
 ]
