@@ -36,7 +36,7 @@ import pulumi_kubernetes as k8s
 
 from ai_factory.components._common import FactoryComponent, labels, namespace
 from ai_factory.components.registry import Layer
-from ai_factory.factory.checking.serving import GATEWAY_CHECKS
+from ai_factory.factory.checking.routing import GATEWAY_CHECKS
 from ai_factory.factory.model.config import FactoryConfig, Tenant
 from ai_factory.factory.model.raw import as_dict, as_list
 from ai_factory.factory.model.serving import ModelEndpoint, endpoint

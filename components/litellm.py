@@ -39,7 +39,7 @@ from ai_factory.components.gateway import LITELLM_POD_LABELS, LITELLM_PORT, NAME
 from ai_factory.components.litellm_keys import LiteLLMTeam, key_property
 from ai_factory.components.openbao import KUBERNETES_AUTH_PATH, OpenBaoArgs, service_address
 from ai_factory.components.registry import Layer
-from ai_factory.factory.checking.serving import LITELLM_CHECKS, MODEL_INFO_KEY
+from ai_factory.factory.checking.routing import LITELLM_CHECKS, MODEL_INFO_KEY
 from ai_factory.factory.model.catalog import ChartSource
 from ai_factory.factory.model.config import FactoryConfig, LiteLLMDatabase, TeamBudget, Tenant
 from ai_factory.factory.model.raw import as_dict, as_list, did_you_mean

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from ai_factory.factory.checking.serving import gateway_routes, litellm_reach, model_ingress
+from ai_factory.factory.checking.routing import gateway_routes, litellm_reach, model_ingress
 from ai_factory.factory.model.loading import ConfigError, validate
 from ai_factory.factory.rendering.bundle import Rendered
 from tests.conftest import render
