@@ -55,6 +55,20 @@ def module_name(source: str) -> str:
     return f"{PACKAGE_DIRS[top]}.{rest.replace('/', '.')}"
 
 
+def module_spec(text: str) -> str:
+    """A `--module` argument: a known short name, or `source=test,...` registered under its source."""
+    if text in MODULES:
+        return text
+    source, _, tests = text.partition("=")
+    if not tests or not (REPO / source).is_file() or source.partition("/")[0] not in PACKAGE_DIRS:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected one of {', '.join(sorted(MODULES))} or SOURCE=TEST[,TEST...]")
+    missing = [t for t in tests.split(",") if not (REPO / t).is_file()]
+    if missing:
+        raise argparse.ArgumentTypeError(f"{text!r}: no test file {', '.join(missing)}")
+    MODULES[source] = (source, tuple(tests.split(",")))
+    return source
+
+
 # --------------------------------------------------------------------------- mutation operators
 
 COMPARE_SWAPS: dict[type, tuple[type, ...]] = {
@@ -280,7 +294,7 @@ class _MutantFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 def _install_hook() -> None:
     short, _, index = os.environ[ENV].rpartition(":")
-    source = MODULES[short][0]
+    source = MODULES[short][0] if short in MODULES else short  # a custom --module is named by its source
     sys.meta_path.insert(0, _MutantFinder(module_name(source), REPO / source, int(index)))
 
 
@@ -380,7 +394,7 @@ def report(all_results: dict[str, list[Result]]) -> None:
         if not results:
             continue
         killed = sum(r.outcome != "survived" for r in results)
-        print(f"{short:<11} {MODULES[short][0]:<36} {killed:>4}/{len(results):<4} killed  {100 * killed / len(results):5.1f}%")
+        print(f"{short:<11} {MODULES[short][0]:<40} {killed:>4}/{len(results):<4} killed  {100 * killed / len(results):5.1f}%")
     for short, results in all_results.items():
         survivors = sorted((r.mutant for r in results if r.outcome == "survived"), key=lambda m: m.index)
         if survivors:
@@ -391,7 +405,13 @@ def report(all_results: dict[str, list[Result]]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--module", action="append", choices=sorted(MODULES), help="a module to mutate (repeatable; default: all)")
+    parser.add_argument(
+        "--module",
+        action="append",
+        type=module_spec,
+        help=f"a module to mutate (repeatable; default: all): one of {', '.join(sorted(MODULES))}, or any source "
+        "file with the tests that exercise it, SOURCE=TEST[,TEST...] (components/health.py=tests/test_health.py)",
+    )
     parser.add_argument("--seed", default="0", help="seed of the sample --limit draws (default 0)")
     parser.add_argument("--limit", type=int, default=0, help="mutants per module, drawn at random (default: every one)")
     parser.add_argument("--jobs", type=int, default=1, help="mutants run side by side (default 1)")

@@ -74,6 +74,10 @@ def chart_values(args: CiliumArgs) -> dict[str, Any]:
             "relay": {"enabled": True},
             "ui": {"enabled": args.hubble_ui},
             "metrics": {"enabled": list(HUBBLE_METRICS)},
+            # Hubble's mTLS certificates made in the cluster by Cilium's certgen job: with the
+            # chart's default (`helm`) the CA and keys would be generated into the release itself,
+            # held in helm-controller's release storage and replaced on every upgrade.
+            "tls": {"auto": {"enabled": True, "method": "cronJob"}},
         },
         # Endpoints are unrestricted until a policy selects them; every tenant is selected by its own.
         "policyEnforcementMode": "default",

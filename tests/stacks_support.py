@@ -11,6 +11,7 @@ from typing import Any
 
 import jwt
 from cryptography.hazmat.primitives.asymmetric import rsa
+from fastapi.testclient import TestClient
 
 from ai_factory.factory.model.config import FactoryConfig, Tenant
 from ai_factory.factory.model.loading import load_stack_file, read_stack_file, stack_file, validate
@@ -144,3 +145,15 @@ class Issuer:
         claims = {"iss": issuer, "aud": audience, "sub": sub, "iat": now, "exp": now + expires_in, "groups": groups}
         kid = kid or self.kid
         return jwt.encode(claims, key or self.keys[kid], algorithm="RS256", headers={"kid": kid})
+
+
+def job_outcome(client: TestClient, location: str, headers: dict[str, str]) -> dict:
+    """The job once done. Jobs render a tenant stack, which takes seconds on a loaded machine: a
+    generous deadline, since only a job that never ends is a failure here."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        job = client.get(location, headers=headers).json()
+        if job["state"] in ("succeeded", "failed"):
+            return job
+        time.sleep(0.02)
+    raise AssertionError(f"job {location} did not finish: {job}")

@@ -6,6 +6,7 @@ the time and none of these rows is theirs."""
 
 from __future__ import annotations
 
+import base64
 import copy
 
 import pulumi_kubernetes as k8s
@@ -109,4 +110,32 @@ def test_a_secret_a_chart_makes_at_install_is_not_a_secret_written_in_the_bundle
     secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "hubble-server-certs", "namespace": "kube-system"}, "data": {"tls.key": "LS0t"}}
     chart_made = Manifest(secret, "cilium", None, f"{CHART_ORIGIN}cilium-1.20.0:kube-system/cilium")
     written = Manifest(secret, "cilium", None, "kubernetes:core/v1:Secret::ai-factory-cilium-certs")
-    assert [f.check for f in bundle_secrets(Rendered(None, "1.34", [chart_made, written], []), None)] == ["bundle-secrets"]
+    tenants = Manifest(secret, "tenant-search", "search", "kubernetes:core/v1:Secret::tenant-search-certs")
+    findings = bundle_secrets(Rendered(None, "1.34", [chart_made, written, tenants], []), None)
+    assert [(f.check, f.tenants) for f in findings] == [("bundle-secrets", ()), ("bundle-secrets", ("search",))]
+
+
+PEM_KEY = "-----BEGIN RSA PRIVATE KEY-----\nMIIE\n-----END RSA PRIVATE KEY-----\n"
+CHART_SECRETS = [
+    # (row, origin, field, values, flagged)
+    ("flags a chart's base64 private key", "chart", "data", {"tls.key": base64.b64encode(PEM_KEY.encode()).decode()}, ["tls.key"]),
+    ("flags a chart's EC private key in stringData", "chart", "stringData", {"key.pem": PEM_KEY.replace("RSA", "EC")}, ["key.pem"]),
+    ("flags a PKCS#8 key among other values", "chart", "data", {"ca.crt": "Y2VydA==", "tls.key": base64.b64encode(b"-----BEGIN PRIVATE KEY-----").decode()}, ["tls.key"]),
+    ("accepts a chart's certificate without its key", "chart", "data", {"ca.crt": base64.b64encode(b"-----BEGIN CERTIFICATE-----").decode()}, []),
+    ("accepts a chart's empty Secret its controller fills", "chart", "data", {}, []),
+    ("accepts a value that is not base64 text", "chart", "data", {"token": "not base64!"}, []),
+    ("accepts a value that is not a string", "chart", "data", {"tls.key": None}, []),
+    ("leaves the library's own Secrets to bundle-secrets", "library", "data", {"tls.key": base64.b64encode(PEM_KEY.encode()).decode()}, []),
+]
+
+
+@pytest.mark.parametrize("origin, field, values, flagged", [r[1:] for r in CHART_SECRETS], ids=[r[0] for r in CHART_SECRETS])
+def test_chart_generated_keys(origin, field, values, flagged):
+    from ai_factory.factory.checking.hardening import chart_generated_keys
+    from ai_factory.factory.rendering.bundle import Manifest, Rendered
+    from ai_factory.factory.rendering.charts import CHART_ORIGIN
+
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "hubble-server-certs", "namespace": "kube-system"}, field: values}
+    where = f"{CHART_ORIGIN}cilium-1.20.0:kube-system/cilium" if origin == "chart" else "kubernetes:core/v1:Secret::ai-factory-cilium-certs"
+    findings = list(chart_generated_keys(Rendered(None, "1.34", [Manifest(secret, "cilium", None, where)], []), None))
+    assert [f.message.split(" into ")[0].removeprefix("the chart generates private key(s) ").split(", ") for f in findings] == ([flagged] if flagged else [])

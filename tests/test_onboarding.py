@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 from pathlib import Path
 
 import pytest
@@ -25,7 +24,7 @@ from ai_factory.stacks.platform import PlatformStacks
 from ai_factory.stacks.service import ServiceSettings, create_app
 from ai_factory.stacks.tenants import TenantStacks
 from tests.fake_pulumi import Deployed, FakePulumi
-from tests.stacks_support import AUDIENCE, ISSUER, REGISTRY_PASSWORD, REPO, Issuer, backend, tenant_program
+from tests.stacks_support import AUDIENCE, ISSUER, REGISTRY_PASSWORD, REPO, Issuer, backend, job_outcome, tenant_program
 
 TENANTS = "/v1/environments/dev/tenants"
 NEWCO = {"name": "newco", "trust": "low", "owners": {"groups": ["newco-admins"]}, "gpus": [{"pool": "h100-train", "count": 8}], "managed_by": "tenant-stack"}
@@ -70,12 +69,7 @@ class Api:
 
     def finished(self, response, headers) -> dict:
         assert response.status_code == 202, response.text
-        for _ in range(500):
-            job = self.client.get(response.headers["Location"], headers=headers).json()
-            if job["state"] in ("succeeded", "failed"):
-                return job
-            time.sleep(0.02)
-        raise AssertionError(f"job did not finish: {job}")
+        return job_outcome(self.client, response.headers["Location"], headers)
 
 
 @pytest.fixture

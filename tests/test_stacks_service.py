@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 
 import sqlalchemy
 
@@ -15,7 +14,7 @@ from fastapi.testclient import TestClient
 from ai_factory.stacks.auth import Jwks, TokenVerifier
 from ai_factory.stacks.jobstore import JobStore
 from ai_factory.stacks.service import ServiceSettings, create_app, service_app
-from tests.stacks_support import AUDIENCE, ISSUER, KUBECONFIG, PASSPHRASE, REGISTRY_PASSWORD, REPO, Issuer, backend, deployed_platform, registered, tenant
+from tests.stacks_support import AUDIENCE, ISSUER, KUBECONFIG, PASSPHRASE, REGISTRY_PASSWORD, REPO, Issuer, backend, deployed_platform, job_outcome, registered, tenant
 
 TENANTS = "/v1/environments/dev/tenants"
 
@@ -38,13 +37,7 @@ class Service:
     def finished(self, response, headers) -> dict:
         """Poll the job a 202 answered with until it is done."""
         assert response.status_code == 202, response.text
-        location = response.headers["Location"]
-        for _ in range(200):
-            job = self.client.get(location, headers=headers).json()
-            if job["state"] in ("succeeded", "failed"):
-                return job
-            time.sleep(0.02)
-        raise AssertionError(f"job {location} did not finish: {job}")
+        return job_outcome(self.client, response.headers["Location"], headers)
 
     def create(self, body: dict, *groups: str) -> dict:
         headers = self.auth(*groups)
@@ -258,10 +251,7 @@ def test_jobs_survive_a_restart_of_the_service_and_unfinished_ones_are_marked_fa
     owner = {"Authorization": f"Bearer {issuer.token(['vision-admins'])}"}
     done = first.post(TENANTS, json=tenant(), headers=owner)
     location = done.headers["Location"]
-    for _ in range(300):
-        if first.get(location, headers=owner).json()["state"] == "succeeded":
-            break
-        time.sleep(0.02)
+    assert job_outcome(first, location, owner)["state"] == "succeeded"
     stalled = JobStore(store_url)
     stalled.save("0" * 32, {"operation": "update", "environment": "dev", "tenant": "vision", "state": "running", "id": "0" * 32, "submitted_at": "2026-12-01T00:00:00Z"}, frozenset({"vision-admins"}), "user-1")
 

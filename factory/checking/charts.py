@@ -21,7 +21,15 @@ from ai_factory.factory.checking.check import checks, run_checks, unchecked_kind
 from ai_factory.factory.checking.findings import Finding
 from ai_factory.factory.checking.oracles import Oracles
 from ai_factory.factory.rendering.bundle import Rendered
-from ai_factory.factory.rendering.charts import ChartOutput, chart_file, chart_manifests, extract_chart, releases_of, template_all
+from ai_factory.factory.rendering.charts import (
+    ChartOutput,
+    chart_file,
+    chart_manifests,
+    extract_chart,
+    releases_of,
+    served_api_versions,
+    template_all,
+)
 
 
 Step = Callable[[str, int], Callable[[], None]]
@@ -58,7 +66,9 @@ def check_environment(
     else:
         present = sum(chart_file(charts_dir, r.pin).is_file() for r in releases)
         on_chart = step("rendering charts", present) if step is not None else None
-        outputs = template_all(releases, charts_dir, helm, rendered.kubernetes_version, store, on_chart=on_chart)
+        without_custom_apis = template_all(releases, charts_dir, helm, rendered.kubernetes_version, store, on_chart=on_chart)
+        served = served_api_versions(without_custom_apis)
+        outputs = template_all(releases, charts_dir, helm, rendered.kubernetes_version, store, api_versions=served)
         for r in releases:
             if not chart_file(charts_dir, r.pin).is_file():
                 not_run.append(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterable
 
-from ai_factory.components.registry import checks_for
+from ai_factory.components.registry import checks_for, external_crds
 from ai_factory.factory.checking import hardening, isolation, ordering
 from ai_factory.factory.checking import policies as policy_check
 from ai_factory.factory.checking.findings import Finding
@@ -24,9 +24,12 @@ Check = Callable[[Rendered, Oracles], Iterable[Finding]]
 def schema(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
     """Core kinds against the Kubernetes schema of the target version (strict); custom resources,
     Flux objects included, against their CRD (the chart's, else upstream's). Without an oracle
-    directory, custom resources of kinds no chart defines are left out (`unchecked_kinds`)."""
+    directory, custom resources of kinds no chart defines are left out (`unchecked_kinds`); so are
+    those of a cluster prerequisite's group (`Layer.external_crds`, e.g. the cert-manager
+    certificates KServe's chart renders) when the oracle directory has no CRD for them."""
+    external = external_crds({m.layer for m in rendered.manifests})
     for m in rendered.manifests:
-        if _unchecked_kind(m, oracles):
+        if _unchecked_kind(m, oracles, external):
             continue
         for error in oracles.validate_object(m.obj, rendered.kubernetes_version):
             # The oracle's message names the object too; the finding names it once.
@@ -47,14 +50,16 @@ def helm_values(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
             yield Finding("helm-values", m.ref, error, _tenants(m))
 
 
-def _unchecked_kind(m: Manifest, oracles: Oracles) -> bool:
+def _unchecked_kind(m: Manifest, oracles: Oracles, external: set[str]) -> bool:
     api_version = m.obj.get("apiVersion")
-    return oracles.root is None and isinstance(api_version, str) and not is_core_api(api_version) and not oracles.knows_kind(api_version, m.kind)
+    if not isinstance(api_version, str) or is_core_api(api_version) or oracles.knows_kind(api_version, m.kind):
+        return False
+    return oracles.root is None or api_version.rpartition("/")[0] in external
 
 
 def unchecked_kinds(rendered: Rendered, oracles: Oracles) -> list[str]:
     """Custom kinds `schema` could not check: no oracle directory and no chart ships their CRD."""
-    return sorted({f"{m.obj.get('apiVersion')} {m.kind}" for m in rendered.manifests if _unchecked_kind(m, oracles)})
+    return sorted({f"{m.obj.get('apiVersion')} {m.kind}" for m in rendered.manifests if _unchecked_kind(m, oracles, set())})
 
 
 def unchecked_values(rendered: Rendered, oracles: Oracles) -> list[str]:

@@ -192,13 +192,23 @@ CHARTS: dict[str, ChartSource] = {
         repository="oci://ghcr.io/kserve/charts",
         version="v0.20.0",
         oracle_dir="kserve/charts/kserve-llmisvc-crd",
-        crd_groups=("serving.kserve.io",),
+        # Its CRDs are of serving.kserve.io too, whose installer the bundle counts as kserve-crd (the
+        # chart skips ClusterStorageContainer when kserve-crd owns it); LLMInferenceServices are
+        # tenants' objects, applied after every platform release.
     ),
     "kserve-llmisvc-resources": ChartSource(
         name="kserve-llmisvc-resources",
         repository="oci://ghcr.io/kserve/charts",
         version="v0.20.0",
         oracle_dir="kserve/charts/kserve-llmisvc-resources",
+    ),
+    # The llm-d well-known LLMInferenceServiceConfigs (scheduler, prefill/decode templates, routing
+    # sidecar) that LLMInferenceServices are merged with; KServe's model-server runtimes off.
+    "kserve-runtime-configs": ChartSource(
+        name="kserve-runtime-configs",
+        repository="oci://ghcr.io/kserve/charts",
+        version="v0.20.0",
+        oracle_dir="kserve/charts/kserve-runtime-configs",
     ),
     # kubernetes-sigs/lws tag v0.10.0: the chart version is the tag (Chart.yaml says 0.1.0).
     "lws": ChartSource(

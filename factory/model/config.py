@@ -585,8 +585,9 @@ class MetricsLayer(Model):
 class ServingLayer(Model):
     """Model serving (`components/serving.py`): KServe in standard (raw Deployment) mode without
     Knative, a vLLM ServingRuntime per tenant, and each tenant's `models` as InferenceServices in
-    its namespace; disaggregated or multi-node models as LLMInferenceServices on LeaderWorkerSet.
-    Installed when a tenant declares a model."""
+    its namespace; disaggregated or multi-node models as LLMInferenceServices on LeaderWorkerSet
+    (those charts only when such a model exists). Needs cert-manager (KServe's webhook
+    certificates) and KEDA (autoscaling) in the cluster."""
 
     enabled: bool = True
     namespace: DnsLabel = "kserve"
@@ -594,10 +595,13 @@ class ServingLayer(Model):
     crd_chart: Chart = Chart.pinned("kserve-crd")
     llmisvc_chart: Chart = Chart.pinned("kserve-llmisvc-resources")
     llmisvc_crd_chart: Chart = Chart.pinned("kserve-llmisvc-crd")
+    llmisvc_configs_chart: Chart = Chart.pinned("kserve-runtime-configs")
+    """The llm-d presets LLMInferenceServices build on; their images (`ghcr.io/llm-d/...`) run in
+    tenants' namespaces, so `layers.kyverno.allowed_registries` must allow them."""
     lws_chart: Chart = Chart.pinned("lws")
     lws_namespace: DnsLabel = "lws-system"
-    vllm_image: Annotated[str, StringConstraints(pattern=r"^[a-z0-9][-a-z0-9.:/_]*(:[-A-Za-z0-9_.]+)?(@sha256:[0-9a-f]{64})?$", max_length=MAX_TEXT)] = "docker.io/vllm/vllm-openai:v0.11.0"
-    """The vLLM OpenAI-compatible server image every model runs."""
+    vllm_image: Annotated[str, StringConstraints(pattern=r"^[a-z0-9][-a-z0-9.:/_]*(:[-A-Za-z0-9_.]+)?(@sha256:[0-9a-f]{64})?$", max_length=MAX_TEXT)] = "nvcr.io/nvidia/vllm:26.05-py3"
+    """The vLLM OpenAI-compatible server image every model runs (NVIDIA's build, vLLM 0.20.1)."""
     cache_storage_class: DnsLabel | None = None
     """StorageClass of the per-model download caches (in the tenant's namespace); None: the cluster default."""
 

@@ -13,6 +13,10 @@ object, never by re-typing KServe's naming rules:
   endpoint picker.
 
 Every model pod carries `pod_labels`, so a network policy can name exactly one model's pods.
+KServe creates no Ingress or HTTPRoute of its own (`disableIngressCreation`, and no `router.route`
+on an LLMInferenceService): routes are the gateway layer's. The InferencePool CRDs
+(`inference.networking.k8s.io`) come with `kserve-llmisvc-resources` (`createGIECRDs`), installed
+only when some model is an LLMInferenceService.
 """
 
 from __future__ import annotations
@@ -21,7 +25,9 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from ai_factory.factory.model.config import FactoryConfig, ServedModel, Tenant
+from ai_factory.factory.model.config import FactoryConfig, Pool, ServedModel, Tenant
+from ai_factory.factory.model.gpus import GPU_MODELS
+from ai_factory.factory.model.raw import did_you_mean
 from ai_factory.factory.model.tenancy import LABEL_PREFIX, tenant_names
 
 MODEL_LABEL = f"{LABEL_PREFIX}/model"
@@ -110,3 +116,158 @@ def endpoint(cfg: FactoryConfig, tenant: Tenant, model: ServedModel) -> ModelEnd
 def model_endpoints(cfg: FactoryConfig) -> tuple[ModelEndpoint, ...]:
     """Every tenant's models, tenants and models in config order."""
     return tuple(endpoint(cfg, tenant, model) for tenant in cfg.tenants for model in tenant.models)
+
+
+# --------------------------------------------------------------------------- what a replica needs
+
+MIG_USABLE_GIB_PER_GB = 0.95
+"""A MIG instance holds a little less than its name says (a `1g.10gb` shows 9728 MiB in nvidia-smi,
+9.5 GiB): the fit check counts 0.95 GiB per nominal GB."""
+
+
+@dataclass(frozen=True)
+class ReplicaShape:
+    """The GPU resource one replica (one pod per node it spans) asks for, from its pool's sharing."""
+
+    sharing: str
+    units: int
+    """Units of the tenant's grant one replica takes: whole GPUs, MIG instances or HAMi vGPUs."""
+    memory_gib: float
+    """GPU memory of one replica, all its GPUs together."""
+    nodes: int
+    """Nodes one replica spans (LeaderWorkerSet group size); 1 for most."""
+    mig_profile: str | None = None
+    hami_memory_mib: int | None = None
+    hami_cores_percent: int | None = None
+
+
+def granted(tenant: Tenant, pool: str):
+    """The tenant's demand on `pool`, None without a grant there."""
+    return next((d for d in tenant.gpus if d.pool == pool), None)
+
+
+def nvlink_domain_gpus(pool: Pool) -> int:
+    """GPUs one NVLink/NVSwitch domain of the pool joins: a node's, times the nodes of a multi-node
+    NVLink domain; 1 on a PCIe pool (no NVLink between its GPUs)."""
+    if pool.topology.intra_node == "pcie":
+        return 1
+    return pool.gpu.per_node * pool.topology.nodes_per_nvlink_domain
+
+
+def replica_shape(pool: Pool, tenant: Tenant, model: ServedModel) -> ReplicaShape:
+    """What one replica asks for; the caller has checked the model against its pool (`model_problems`)."""
+    gpu = GPU_MODELS[pool.gpu.model]
+    gpus = model.gpus
+    if pool.sharing == "mig":
+        profile = gpu.profile(gpus.mig or "")
+        return ReplicaShape("mig", 1, profile.memory_gb * MIG_USABLE_GIB_PER_GB, 1, mig_profile=profile.name)
+    if pool.sharing == "hami":
+        grant = granted(tenant, pool.name)
+        memory = gpus.memory_mib or (grant.memory_mib if grant else None) or 0
+        cores = gpus.cores_percent or (grant.cores_percent if grant else None) or 100
+        return ReplicaShape("hami", 1, memory / 1024, 1, hami_memory_mib=memory, hami_cores_percent=cores)
+    nodes = max(1, math.ceil(gpus.count / pool.gpu.per_node))
+    return ReplicaShape(pool.sharing, gpus.count, gpus.count * gpu.memory_mib / 1024, nodes)
+
+
+def replicas_at_max(model: ServedModel) -> int:
+    """Replicas the planner reserves GPUs for: decode replicas at `max`, plus the prefill replicas."""
+    return model.replicas.max + (model.disaggregation.prefill_replicas if model.disaggregation else 0)
+
+
+def model_problems(path: str, tenant: Tenant, model: ServedModel, pools: dict[str, Pool]) -> list[str]:
+    """Why one model cannot be served as declared, each problem with its field path (`path` is the
+    model's, e.g. `tenants[0].models[1]`). Grant accounting over all of a tenant's models is
+    `grant_problems`."""
+    gpus = model.gpus
+    pool = pools.get(gpus.pool)
+    if pool is None:
+        return [f"{path}.gpus.pool: unknown pool {gpus.pool!r}{did_you_mean(gpus.pool, pools)}"]
+    grant = granted(tenant, pool.name)
+    if grant is None:
+        held = sorted(d.pool for d in tenant.gpus)
+        return [f"{path}.gpus.pool: tenant {tenant.name!r} has no grant in pool {pool.name!r} (its grants: {', '.join(held) or 'none'}); add one to `gpus` first"]
+    problems: list[str] = []
+    sharing = pool.sharing
+    if sharing == "time-slicing":
+        return [f"{path}.gpus.pool: pool {pool.name!r} is time-sliced, which isolates no GPU memory between pods; serve models on whole GPUs, MIG or HAMi"]
+    wanted = {"mig": {"mig"}, "hami": {"memory_mib", "cores_percent"}}.get(sharing, {"count"})
+    given = {k for k in ("mig", "memory_mib", "cores_percent") if getattr(gpus, k) is not None} | ({"count"} if gpus.count != 1 else set())
+    for key in sorted(given - wanted):
+        problems.append(f"{path}.gpus.{key}: not used on {sharing} pool {pool.name!r} (it takes {', '.join(sorted(wanted))})")
+    parallel = model.tensor_parallel * model.pipeline_parallel
+    if sharing in ("mig", "hami") and parallel > 1:
+        problems.append(f"{path}.tensor_parallel: a replica on {sharing} pool {pool.name!r} runs on one {'MIG instance' if sharing == 'mig' else 'HAMi slice'}, which joins no other over NVLink; tensor and pipeline parallelism must be 1")
+    if sharing == "mig":
+        if gpus.mig is None:
+            return problems + [f"{path}.gpus.mig: required on mig pool {pool.name!r} (one of the profiles granted: {', '.join(p for p, _ in sorted(grant.mig.items()))})"]
+        if gpus.mig not in {p.name for p in GPU_MODELS[pool.gpu.model].mig_profiles}:
+            return problems + [f"{path}.gpus.mig: not a MIG profile of {pool.gpu.model}{did_you_mean(gpus.mig, [p.name for p in GPU_MODELS[pool.gpu.model].mig_profiles])}"]
+        if gpus.mig not in grant.mig:
+            return problems + [f"{path}.gpus.mig: tenant {tenant.name!r} is granted no {gpus.mig} instance on pool {pool.name!r}{did_you_mean(gpus.mig, grant.mig)}"]
+    elif sharing == "hami":
+        if gpus.memory_mib is not None and grant.memory_mib is not None and gpus.memory_mib > grant.memory_mib:
+            problems.append(f"{path}.gpus.memory_mib: {gpus.memory_mib} MiB is more than the tenant's slices on pool {pool.name!r} ({grant.memory_mib} MiB)")
+        if gpus.cores_percent is not None and grant.cores_percent is not None and gpus.cores_percent > grant.cores_percent:
+            problems.append(f"{path}.gpus.cores_percent: {gpus.cores_percent}% is more than the tenant's slices on pool {pool.name!r} ({grant.cores_percent}%)")
+    else:
+        if parallel != gpus.count:
+            problems.append(f"{path}.gpus.count: {gpus.count} GPU(s) per replica, but tensor x pipeline parallelism is {model.tensor_parallel} x {model.pipeline_parallel} = {parallel}; they must be equal")
+        domain = nvlink_domain_gpus(pool)
+        if model.tensor_parallel > domain:
+            link = "has no NVLink between GPUs" if domain == 1 else f"joins {domain} GPUs per NVLink domain"
+            problems.append(f"{path}.tensor_parallel: {model.tensor_parallel}-way tensor parallelism spans more than one NVLink domain of pool {pool.name!r} (it {link}); use pipeline parallelism across domains")
+        per_node = pool.gpu.per_node
+        if gpus.count > per_node and gpus.count % per_node:
+            problems.append(f"{path}.gpus.count: a replica over {per_node}-GPU nodes takes whole nodes; {gpus.count} is not a multiple of {per_node}")
+    if problems:
+        return problems
+    shape = replica_shape(pool, tenant, model)
+    need = weights_gib(model) + model.memory.kv_cache_gib
+    usable = shape.memory_gib * model.gpu_memory_utilization
+    if need > usable:
+        field = {"mig": "gpus.mig", "hami": "gpus.memory_mib"}.get(sharing, "gpus.count")
+        problems.append(
+            f"{path}.{field}: weights {weights_gib(model):.1f} GiB + KV cache {model.memory.kv_cache_gib:g} GiB = {need:.1f} GiB do not fit "
+            f"a replica's {shape.memory_gib:.1f} GiB x gpu_memory_utilization {model.gpu_memory_utilization:g} = {usable:.1f} GiB on pool {pool.name!r}"
+        )
+    if model.credentials is not None and model.source.startswith("pvc://"):
+        problems.append(f"{path}.credentials: a pvc:// source is read from the tenant's own volume; it takes no credentials")
+    return problems
+
+
+def grant_units(tenant: Tenant, pool: Pool) -> tuple[dict[str, int], str]:
+    """What the tenant's grant on `pool` holds, by the key models count against (a MIG profile, or
+    `gpus`), and the unit's name."""
+    grant = granted(tenant, pool.name)
+    if grant is None:
+        return {}, ""
+    if pool.sharing == "mig":
+        return dict(grant.mig), "instances"
+    return {"gpus": grant.count or 0}, "HAMi vGPUs" if pool.sharing == "hami" else "GPUs"
+
+
+def grant_problems(path: str, tenant: Tenant, pools: dict[str, Pool], valid: set[int]) -> list[str]:
+    """Models' replicas at their maximum must fit the tenant's grant on each pool: refused with the
+    shortfall. `valid` are the indexes of models `model_problems` accepted."""
+    used: dict[tuple[str, str], list[int]] = {}
+    for j, model in enumerate(tenant.models):
+        if j not in valid:
+            continue
+        pool = pools[model.gpus.pool]
+        key = model.gpus.mig if pool.sharing == "mig" else "gpus"
+        units = replica_shape(pool, tenant, model).units * replicas_at_max(model)
+        used.setdefault((pool.name, key or ""), []).append((units, j))
+    problems = []
+    for (pool_name, key), entries in sorted(used.items()):
+        need, indexes = sum(u for u, _ in entries), [j for _, j in entries]
+        held, unit = grant_units(tenant, pools[pool_name])
+        have = held.get(key, 0)
+        if need > have:
+            what = f"{key} {unit}" if key != "gpus" else unit
+            names = ", ".join(tenant.models[j].name for j in indexes)
+            problems.append(
+                f"{path}.models[{indexes[-1]}].replicas.max: models {names} need {need} {what} on pool {pool_name!r} at their maximum replicas; "
+                f"tenant {tenant.name!r} is granted {have}, {need - have} short"
+            )
+    return problems

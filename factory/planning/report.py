@@ -1,5 +1,5 @@
 """The printed capacity plan: a summary (fleet and pools, then trust domains), then one row per
-tenant, then, on request, one row per GPU. Tables are `rich` tables; every column is defined once,
+tenant, one per served model, then, on request, one row per GPU. Tables are `rich` tables; every column is defined once,
 in `COLUMNS`, which `ai-factory plan --help` and the README print."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from rich.table import Table
 
 from ai_factory.factory.model.config import FactoryConfig
 from ai_factory.factory.model.gpus import GPU_MODELS
+from ai_factory.factory.model.serving import replica_shape, replicas_at_max, serving_kind, weights_gib
 from ai_factory.factory.planning.figures import gpu_share
 from ai_factory.factory.planning.model import Figures, GpuAssignment, Plan
 from ai_factory.factory.planning.placement import allocations, offerings
@@ -50,6 +51,12 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("layout", "MIG instances as profile@start memory slice, HAMi slices as memory/cores, time-sliced shares as replicas"),
     ("owner", "the tenants the GPU serves"),
     ("mig config", "the mig-parted config MIG Manager applies to the node"),
+    ("model", "a model the tenant serves (`tenants[].models`)"),
+    ("served as", "InferenceService, or LLMInferenceService when disaggregated or spanning nodes"),
+    ("per replica", "the GPU resource one replica takes: whole GPUs, a MIG profile or a HAMi slice (memory/cores)"),
+    ("replicas", "min-max replicas (decode replicas, plus prefill replicas when disaggregated)"),
+    ("at max", "units of the tenant's grant the model holds at its maximum replicas; every model of a tenant fits its grant"),
+    ("memory", "weights + KV-cache headroom / usable memory of one replica (its GPUs times gpu_memory_utilization)"),
 )
 """Every column of the printed plan, with its one definition."""
 
@@ -133,7 +140,7 @@ def _table(title: str, headers: Iterable[str]) -> Table:
     return table
 
 
-_NAME_COLUMNS = {"pool", "GPU", "sharing", "trust domain", "tenant", "trust", "node", "mode", "mig config"}
+_NAME_COLUMNS = {"pool", "GPU", "sharing", "trust domain", "tenant", "trust", "node", "mode", "mig config", "model", "served as"}
 _LIST_COLUMNS = {"grant", "ceiling", "placed", "layout", "owner"}
 
 
@@ -207,6 +214,34 @@ def tenant_table(plan: Plan, cfg: FactoryConfig) -> Table:
     return table
 
 
+def model_table(cfg: FactoryConfig) -> Table:
+    """One row per served model: its shape, replicas and what it holds of its tenant's grant."""
+    table = _table("Models", ("tenant", "model", "served as", "pool", "per replica", "replicas", "at max", "memory"))
+    for tenant in sorted(cfg.tenants, key=lambda t: t.name):
+        for i, model in enumerate(tenant.models):
+            pool = cfg.pool(model.gpus.pool)
+            shape = replica_shape(pool, tenant, model)
+            if shape.sharing == "mig":
+                per_replica = f"{shape.mig_profile}"
+            elif shape.sharing == "hami":
+                per_replica = f"{shape.hami_memory_mib}MiB/{shape.hami_cores_percent}%"
+            else:
+                per_replica = f"{shape.units} GPU" + ("s" if shape.units > 1 else "") + (f" on {shape.nodes} nodes" if shape.nodes > 1 else "")
+            prefill = f" +{model.disaggregation.prefill_replicas} prefill" if model.disaggregation else ""
+            need = weights_gib(model) + model.memory.kv_cache_gib
+            table.add_row(
+                tenant.name if i == 0 else "",
+                model.name,
+                serving_kind(cfg, model),
+                pool.name,
+                per_replica,
+                f"{model.replicas.min}-{model.replicas.max}{prefill}",
+                str(shape.units * replicas_at_max(model)),
+                f"{need:.1f}/{shape.memory_gib * model.gpu_memory_utilization:.1f} GiB",
+            )
+    return table
+
+
 def gpu_tables(plan: Plan) -> list[Table]:
     tables = []
     for pool in plan.pools:
@@ -244,6 +279,9 @@ def print_report(console: Console, plan: Plan, cfg: FactoryConfig, *, gpus: bool
         console.print(table)
         console.print()
     console.print(tenant_table(plan, cfg))
+    if any(t.models for t in cfg.tenants):
+        console.print()
+        console.print(model_table(cfg))
     for table in gpu_tables(plan) if gpus else []:
         console.print()
         console.print(table)

@@ -8,8 +8,10 @@
   `ai-factory charts install-helm` puts it), else the first on PATH.
 * Each release renders as Flux's helm-controller would install it: `helm template <release>
   <chart>.tgz --namespace <ns> --kube-version <configured> --values <values> --include-crds
-  --skip-tests`. Charts render in parallel; each output (or helm's error) is stored on disk under a
-  digest of (chart file, release, namespace, Kubernetes version, values, helm binary), so checking
+  --skip-tests --api-versions <...>`, the API versions being those the bundle's own CRDs serve
+  (found by a first rendering; only charts whose templates read `.Capabilities.APIVersions` are
+  rendered again with them). Charts render in parallel; each output (or helm's error) is stored on disk under a
+  digest of (chart file, release, namespace, Kubernetes version, values, helm binary, API versions), so checking
   an unchanged environment again renders no chart (`$FACTORY_RENDER_CACHE`, default
   `~/.cache/ai-factory/rendered`).
 """
@@ -233,6 +235,35 @@ def render_cache_dir() -> Path:
     return Path(os.environ.get(RENDER_CACHE_ENV) or user_cache_dir() / "rendered")
 
 
+def served_api_versions(outputs: Iterable[ChartOutput]) -> tuple[str, ...]:
+    """`group/version` and `group/version/Kind` of every version the charts' CRDs serve: what the
+    cluster's discovery lists once the bundle is applied, as helm-controller's `.Capabilities` sees it."""
+    served = set()
+    for out in outputs:
+        for crd in out.crds:
+            spec = crd.get("spec") or {}
+            group, kind = spec.get("group"), (spec.get("names") or {}).get("kind")
+            for version in spec.get("versions") or ():
+                if group and kind and version.get("served", True) and version.get("name"):
+                    served |= {f"{group}/{version['name']}", f"{group}/{version['name']}/{kind}"}
+    return tuple(sorted(served))
+
+
+def reads_api_versions(chart_bytes: bytes) -> bool:
+    """Whether a packaged chart (or one of the subcharts packed inside it) reads
+    `.Capabilities.APIVersions`: only those render differently once the cluster serves more APIs."""
+    with tarfile.open(fileobj=io.BytesIO(chart_bytes)) as archive:
+        for member in archive:
+            if not member.isfile():
+                continue
+            data = archive.extractfile(member).read()
+            if member.name.endswith(".tgz") and reads_api_versions(data):
+                return True
+            if "/templates/" in member.name and b"APIVersions" in data:
+                return True
+    return False
+
+
 def template_all(
     releases: list[Release],
     charts_dir: Path,
@@ -240,13 +271,18 @@ def template_all(
     kubernetes_version: str,
     store: Path | None = None,
     on_chart: Callable[[], None] | None = None,
+    api_versions: tuple[str, ...] = (),
 ) -> list[ChartOutput]:
     """Render every release whose chart is in `charts_dir`, in parallel, reusing stored outputs.
     Releases whose chart file is absent are left out (the caller reports them by name).
-    `on_chart`: called once per release rendered (progress; from the worker threads)."""
+    `on_chart`: called once per release rendered (progress; from the worker threads).
+    `api_versions`: APIs the cluster serves beyond Kubernetes' own (`helm template --api-versions`),
+    given only to the charts that read them, so the others' stored outputs stay valid."""
     store = store or render_cache_dir()
     present = [r for r in releases if chart_file(charts_dir, r.pin).is_file()]
-    digests = {path: _sha256(path.read_bytes()) for path in {chart_file(charts_dir, r.pin) for r in present}}
+    contents = {path: path.read_bytes() for path in {chart_file(charts_dir, r.pin) for r in present}}
+    digests = {path: _sha256(data) for path, data in contents.items()}
+    capabilities = {path: api_versions if api_versions and reads_api_versions(data) else () for path, data in contents.items()}
     stat = os.stat(helm)
     helm_identity = f"{stat.st_size}:{stat.st_mtime_ns}"
     version = _semver(kubernetes_version)
@@ -255,7 +291,7 @@ def template_all(
         chart = chart_file(charts_dir, release.pin)
         key = _sha256(
             json.dumps(
-                [_CACHE_FORMAT, digests[chart], release.name, release.namespace, version, release.values, helm_identity],
+                [_CACHE_FORMAT, digests[chart], release.name, release.namespace, version, release.values, helm_identity, capabilities[chart]],
                 sort_keys=True,
                 separators=(",", ":"),
             ).encode()
@@ -266,7 +302,7 @@ def template_all(
         except (OSError, ValueError):
             # Through JSON even when fresh, so a stored and a fresh render read the same (YAML
             # timestamps become strings, as the API server would hold them).
-            text = json.dumps(_template(helm, release, chart, version), default=str)
+            text = json.dumps(_template(helm, release, chart, version, capabilities[chart]), default=str)
             result = json.loads(text)
             store.mkdir(parents=True, exist_ok=True)
             partial = stored.with_name(f".{stored.name}.{os.getpid()}.{threading.get_ident()}.partial")
@@ -283,13 +319,13 @@ def template_all(
         return list(pool.map(one, present))
 
 
-def _template(helm: str, release: Release, chart: Path, kubernetes_version: str) -> dict[str, Any]:
+def _template(helm: str, release: Release, chart: Path, kubernetes_version: str, api_versions: tuple[str, ...]) -> dict[str, Any]:
     with tempfile.NamedTemporaryFile("w", suffix=".json") as values:
         json.dump(release.values, values)
         values.flush()
         done = subprocess.run(
             [helm, "template", release.name, str(chart), "--namespace", release.namespace, "--kube-version", kubernetes_version,
-             "--values", values.name, "--include-crds", "--skip-tests"],
+             "--values", values.name, "--include-crds", "--skip-tests", *(f"--api-versions={v}" for v in api_versions)],
             capture_output=True,
             text=True,
         )

@@ -1,0 +1,101 @@
+"""The serving layer's offline checks (`factory/checking/serving.py`), table-driven: each row
+breaks the dev render one way and names what the check must report ("accepts dev": nothing)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import pytest
+
+from ai_factory.factory.checking import serving as serving_checks
+from ai_factory.factory.rendering.bundle import Manifest, Rendered
+from tests.test_scheduling import broken
+
+
+def _predictor(change: Callable[[dict], None]) -> Callable[[dict], None]:
+    return lambda obj: change(obj["spec"]["predictor"])
+
+
+def _moved(obj: dict) -> None:
+    obj["metadata"]["namespace"] = "kserve"
+
+
+MODEL_PODS = [
+    ("accepts dev", lambda r: r, []),
+    ("flags a predictor without the tenant's queue",
+     lambda r: broken(r, "InferenceService", "llama-8b", _predictor(lambda p: p["labels"].pop("kueue.x-k8s.io/queue-name"))),
+     ["InferenceService/tenant-search/llama-8b: spec.predictor: its pods name no Kueue queue"]),
+    ("flags prefill pods without the tenant's queue",
+     lambda r: broken(r, "LLMInferenceService", "llama-70b", lambda o: o["spec"]["prefill"]["labels"].pop("kueue.x-k8s.io/queue-name")),
+     ["LLMInferenceService/tenant-search/llama-70b: spec.prefill.template: its pods name no Kueue queue"]),
+    ("flags another trust domain's toleration",
+     lambda r: broken(r, "InferenceService", "qwen-1-5b", _predictor(lambda p: p["tolerations"][0].update(value="internal"))),
+     ["InferenceService/tenant-assistant/qwen-1-5b: spec.predictor: tolerates the shared-GPU nodes of trust domain internal (its own is assistant)"]),
+    ("flags another tenant's dedicated nodes",
+     lambda r: broken(r, "InferenceService", "llama-8b", _predictor(lambda p: p["tolerations"].append({"key": "ai-factory.io/dedicated", "operator": "Equal", "value": "partner-acme", "effect": "NoSchedule"}))),
+     ["InferenceService/tenant-search/llama-8b: spec.predictor: tolerates the nodes dedicated to tenant partner-acme"]),
+    ("flags tolerating every taint",
+     lambda r: broken(r, "LLMInferenceService", "llama-70b", lambda o: o["spec"]["template"]["tolerations"].append({"operator": "Exists"})),
+     ["LLMInferenceService/tenant-search/llama-70b: spec.template: tolerates every taint"]),
+    ("flags tolerating every trust domain",
+     lambda r: broken(r, "InferenceService", "llama-8b", _predictor(lambda p: p["tolerations"][0].update(operator="Exists", value=None))),
+     ["spec.predictor: tolerates the shared-GPU nodes of every trust domain"]),
+    ("flags a host-path cache",
+     lambda r: broken(r, "InferenceService", "mistral-7b", _predictor(lambda p: p["volumes"].append({"name": "cache", "hostPath": {"path": "/mnt/models"}}))),
+     ["InferenceService/tenant-partner-acme/mistral-7b: spec.predictor: mounts host path '/mnt/models'"]),
+    ("flags a worker pod tolerating another domain",
+     lambda r: broken(r, "LLMInferenceService", "llama-70b", lambda o: o["spec"].update(worker={"containers": [], "tolerations": [{"key": "ai-factory.io/trust-domain", "operator": "Equal", "value": "assistant"}]})),
+     ["LLMInferenceService/tenant-search/llama-70b: spec.worker: tolerates the shared-GPU nodes of trust domain assistant (its own is internal)"]),
+    ("flags a prefill worker tolerating every tenant's dedicated nodes",
+     lambda r: broken(r, "LLMInferenceService", "llama-70b", lambda o: o["spec"]["prefill"].update(worker={"containers": [], "tolerations": [{"key": "ai-factory.io/dedicated", "operator": "Exists"}]})),
+     ["spec.prefill.worker: tolerates the nodes dedicated to every tenant"]),
+    ("accepts malformed parts (the schema check reports them)",
+     lambda r: broken(r, "InferenceService", "llama-8b", _predictor(lambda p: p.update(tolerations=["internal"], volumes=["cache"]))),
+     []),
+    ("accepts a model object without a spec",
+     lambda r: broken(r, "InferenceService", "llama-8b", lambda o: o.update(spec="predictor")),
+     []),
+    ("accepts an LLMInferenceService with malformed parts",
+     lambda r: broken(r, "LLMInferenceService", "llama-70b", lambda o: o["spec"].update(prefill="1", template=[])),
+     []),
+    ("flags every model outside a tenant namespace",
+     lambda r: broken(broken(r, "InferenceService", "mistral-7b", _moved), "InferenceService", "qwen-1-5b", _moved),
+     ["InferenceService/kserve/mistral-7b: serves a model from kserve", "InferenceService/kserve/qwen-1-5b: serves a model from kserve"]),
+    ("flags a model outside a tenant namespace",
+     lambda r: broken(r, "InferenceService", "mistral-7b", _moved),
+     ["serves a model from kserve, not a tenant's namespace"]),
+]
+
+
+@pytest.mark.parametrize("change, expected", [r[1:] for r in MODEL_PODS], ids=[r[0] for r in MODEL_PODS])
+def test_model_pods(dev, change, expected):
+    found = [str(f) for f in serving_checks.model_pods(change(dev), None)]
+    assert len(found) == len(expected), found
+    assert all(any(e in f for f in found) for e in expected), found
+
+
+def _with(rendered: Rendered, kind: str) -> Rendered:
+    cache = {"apiVersion": "serving.kserve.io/v1alpha1", "kind": kind, "metadata": {"name": "llama"}, "spec": {}}
+    return Rendered(rendered.config, rendered.kubernetes_version, [*rendered.manifests, Manifest(cache, "serving", None, "test")], rendered.inventory)
+
+
+SHARED_CACHES = [
+    ("accepts dev", lambda r: r, []),
+    ("flags the node-local cache switched on",
+     lambda r: broken(r, "HelmRelease", "kserve", lambda o: o["spec"]["values"]["kserve"]["localmodel"].update(enabled=True)),
+     ["HelmRelease/kserve/kserve: enables KServe's node-local model cache"]),
+    *(
+        (f"flags a {kind}", lambda r, kind=kind: _with(r, kind), [f"{kind}/llama: a KServe node-local model cache is shared by every namespace"])
+        for kind in ("LocalModelCache", "LocalModelNodeGroup", "LocalModelNamespaceCache")
+    ),
+    ("accepts a release with malformed values",
+     lambda r: broken(r, "HelmRelease", "kserve", lambda o: o["spec"].update(values={"kserve": "on"})),
+     []),
+]
+
+
+@pytest.mark.parametrize("change, expected", [r[1:] for r in SHARED_CACHES], ids=[r[0] for r in SHARED_CACHES])
+def test_shared_model_caches(dev, change, expected):
+    found = [str(f) for f in serving_checks.shared_model_caches(change(dev), None)]
+    assert len(found) == len(expected), found
+    assert all(any(e in f for f in found) for e in expected), found
