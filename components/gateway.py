@@ -36,6 +36,7 @@ import pulumi_kubernetes as k8s
 
 from ai_factory.components._common import FactoryComponent, labels, namespace
 from ai_factory.components.registry import Layer
+from ai_factory.components.serving import PORT as SERVING_PORT
 from ai_factory.factory.checking.routing import GATEWAY_CHECKS
 from ai_factory.factory.model.config import FactoryConfig, Tenant
 from ai_factory.factory.model.raw import as_dict, as_list
@@ -49,9 +50,9 @@ GATEWAY_PREFIX = "inference"
 MAX_LISTENERS = 64
 MODEL_HEADER = "X-Gateway-Model-Name"
 """The header the Inference Extension's body-based router copies the OpenAI `model` into."""
-POD_PORTS = {"InferenceService": 8080, "LLMInferenceService": 8000}
-"""The port vLLM listens on in a model's pods (KServe's vLLM runtime: 8080; llm-d's: 8000).
-Cilium applies policies after service translation, so they name the pod's port."""
+POD_PORTS = {"InferenceService": SERVING_PORT, "LLMInferenceService": 8000}
+"""The port vLLM listens on in a model's pods (the serving layer's runtime; KServe's llm-d preset
+serves on 8000). Cilium applies policies after service translation, so they name the pod's port."""
 NAMESPACE_LABEL = "k8s:io.kubernetes.pod.namespace"
 GATEWAY_ENTITY = "ingress"
 """Cilium's reserved identity of traffic its Gateway API Envoy forwards."""
