@@ -131,6 +131,8 @@ ROWS = [
     # (id, check, kind, name or a function of the render giving (name, change), change, expected phrase)
     ("listener-open-to-all", gateway_routes, "Gateway", None, lambda o: _first_listener(o)["allowedRoutes"]["namespaces"].update({"from": "All"}), "admits routes of tenants"),
     ("listener-without-hostname", gateway_routes, "Gateway", None, lambda o: _first_listener(o).pop("hostname"), "under every hostname"),
+    ("listeners-of-two-tenants-share-a-hostname", gateway_routes, "Gateway", None, lambda o: o["spec"]["listeners"][1].update(hostname=o["spec"]["listeners"][0]["hostname"]), "is claimed by tenants"),
+    ("backend-in-a-platform-namespace-without-a-grant", gateway_routes, "HTTPRoute", None, lambda o: o["spec"]["rules"][0]["backendRefs"][0].update(namespace="litellm"), "without a ReferenceGrant"),
     ("route-claims-another-tenants-hostname", gateway_routes, "HTTPRoute", _other_hostname, None, "is claimed by tenants"),
     ("route-to-another-tenant", gateway_routes, "HTTPRoute", _foreign_backend, None, "routes tenant"),
     ("litellm-without-default-deny", litellm_reach, "CiliumClusterwideNetworkPolicy", "litellm-isolation", lambda o: o["spec"].update(enableDefaultDeny={"ingress": True, "egress": False}), "denies LiteLLM's egress"),
@@ -173,3 +175,32 @@ def test_serving_checks_flag_this(served, oracles, check, kind, name, change, ex
 @pytest.mark.parametrize("check", [gateway_routes, litellm_reach, model_ingress], ids=lambda c: c.__name__)
 def test_serving_checks_accept_the_dev_environment(served, oracles, check):
     assert list(check(served, oracles)) == []
+
+
+def _with(rendered: Rendered, obj: dict[str, Any]) -> Rendered:
+    from ai_factory.factory.rendering.bundle import Manifest
+
+    clone = edit(rendered, "Namespace", None, lambda o: None)
+    clone.manifests.append(Manifest(obj, "test", None, "test::grant"))
+    return clone
+
+
+def _grant(namespace: str, source_namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "gateway.networking.k8s.io/v1beta1",
+        "kind": "ReferenceGrant",
+        "metadata": {"name": "grant", "namespace": namespace},
+        "spec": {"from": [{"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "namespace": source_namespace}], "to": [{"group": "", "kind": "Service"}]},
+    }
+
+
+def test_a_reference_grant_letting_another_tenant_in_is_flagged(served, oracles):
+    findings = [f.message for f in gateway_routes(_with(served, _grant("tenant-search", "tenant-assistant")), oracles)]
+    assert findings == ["lets tenant assistant's HTTPRoutes reach into tenant search's namespace"]
+
+
+def test_a_backend_in_a_platform_namespace_is_accepted_with_its_grant(served, oracles):
+    route = sorted(objects(served, "HTTPRoute"))[0]
+    home = objects(served, "HTTPRoute")[route]["metadata"]["namespace"]
+    moved = edit(served, "HTTPRoute", route, lambda o: o["spec"]["rules"][0]["backendRefs"][0].update(namespace="litellm"))
+    assert list(gateway_routes(_with(moved, _grant("litellm", home)), oracles)) == []
