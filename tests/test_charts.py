@@ -173,8 +173,10 @@ def test_without_oracles_and_charts_the_other_checks_run_and_name_what_did_not(d
         "chart rendering",
         "custom resources of kinds no chart ships a CRD for",
         "Helm values of HelmRelease/external-secrets/external-secrets, HelmRelease/falco/falco, HelmRelease/gpu-operator/gpu-operator, "
-        "HelmRelease/hami-system/hami, HelmRelease/keycloak/keycloak, HelmRelease/kube-system/cilium, HelmRelease/kueue-system/kueue, "
-        "HelmRelease/kyverno/kyverno, HelmRelease/monitoring/kube-prometheus-stack, HelmRelease/monitoring/opencost, "
+        "HelmRelease/hami-system/hami, HelmRelease/keycloak/keycloak, HelmRelease/kserve/kserve, HelmRelease/kserve/kserve-crd, "
+        "HelmRelease/kserve/kserve-llmisvc, HelmRelease/kserve/kserve-llmisvc-configs, HelmRelease/kserve/kserve-llmisvc-crd, "
+        "HelmRelease/kube-system/cilium, HelmRelease/kueue-system/kueue, HelmRelease/kyverno/kyverno, HelmRelease/lws-system/lws, "
+        "HelmRelease/monitoring/kube-prometheus-stack, HelmRelease/monitoring/opencost, "
         "HelmRelease/node-problem-detector/node-problem-detector, HelmRelease/openbao/openbao, HelmRelease/tenant-assistant/vcluster-assistant, "
         "HelmRelease/tenant-partner-acme/vcluster-partner-acme, HelmRelease/trivy-system/trivy-operator",
     ]

@@ -879,7 +879,8 @@ class ModelMemory(Model):
     dtype: Literal["float32", "bfloat16", "float16", "fp8", "int8", "int4"] = "bfloat16"
     """Weight precision; with `parameters_billion` it gives the weights' size."""
     kv_cache_gib: float = Field(default=2.0, gt=0, le=65536)
-    """KV-cache headroom (all replicas' GPUs together) beyond the weights."""
+    """KV-cache headroom of one replica (over all its GPUs) beyond the weights; on MIG instances and
+    HAMi slices vLLM is given exactly this much (`--kv-cache-memory-bytes`)."""
 
     @model_validator(mode="after")
     def _one_size(self) -> ModelMemory:
@@ -938,8 +939,8 @@ class ServedModel(Model):
     pipeline_parallel: int = Field(default=1, ge=1, le=64)
     memory: ModelMemory
     gpu_memory_utilization: float = Field(default=0.9, ge=0.1, le=0.95)
-    """Share of the replica's GPU memory vLLM takes; under HAMi it is a share of the slice (the
-    rendered flag is rescaled to vLLM's view, see `components/serving.py`)."""
+    """Share of the replica's GPU memory vLLM takes (`--gpu-memory-utilization`); under HAMi vLLM
+    sees the slice as the device, so it is a share of the slice."""
     max_model_len: int = Field(default=8192, ge=128, le=10_000_000)
     """Context length (vLLM `--max-model-len`)."""
     replicas: ModelReplicas = ModelReplicas()
