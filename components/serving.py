@@ -627,7 +627,8 @@ def models_fit(raw: dict[str, Any]) -> list[str]:
     pools: dict[str, Pool] = {}
     declared = set()
     for pool in map(as_dict, as_list(as_dict(raw.get("fleet")).get("pools"))):
-        declared.add(pool.get("name"))
+        if isinstance(pool.get("name"), str):  # a malformed name is the field check's to report
+            declared.add(pool["name"])
         try:
             valid = Pool.model_validate(pool)
         except ValidationError:
