@@ -602,7 +602,7 @@ def images_allowed(raw: dict[str, Any]) -> list[str]:
         return []
     image = as_dict(layers.get("serving")).get("vllm_image", ServingLayer().vllm_image)
     needed = {image: "the vLLM image (`layers.serving.vllm_image`)"} if isinstance(image, str) else {}
-    per_node = {p.get("name"): as_dict(p.get("gpu")).get("per_node") for p in map(as_dict, as_list(as_dict(raw.get("fleet")).get("pools")))}
+    per_node = {p.get("name"): as_dict(p.get("gpu")).get("per_node") for p in map(as_dict, as_list(as_dict(raw.get("fleet")).get("pools"))) if isinstance(p.get("name"), str)}
 
     def large(m: dict) -> bool:
         count, node = as_dict(m.get("gpus")).get("count"), per_node.get(as_dict(m.get("gpus")).get("pool"))
