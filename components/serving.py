@@ -69,7 +69,6 @@ from ai_factory.factory.model.serving import (
     cache_gib,
     endpoint,
     grant_problems,
-    model_endpoints,
     model_problems,
     replica_shape,
 )
@@ -127,25 +126,23 @@ class ServingArgs:
     namespace: str
     crd_chart: ChartSource
     chart: ChartSource
-    llmisvc_crd_chart: ChartSource | None
-    """With `llmisvc_chart` and `lws_chart`: None unless a model needs an LLMInferenceService."""
-    llmisvc_chart: ChartSource | None
-    llmisvc_configs_chart: ChartSource | None
-    lws_chart: ChartSource | None
+    llmisvc_crd_chart: ChartSource
+    llmisvc_chart: ChartSource
+    llmisvc_configs_chart: ChartSource
+    lws_chart: ChartSource
     lws_namespace: str
 
     @classmethod
     def from_config(cls, cfg: FactoryConfig) -> ServingArgs:
         layer = cfg.layers.serving
-        large = any(e.kind == "LLMInferenceService" for e in model_endpoints(cfg))
         return cls(
             namespace=layer.namespace,
             crd_chart=layer.crd_chart.source("kserve-crd"),
             chart=layer.chart.source("kserve-resources"),
-            llmisvc_crd_chart=layer.llmisvc_crd_chart.source("kserve-llmisvc-crd") if large else None,
-            llmisvc_chart=layer.llmisvc_chart.source("kserve-llmisvc-resources") if large else None,
-            llmisvc_configs_chart=layer.llmisvc_configs_chart.source("kserve-runtime-configs") if large else None,
-            lws_chart=layer.lws_chart.source("lws") if large else None,
+            llmisvc_crd_chart=layer.llmisvc_crd_chart.source("kserve-llmisvc-crd"),
+            llmisvc_chart=layer.llmisvc_chart.source("kserve-llmisvc-resources"),
+            llmisvc_configs_chart=layer.llmisvc_configs_chart.source("kserve-runtime-configs"),
+            lws_chart=layer.lws_chart.source("lws"),
             lws_namespace=layer.lws_namespace,
         )
 
@@ -180,16 +177,17 @@ class Serving(FactoryComponent):
         ns = namespace(self, args.namespace, pod_security="restricted")
         crds = helm_release(self, "kserve-crd", args.crd_chart, namespace=ns.metadata.name, values={}, depends_on=[ns])
         helm_release(self, "kserve", args.chart, namespace=ns.metadata.name, values=kserve_values(), depends_on=[crds])
-        if args.llmisvc_chart and args.llmisvc_crd_chart and args.llmisvc_configs_chart and args.lws_chart:
-            lws_ns = k8s.core.v1.Namespace(
-                self.child_name("lws-namespace"),
-                metadata=k8s.meta.v1.ObjectMetaArgs(name=args.lws_namespace, labels={**labels(self.layer), **{f"pod-security.kubernetes.io/{m}": "restricted" for m in ("enforce", "audit", "warn")}}),
-                opts=self.child(),
-            )
-            helm_release(self, "lws", args.lws_chart, namespace=lws_ns.metadata.name, values={}, depends_on=[lws_ns])
-            llm_crds = helm_release(self, "kserve-llmisvc-crd", args.llmisvc_crd_chart, namespace=ns.metadata.name, values={}, depends_on=[crds])
-            helm_release(self, "kserve-llmisvc", args.llmisvc_chart, namespace=ns.metadata.name, values=llmisvc_values(), depends_on=[llm_crds])
-            helm_release(self, "kserve-llmisvc-configs", args.llmisvc_configs_chart, namespace=ns.metadata.name, values=LLMISVC_CONFIGS_VALUES, depends_on=[llm_crds])
+        # Installed whether or not a model needs them yet, so adding or removing a tenant's large
+        # model never changes the platform.
+        lws_ns = k8s.core.v1.Namespace(
+            self.child_name("lws-namespace"),
+            metadata=k8s.meta.v1.ObjectMetaArgs(name=args.lws_namespace, labels={**labels(self.layer), **{f"pod-security.kubernetes.io/{m}": "restricted" for m in ("enforce", "audit", "warn")}}),
+            opts=self.child(),
+        )
+        helm_release(self, "lws", args.lws_chart, namespace=lws_ns.metadata.name, values={}, depends_on=[lws_ns])
+        llm_crds = helm_release(self, "kserve-llmisvc-crd", args.llmisvc_crd_chart, namespace=ns.metadata.name, values={}, depends_on=[crds])
+        helm_release(self, "kserve-llmisvc", args.llmisvc_chart, namespace=ns.metadata.name, values=llmisvc_values(), depends_on=[llm_crds])
+        helm_release(self, "kserve-llmisvc-configs", args.llmisvc_configs_chart, namespace=ns.metadata.name, values=LLMISVC_CONFIGS_VALUES, depends_on=[llm_crds])
         self.namespace = ns.metadata.name
         self.register_outputs({"namespace": self.namespace})
 
@@ -602,7 +600,8 @@ def images_allowed(raw: dict[str, Any]) -> list[str]:
         return []
     image = as_dict(layers.get("serving")).get("vllm_image", ServingLayer().vllm_image)
     needed = {image: "the vLLM image (`layers.serving.vllm_image`)"} if isinstance(image, str) else {}
-    per_node = {p.get("name"): as_dict(p.get("gpu")).get("per_node") for p in map(as_dict, as_list(as_dict(raw.get("fleet")).get("pools"))) if isinstance(p.get("name"), str)}
+    pools = map(as_dict, as_list(as_dict(raw.get("fleet")).get("pools")))
+    per_node = {p["name"]: as_dict(p.get("gpu")).get("per_node") for p in pools if isinstance(p.get("name"), str)}
 
     def large(m: dict) -> bool:
         count, node = as_dict(m.get("gpus")).get("count"), per_node.get(as_dict(m.get("gpus")).get("pool"))
@@ -627,8 +626,8 @@ def models_fit(raw: dict[str, Any]) -> list[str]:
     pools: dict[str, Pool] = {}
     declared = set()
     for pool in map(as_dict, as_list(as_dict(raw.get("fleet")).get("pools"))):
-        if isinstance(pool.get("name"), str):  # a malformed name is the field check's to report
-            declared.add(pool["name"])
+        name = pool.get("name")
+        declared.add(name if isinstance(name, str) else None)
         try:
             valid = Pool.model_validate(pool)
         except ValidationError:
@@ -655,7 +654,7 @@ def models_fit(raw: dict[str, Any]) -> list[str]:
                 problems.append(f"{at}.name: duplicate model name {model.name!r}")
                 continue
             seen.add(model.name)
-            if model.gpus.pool in declared and model.gpus.pool not in pools:
+            if model.gpus.pool not in pools and (model.gpus.pool in declared or None in declared):
                 continue  # a pool with errors of its own
             name = model.served_name or f"{tenant.name}/{model.name}"
             other = served.setdefault(name, tenant.name)

@@ -30,6 +30,13 @@ def raw(dev_raw) -> dict[str, Any]:
     return copy.deepcopy(dev_raw[0])
 
 
+def without_models(raw: dict[str, Any]) -> dict[str, Any]:
+    """The config without served models: for tests that reshape the pools or grants dev's models use."""
+    for tenant in raw.get("tenants", []):
+        tenant.pop("models", None)
+    return raw
+
+
 def render(raw: dict[str, Any], secret_sections: set[str] = frozenset(), stack: str = "dev") -> Rendered:
     """Render sections as the stack file would seed them: a section still holding a `secure:`
     placeholder is a secret key, besides those named."""

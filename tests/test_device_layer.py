@@ -22,7 +22,7 @@ from ai_factory.factory.planning.placement import DEDICATED_LABEL, MIG_CONFIG_LA
 from ai_factory.factory.planning.from_config import plan_for
 from ai_factory.factory.planning.report import report_text
 from ai_factory.factory.model.tenancy import TRUST_DOMAIN_LABEL
-from tests.conftest import objects, one, render
+from tests.conftest import objects, one, render, without_models
 
 STACK = "device-test"  # never `dev`: a locked plans/dev.json must not change these tests
 
@@ -239,6 +239,7 @@ def test_hami_tolerates_every_platform_taint(device):
 
 
 def test_hami_is_installed_only_with_a_hami_pool(raw):
+    without_models(raw)
     raw["fleet"]["pools"][2]["sharing"] = "time-slicing"
     raw["tenants"][1]["gpus"][1] = {"pool": "l40s-infer", "count": 6}
     assert [m for m in render(raw, stack=STACK).manifests if m.layer == "hami"] == []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ai_factory.components.gpu_operator import NODE_TAINT_KEYS
 from ai_factory.factory.model.catalog import CHARTS
-from tests.conftest import objects, one, render
+from tests.conftest import objects, one, render, without_models
 
 
 def values(rendered):
@@ -36,6 +36,7 @@ def test_one_driver_per_pool_selected_by_pool_label(dev, dev_raw):
 def test_mig_manager_and_mixed_strategy_follow_mig_pools(dev, raw):
     assert values(dev)["migManager"]["enabled"] is True
     assert values(dev)["mig"]["strategy"] == "mixed"
+    without_models(raw)
     raw["fleet"]["pools"][1]["sharing"] = "exclusive"
     raw["tenants"][0]["gpus"][1] = {"pool": "a100-mig", "count": 2}
     raw["tenants"][1]["gpus"][0] = {"pool": "a100-mig", "count": 2}

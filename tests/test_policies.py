@@ -24,7 +24,7 @@ from ai_factory.factory.model.tenancy import TENANT_LABEL, TRUST_DOMAIN_LABEL
 from ai_factory.policies.aif_policies import POLICIES
 from ai_factory.policies.aif_policies import gpu as gpu_policies
 from ai_factory.policies.aif_policies import security as security_policies
-from tests.conftest import render
+from tests.conftest import render, without_models
 from tests.policy_stacks import (
     all_violations,
     custom,
@@ -313,6 +313,7 @@ def test_gpu_namespace_outside_a_queue_is_reported(raw, monkeypatch):
 def test_tenants_queued_by_kai_scheduler_instead_of_kueue_pass(raw):
     raw["layers"]["kueue"] = {"enabled": False}
     raw["layers"]["kai_scheduler"] = {"enabled": True}
+    without_models(raw)
     raw["fleet"]["pools"][2] = {**raw["fleet"]["pools"][2], "sharing": "exclusive"}  # HAMi needs Kueue
     raw["tenants"][1]["gpus"][1] = {"pool": "l40s-infer", "count": 2}
     rendered = render(raw)

@@ -31,6 +31,7 @@ def without_shared_pools(raw: dict) -> dict:
     """Dev without its HAMi pool, which only Kueue can meter."""
     raw["fleet"]["pools"] = [p for p in raw["fleet"]["pools"] if p["name"] != "l40s-infer"]
     raw["tenants"][1]["gpus"] = [g for g in raw["tenants"][1]["gpus"] if g["pool"] != "l40s-infer"]
+    raw["tenants"][1]["models"] = [m for m in raw["tenants"][1].get("models", []) if m["gpus"]["pool"] != "l40s-infer"]
     return raw
 
 

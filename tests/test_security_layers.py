@@ -15,7 +15,7 @@ from ai_factory.factory.model.loading import validate
 from ai_factory.factory.planning.placement import node_placements
 from ai_factory.factory.planning.from_config import plan_for
 from ai_factory.factory.rendering.bundle import Rendered
-from tests.conftest import objects, one, render
+from tests.conftest import objects, one, render, without_models
 
 SECURITY_LAYERS = ("cilium", "keycloak", "openbao", "external-secrets", "kyverno", "falco", "trivy")
 RELEASES = {
@@ -151,6 +151,7 @@ def test_stateful_resources_are_protected_and_retained(dev):
 
 
 def test_disabled_layers_render_nothing(raw):
+    without_models(raw)
     for layer in ("cilium", "keycloak", "openbao", "external_secrets", "kyverno", "falco", "trivy"):
         raw["layers"][layer] = {"enabled": False}
     rendered = render(raw)

@@ -25,7 +25,7 @@ from ai_factory.factory.planning.placement import advertised_resources, allocati
 from ai_factory.factory.planning.from_config import plan_for
 from ai_factory.factory.planning.quotas import gpu_ceiling
 from ai_factory.factory.rendering.bundle import from_graph
-from tests.conftest import objects, render
+from tests.conftest import objects, render, without_models
 
 TENANTS = ("search", "assistant", "partner-acme")
 
@@ -180,6 +180,7 @@ def test_quota_follows_the_tenants_borrowing_limit(raw, limit_percent, expected)
 def test_quota_is_the_grant_without_kueue(raw):
     raw["layers"]["kueue"] = {"enabled": False}
     raw["layers"]["kai_scheduler"] = {"enabled": True}
+    without_models(raw)
     raw["fleet"]["pools"][2] = {**raw["fleet"]["pools"][2], "sharing": "exclusive"}  # HAMi needs Kueue
     raw["tenants"][1]["gpus"][1] = {"pool": "l40s-infer", "count": 2}
     rendered = render(raw)

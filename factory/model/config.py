@@ -585,8 +585,8 @@ class MetricsLayer(Model):
 class ServingLayer(Model):
     """Model serving (`components/serving.py`): KServe in standard (raw Deployment) mode without
     Knative, a vLLM ServingRuntime per tenant, and each tenant's `models` as InferenceServices in
-    its namespace; disaggregated or multi-node models as LLMInferenceServices on LeaderWorkerSet
-    (those charts only when such a model exists). Needs cert-manager (KServe's webhook
+    its namespace; disaggregated or multi-node models as LLMInferenceServices on LeaderWorkerSet.
+    Needs cert-manager (KServe's webhook
     certificates) and KEDA (autoscaling) in the cluster."""
 
     enabled: bool = True

@@ -15,8 +15,7 @@ object, never by re-typing KServe's naming rules:
 Every model pod carries `pod_labels`, so a network policy can name exactly one model's pods.
 KServe creates no Ingress or HTTPRoute of its own (`disableIngressCreation`, and no `router.route`
 on an LLMInferenceService): routes are the gateway layer's. The InferencePool CRDs
-(`inference.networking.k8s.io`) come with `kserve-llmisvc-resources` (`createGIECRDs`), installed
-only when some model is an LLMInferenceService.
+(`inference.networking.k8s.io`) come with `kserve-llmisvc-resources` (`createGIECRDs`).
 """
 
 from __future__ import annotations
