@@ -58,11 +58,13 @@ class CiliumArgs:
     """Hubble UI for operators (Hubble and Hubble Relay are always on)."""
     encryption: str
     """`wireguard` (pod traffic between nodes encrypted) or `none`."""
+    gateway_api: bool = False
+    """Serve Gateway API (the shared inference Gateway, `components/gateway.py`)."""
 
     @classmethod
     def from_config(cls, cfg: FactoryConfig) -> CiliumArgs:
         layer = cfg.layers.cilium
-        return cls(chart=layer.chart.source("cilium"), hubble_ui=layer.hubble_ui, encryption=layer.encryption)
+        return cls(chart=layer.chart.source("cilium"), hubble_ui=layer.hubble_ui, encryption=layer.encryption, gateway_api=cfg.layers.gateway.enabled)
 
 
 def chart_values(args: CiliumArgs) -> dict[str, Any]:
@@ -80,6 +82,8 @@ def chart_values(args: CiliumArgs) -> dict[str, Any]:
         # Endpoints are unrestricted until a policy selects them; every tenant is selected by its own.
         "policyEnforcementMode": "default",
     }
+    if args.gateway_api:
+        values["gatewayAPI"] = {"enabled": True}
     if args.encryption == "wireguard":
         values["encryption"] = {"enabled": True, "type": "wireguard"}
     return values

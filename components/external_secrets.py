@@ -85,17 +85,21 @@ def secret_prefix(names: TenantNames) -> str:
     return f"tenants/{names.tenant}/"
 
 
-def tenant_policy(kv_mount: str, names: TenantNames) -> str:
-    """OpenBao policy (HCL): read and list under the tenant's prefix, nothing else."""
-    prefix = secret_prefix(names)
+def read_policy(kv_mount: str, prefix: str, owner: str) -> str:
+    """OpenBao policy (HCL): read and list under `prefix` of the KV engine, nothing else."""
     return (
-        f"# Tenant {names.tenant}: its own secrets, read-only.\n"
+        f"# {owner}: its own secrets, read-only.\n"
         f'path "{kv_mount}/data/{prefix}*" {{\n  capabilities = ["read"]\n}}\n'
         f'path "{kv_mount}/metadata/{prefix}*" {{\n  capabilities = ["read", "list"]\n}}\n'
     )
 
 
-def secret_store_spec(server: str, kv_mount: str, names: TenantNames) -> dict[str, Any]:
+def tenant_policy(kv_mount: str, names: TenantNames) -> str:
+    return read_policy(kv_mount, secret_prefix(names), f"Tenant {names.tenant}")
+
+
+def secret_store_spec(server: str, kv_mount: str, role: str) -> dict[str, Any]:
+    """A store logging in to OpenBao as `role` with the store's service account."""
     return {
         "provider": {
             "vault": {
@@ -105,7 +109,7 @@ def secret_store_spec(server: str, kv_mount: str, names: TenantNames) -> dict[st
                 "auth": {
                     "kubernetes": {
                         "mountPath": KUBERNETES_AUTH_PATH,
-                        "role": names.namespace,
+                        "role": role,
                         "serviceAccountRef": {"name": STORE_SERVICE_ACCOUNT, "audiences": [OPENBAO_AUDIENCE]},
                     }
                 },
@@ -172,7 +176,7 @@ class TenantSecretsHook:
             api_version="external-secrets.io/v1",
             kind="SecretStore",
             metadata=k8s.meta.v1.ObjectMetaArgs(name=STORE_NAME, namespace=names.namespace, labels=object_labels),
-            spec=secret_store_spec(self.server, self.kv_mount, names),
+            spec=secret_store_spec(self.server, self.kv_mount, names.namespace),
             opts=stack.child(depends_on=[account]),
         )
 

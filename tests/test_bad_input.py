@@ -278,7 +278,7 @@ def _dev_plaintexts() -> list[str]:
     key = hashlib.pbkdf2_hmac("sha256", DEV_PASSPHRASE.encode(), salt, 1_000_000, 32)
     ciphertexts = [line.split("secure: ")[1] for line in DEV_TEXT.splitlines() if "secure: " in line]
     plaintexts = [AESGCM(key).decrypt(*(base64.b64decode(part) for part in c.split(":")[1:]), None).decode() for c in ciphertexts]
-    assert len(plaintexts) == 4 and all(len(p) >= 8 for p in plaintexts)
+    assert len(plaintexts) == 6 and all(len(p) >= 8 for p in plaintexts)
     return plaintexts
 
 

@@ -39,7 +39,7 @@ def values_of(release: str):
 def test_dev_renders_every_release_with_its_chart_and_is_clean(dev, dev_report):
     releases = [m for m in dev.manifests if m.kind == "HelmRelease"]
     assert (dev_report.charts_rendered, dev_report.not_run, dev_report.findings) == (len(releases), [], [])
-    assert dev_report.objects > 4 * len(dev.manifests)  # the charts' objects were checked too
+    assert dev_report.objects > 3 * len(dev.manifests)  # the charts' objects were checked too (several times the bundle's own)
 
 
 def _drop_cleanup_crd(values):

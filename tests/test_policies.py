@@ -1137,10 +1137,11 @@ def test_images_pinned_in_workloads_and_nothing_else():
     "key, holds",
     [
         *[pytest.param(k, True, id=k) for k in ("password", "dbPassword", "admin_passwd", "passphrase", "apiToken", "API_KEY", "accessKey", "aws_secret_access_key",
-                                                  "secretKey", "privateKey", "clientSecret", "sharedSecret", "credentials", "awsCredential", ".dockerconfigjson")],
+                                                  "secretKey", "privateKey", "clientSecret", "sharedSecret", "credentials", "awsCredential", ".dockerconfigjson",
+                                                  "master_key")],
         *[pytest.param(k, False, id=k) for k in ("passwordSecretKey", "tokenSecretName", "existingSecret", "existingPassword", "createCredentials", "useToken", "enablePassword",
                                                    "generatePassword", "autoToken", "requireToken", "allowToken", "skipPassword", "tokenTTL", "username",
-                                                   "secretKeyRef", "credentialsSecretKey")],
+                                                   "secretKeyRef", "credentialsSecretKey", "masterkeySecretKey")],
     ],
 )
 def test_credential_keys(key, holds):

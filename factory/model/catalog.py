@@ -230,6 +230,15 @@ CHARTS: dict[str, ChartSource] = {
         # nv-ipam's CRDs come from the operator once a NicClusterPolicy asks for nv-ipam.
         crd_groups=("mellanox.com", "k8s.cni.cncf.io", "sriovnetwork.openshift.io", "sriovnetwork.k8snetworkplumbingwg.io", "nv-ipam.nvidia.com"),
     ),
+    # BerriAI/litellm deploy/charts/litellm-helm 1.1.0 (LiteLLM v1.80.12), published only as OCI. Its
+    # repository could not be obtained: the oracle's values.yaml is a transcription (SOURCE.yaml), so
+    # no package of it is in the chart cache. No values schema.
+    "litellm": ChartSource(
+        name="litellm-helm",
+        repository="oci://ghcr.io/berriai",
+        version="1.1.0",
+        oracle_dir="litellm/chart",
+    ),
 }
 
 

@@ -751,6 +751,71 @@ class ServingLayer(Model):
     """StorageClass of the per-model download caches (in the tenant's namespace); None: the cluster default."""
 
 
+Hostname = Annotated[str, StringConstraints(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+$", max_length=253)]
+"""A fully qualified DNS name without wildcard, e.g. `team-a.inference.example.com`."""
+
+
+class GatewayLayer(Model):
+    """The shared inference Gateway (`components/gateway.py`): Gateway API on Cilium, one HTTPS
+    listener per tenant hostname that admits only that tenant's routes, and per tenant one
+    HTTPRoute to its exposed models (`tenants[].models[].expose`)."""
+
+    enabled: bool = True
+    namespace: DnsLabel = "inference-gateway"
+    domain: Hostname = "inference.example.com"
+    """Tenants' default hostname is `<tenant>.<domain>` (overridden by `tenants[].hostnames`)."""
+    tls_secret: DnsLabel = "inference-gateway-tls"
+    """The TLS Secret (in `namespace`) holding a certificate for every tenant hostname, e.g. a
+    wildcard for `*.<domain>` issued by cert-manager; the listeners terminate TLS with it."""
+
+
+class TeamBudget(Model):
+    """A tenant's LiteLLM team: what its virtual keys may spend and how fast."""
+
+    max_budget: float = Field(default=100.0, gt=0, le=10_000_000)
+    """Spend ceiling per `budget_duration`, in LiteLLM's currency (USD)."""
+    budget_duration: Annotated[str, StringConstraints(pattern=r"^[1-9][0-9]{0,3}[smhd]$")] = "30d"
+    """When the spend resets (LiteLLM duration: `30s`, `12h`, `30d`, ...)."""
+    tpm_limit: int = Field(default=100_000, ge=1, le=1_000_000_000)
+    """Tokens per minute over all of the team's keys."""
+    rpm_limit: int = Field(default=600, ge=1, le=10_000_000)
+    """Requests per minute over all of the team's keys."""
+    keys: int = Field(default=1, ge=1, le=16)
+    """Virtual keys issued to the team, each delivered to the tenant's namespace."""
+
+
+class LiteLLMDatabase(Model):
+    """The PostgreSQL database LiteLLM keeps teams, keys and spend in. It runs outside this library,
+    as Keycloak's does; its password goes to OpenBao and reaches LiteLLM through External Secrets."""
+
+    host: Annotated[str, StringConstraints(min_length=1, max_length=253)]
+    port: int = Field(default=5432, ge=1, le=65535)
+    name: DnsLabel = "litellm"
+    username: Annotated[str, StringConstraints(min_length=1, max_length=MAX_TEXT)] = "litellm"
+    password: SecretValue
+
+
+class LiteLLMLayer(Model):
+    """LiteLLM (`components/litellm.py`): the OpenAI-compatible front door to every exposed model,
+    one team per tenant with its budget, limits and virtual keys. Needs `database`, `master_key`
+    and OpenBao's `admin_token` while enabled."""
+
+    enabled: bool = False
+    chart: Chart = Chart.pinned("litellm")
+    namespace: DnsLabel = "litellm"
+    replicas: int = Field(default=2, ge=1, le=MAX_ITEMS)
+    master_key: SecretValue | None = None
+    """LiteLLM's admin key (`sk-...`): signs the management API calls that create teams and keys."""
+    database: LiteLLMDatabase | None = None
+    api_address: Annotated[str, StringConstraints(pattern=r"^https?://[^\s/]+$", max_length=MAX_TEXT)] | None = None
+    """Where Pulumi reaches LiteLLM's management API; defaults to the in-cluster service."""
+    default_budget: TeamBudget = TeamBudget()
+    budgets: dict[DnsLabel, TeamBudget] = Field(default={}, max_length=MAX_TENANTS)
+    """Per-tenant budgets overriding `default_budget`."""
+    shared_models: list[Annotated[str, StringConstraints(max_length=128)]] = Field(default=[], max_length=MAX_ITEMS)
+    """Served names (`tenants[].models[].served_name`) of exposed models every team may call besides its own."""
+
+
 class Layers(Model):
     gpu_operator: GpuOperatorLayer = GpuOperatorLayer()
     kueue: KueueLayer = KueueLayer()
@@ -770,6 +835,8 @@ class Layers(Model):
     metrics: MetricsLayer = MetricsLayer()
     serving: ServingLayer = ServingLayer()
     network: NetworkLayer = NetworkLayer()
+    gateway: GatewayLayer = GatewayLayer()
+    litellm: LiteLLMLayer = LiteLLMLayer()
 
 
 # --------------------------------------------------------------------------- identity
@@ -1093,6 +1160,9 @@ class Tenant(Model):
     models: list[ServedModel] = Field(default=[], max_length=MAX_MODELS)
     """Models the tenant serves (`ai_factory.factory.model.serving`); their replicas at `max` are
     planned inside the tenant's `gpus`."""
+    hostnames: list[Hostname] = Field(default=[], max_length=16)
+    """Hostnames the tenant's exposed models answer at on the shared inference gateway, each owned
+    by this tenant alone; default: `<tenant>.<layers.gateway.domain>`."""
     managed_by: Literal["platform", "tenant-stack"] = "platform"
     """Which stack builds the tenant's environment: the platform stack, or the tenant's own stack
     (`stacks/tenants.py`, the tenant API), so that its changes and deletion never touch the

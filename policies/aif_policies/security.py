@@ -371,7 +371,7 @@ def check_images_pinned(resource_type: str, props: Mapping[str, Any], config: Ma
 
 CREDENTIAL_WORDS = (
     "password", "passwd", "passphrase", "token", "apikey", "accesskey", "secretaccesskey", "secretkey", "privatekey",
-    "clientsecret", "sharedsecret", "credentials", "credential", "dockerconfigjson",
+    "clientsecret", "sharedsecret", "credentials", "credential", "dockerconfigjson", "masterkey",
 )
 """Key names (lower case, separators removed) that end with one of these hold a credential, unless
 what comes before already names one (`passwordSecretKey` says where a password is kept)."""

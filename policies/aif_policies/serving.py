@@ -1,0 +1,87 @@
+"""The serving path: no tenant's route can capture another tenant's traffic.
+
+A Gateway listener that admits tenants' routes admits one tenant's namespaces only, under a
+hostname (a listener without one takes every hostname) that no listener admitting another tenant
+holds; a tenant's route names only hostnames no other tenant's route claims, and sends only to its
+own namespaces. Gateway API resolves two routes claiming one hostname by age, so the first tenant
+to claim a hostname would take the other's traffic.
+
+References: Gateway API `allowedRoutes` and `ReferenceGrant` (GEP-709); issue 13 item 4.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Iterator
+
+from pulumi_policy import PolicyResource
+
+from ai_factory.policies.aif_policies.core import Violation, stack_policy
+from ai_factory.policies.aif_policies.kube import Cluster, Obj, as_list, as_map, selects
+
+ROUTE_KINDS = ("HTTPRoute", "GRPCRoute")
+
+
+def admitted_tenants(cluster: Cluster, gateway: Obj, listener: Mapping[str, Any]) -> list[str]:
+    """The tenants whose namespaces a listener admits routes from (Gateway API default: `Same`)."""
+    namespaces = as_map(as_map(listener.get("allowedRoutes")).get("namespaces"))
+    admitted = namespaces.get("from", "Same")
+    if admitted == "All":
+        names = list(cluster.namespace_tenant)
+    elif admitted == "Selector":
+        names = [ns for ns, labels in cluster.namespace_labels.items() if selects(namespaces.get("selector"), {**labels, "kubernetes.io/metadata.name": ns})]
+    else:
+        names = [gateway.namespace or ""]
+    return sorted({cluster.namespace_tenant[ns] for ns in names if ns in cluster.namespace_tenant})
+
+
+def check_gateway_listeners_isolate_tenants(resources: Sequence[PolicyResource], config: Mapping[str, Any]) -> Iterator[Violation]:
+    cluster = Cluster(resources)
+    holders: dict[str, set[str]] = {}
+    for gateway in cluster.of("Gateway"):
+        for listener in as_list(gateway.spec.get("listeners")):
+            listener = as_map(listener)
+            tenants = admitted_tenants(cluster, gateway, listener)
+            name = listener.get("name")
+            if len(tenants) > 1:
+                yield gateway.resource, f"{gateway.describe()} listener {name} admits routes of tenants {', '.join(tenants)}: each could capture the others' traffic; give each tenant a listener selecting its namespaces only."
+            elif tenants and not listener.get("hostname"):
+                yield gateway.resource, f"{gateway.describe()} listener {name} admits tenant {tenants[0]}'s routes under every hostname; give it the tenant's hostname."
+            if len(tenants) == 1 and listener.get("hostname"):
+                held = holders.setdefault(str(listener["hostname"]), set())
+                held.update(tenants)
+                if len(held) > 1:
+                    yield gateway.resource, f"{gateway.describe()} listener {name}: hostname {listener['hostname']} is admitted for tenants {', '.join(sorted(held))}."
+
+
+def check_tenant_routes_own_hostnames(resources: Sequence[PolicyResource], config: Mapping[str, Any]) -> Iterator[Violation]:
+    cluster = Cluster(resources)
+    claims: dict[str, set[str]] = {}
+    routes = [(r, t) for r in cluster.of(*ROUTE_KINDS) if (t := cluster.tenant_of_namespace(r.namespace))]
+    for route, tenant in routes:
+        for host in as_list(route.spec.get("hostnames")):
+            claims.setdefault(str(host), set()).add(tenant.name)
+    for route, tenant in routes:
+        for host in as_list(route.spec.get("hostnames")):
+            others = sorted(claims[str(host)] - {tenant.name})
+            if others:
+                yield route.resource, f"{route.describe()} of tenant {tenant.name} claims hostname {host}, which tenant {', '.join(others)} also claims: the older route would take the other's traffic."
+        for rule in as_list(route.spec.get("rules")):
+            for ref in as_list(as_map(rule).get("backendRefs")):
+                target = cluster.tenant_of_namespace(as_map(ref).get("namespace"))
+                if target is not None and target.name != tenant.name:
+                    yield route.resource, f"{route.describe()} of tenant {tenant.name} sends traffic to tenant {target.name}'s namespace {as_map(ref).get('namespace')}."
+
+
+POLICIES = [
+    stack_policy(
+        "gateway-listeners-isolate-tenants",
+        "A Gateway listener admits one tenant's routes, under a hostname of its own.",
+        check_gateway_listeners_isolate_tenants,
+    ),
+    stack_policy(
+        "tenant-routes-own-hostnames",
+        "A tenant's route claims no hostname another tenant's route claims, and sends only to its own namespaces.",
+        check_tenant_routes_own_hostnames,
+    ),
+]
