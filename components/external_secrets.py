@@ -95,7 +95,9 @@ def tenant_policy(kv_mount: str, names: TenantNames) -> str:
     )
 
 
-def secret_store_spec(server: str, kv_mount: str, names: TenantNames) -> dict[str, Any]:
+def secret_store_spec(server: str, kv_mount: str, role: str) -> dict[str, Any]:
+    """A namespaced store reading OpenBao's KV engine, logging in as `role` with the store's own
+    service account (tokens bound to OpenBao's audience)."""
     return {
         "provider": {
             "vault": {
@@ -105,7 +107,7 @@ def secret_store_spec(server: str, kv_mount: str, names: TenantNames) -> dict[st
                 "auth": {
                     "kubernetes": {
                         "mountPath": KUBERNETES_AUTH_PATH,
-                        "role": names.namespace,
+                        "role": role,
                         "serviceAccountRef": {"name": STORE_SERVICE_ACCOUNT, "audiences": [OPENBAO_AUDIENCE]},
                     }
                 },
@@ -172,7 +174,7 @@ class TenantSecretsHook:
             api_version="external-secrets.io/v1",
             kind="SecretStore",
             metadata=k8s.meta.v1.ObjectMetaArgs(name=STORE_NAME, namespace=names.namespace, labels=object_labels),
-            spec=secret_store_spec(self.server, self.kv_mount, names),
+            spec=secret_store_spec(self.server, self.kv_mount, names.namespace),
             opts=stack.child(depends_on=[account]),
         )
 
