@@ -47,6 +47,7 @@ from ai_factory.components.openbao import KUBERNETES_AUTH_PATH, OpenBaoArgs, ser
 from ai_factory.components.registry import Layer
 from ai_factory.factory.acceptance import gates, thresholds
 from ai_factory.factory.model.config import FactoryConfig, NodeSpec, Pool, PoolProvisioning
+from ai_factory.factory.model.raw import as_dict, as_list, did_you_mean
 from ai_factory.factory.model.secrets import SecretValue
 from ai_factory.factory.planning.model import Plan
 
@@ -306,26 +307,21 @@ class Provisioning(FactoryComponent):
         object_labels = labels("provisioning")
         # No pod runs here: only hosts, their Secrets and the store.
         ns = namespace(self, args.namespace, pod_security="restricted")
-        account = k8s.core.v1.ServiceAccount(
-            self.child_name("store-account"),
-            metadata=k8s.meta.v1.ObjectMetaArgs(name=STORE_SERVICE_ACCOUNT, namespace=args.namespace, labels=object_labels),
-            automount_service_account_token=False,
-            opts=self.child(depends_on=[ns]),
-        )
-        store = k8s.apiextensions.CustomResource(
-            self.child_name("store"),
-            api_version=ESO_API,
-            kind="SecretStore",
-            metadata={"name": STORE_NAME, "namespace": args.namespace, "labels": object_labels},
-            spec=secret_store_spec(args.openbao_server, args.kv_mount, STORE_ROLE),
-            opts=self.child(depends_on=[account]),
-        )
+        store = None
         if args.openbao_token is not None:
+            # Like tenants' stores, this one waits for OpenBao to be initialised: before, its role
+            # does not exist. The hosts wait for their Secrets meanwhile (Metal3 retries).
+            account = k8s.core.v1.ServiceAccount(
+                self.child_name("store-account"),
+                metadata=k8s.meta.v1.ObjectMetaArgs(name=STORE_SERVICE_ACCOUNT, namespace=args.namespace, labels=object_labels),
+                automount_service_account_token=False,
+                opts=self.child(depends_on=[ns]),
+            )
             provider = vault.Provider(self.child_name("openbao"), address=args.openbao_api, token=args.openbao_token.output(),
                                       skip_child_token=True, opts=self.child())
             on_openbao = self.child(provider=provider)
             policy = vault.Policy(self.child_name("bmc-policy"), name=STORE_ROLE, policy=store_policy(args.kv_mount, args.credentials_prefix), opts=on_openbao)
-            vault.kubernetes.AuthBackendRole(
+            role = vault.kubernetes.AuthBackendRole(
                 self.child_name("bmc-role"),
                 backend=KUBERNETES_AUTH_PATH,
                 role_name=STORE_ROLE,
@@ -336,18 +332,27 @@ class Provisioning(FactoryComponent):
                 token_ttl=900,
                 opts=on_openbao,
             )
+            store = k8s.apiextensions.CustomResource(
+                self.child_name("store"),
+                api_version=ESO_API,
+                kind="SecretStore",
+                metadata={"name": STORE_NAME, "namespace": args.namespace, "labels": object_labels},
+                spec=secret_store_spec(args.openbao_server, args.kv_mount, STORE_ROLE),
+                opts=self.child(depends_on=[account, role]),
+            )
         for host in args.hosts:
             node = host.node.name
             secret = f"{node}-bmc"
             host_labels = {**object_labels, POOL_LABEL: host.pool.name}
-            external = k8s.apiextensions.CustomResource(
-                self.child_name(f"bmc-secret-{node}"),
-                api_version=ESO_API,
-                kind="ExternalSecret",
-                metadata={"name": secret, "namespace": args.namespace, "labels": host_labels},
-                spec=bmc_external_secret_spec(host, secret),
-                opts=self.child(depends_on=[store]),
-            )
+            if store is not None:
+                k8s.apiextensions.CustomResource(
+                    self.child_name(f"bmc-secret-{node}"),
+                    api_version=ESO_API,
+                    kind="ExternalSecret",
+                    metadata={"name": secret, "namespace": args.namespace, "labels": host_labels},
+                    spec=bmc_external_secret_spec(host, secret),
+                    opts=self.child(depends_on=[store]),
+                )
             settings = firmware_settings(host.pool, host.setup)
             k8s.apiextensions.CustomResource(
                 self.child_name(f"host-{node}"),
@@ -355,7 +360,7 @@ class Provisioning(FactoryComponent):
                 kind="BareMetalHost",
                 metadata={"name": node, "namespace": args.namespace, "labels": host_labels},
                 spec=bare_metal_host_spec(host, secret),
-                opts=self.child(depends_on=[external]),
+                opts=self.child(depends_on=[ns]),
             )
             k8s.apiextensions.CustomResource(
                 self.child_name(f"firmware-{node}"),
@@ -395,45 +400,26 @@ class Provisioning(FactoryComponent):
         self.register_outputs({"namespace": self.namespace})
 
 
-LAYER = Layer(
-    name="provisioning",
-    section="provisioning",
-    component=Provisioning,
-    args=ProvisioningArgs.from_config,
-    requires=("fleet", "external-secrets"),
-    # The baremetal-operator comes from its kustomize overlays (no chart exists upstream).
-    external_crds=("metal3.io",),
-)
-
-
-def _d(value: Any) -> dict:
-    return value if isinstance(value, dict) else {}
-
-
-def _l(value: Any) -> list:
-    return value if isinstance(value, list) else []
-
-
 def config_problems(raw: dict[str, Any]) -> list[str]:
     """Cross-section rules of `layers.provisioning` over the raw config (every access guarded)."""
-    layers = _d(raw.get("layers"))
-    prov = _d(layers.get("provisioning"))
+    layers = as_dict(raw.get("layers"))
+    prov = as_dict(layers.get("provisioning"))
     if prov.get("enabled") is not True:
         return []
     path = "layers.provisioning"
     problems: list[str] = []
-    pools = [_d(p) for p in _l(_d(raw.get("fleet")).get("pools"))]
-    setups = _d(prov.get("pools"))
+    pools = [as_dict(p) for p in as_list(as_dict(raw.get("fleet")).get("pools"))]
+    setups = as_dict(prov.get("pools"))
     names = {p.get("name"): i for i, p in enumerate(pools) if isinstance(p.get("name"), str)}
     for name in setups:
         if name not in names:
-            problems.append(f"{path}.pools.{name}: unknown pool (pools: {', '.join(sorted(names)) or 'none'})")
+            problems.append(f"{path}.pools.{name}: unknown pool{did_you_mean(name, names)}")
     macs: dict[str, str] = {}
     addresses: dict[str, str] = {}
     node_names: set[str] = set()
     has_hosts = False
     for i, pool in enumerate(pools):
-        nodes = [_d(n) for n in _l(pool.get("node_list"))]
+        nodes = [as_dict(n) for n in as_list(pool.get("node_list"))]
         node_names |= {n["name"] for n in nodes if isinstance(n.get("name"), str)}
         with_bmc = [j for j, n in enumerate(nodes) if n.get("bmc") is not None]
         name = pool.get("name")
@@ -444,25 +430,25 @@ def config_problems(raw: dict[str, Any]) -> list[str]:
         for j in with_bmc:
             node_path = f"fleet.pools[{i}].node_list[{j}]"
             for key, seen in (("boot_mac", macs), ("bmc.address", addresses)):
-                value = nodes[j].get("boot_mac") if key == "boot_mac" else _d(nodes[j].get("bmc")).get("address")
+                value = nodes[j].get("boot_mac") if key == "boot_mac" else as_dict(nodes[j].get("bmc")).get("address")
                 if isinstance(value, str):
                     value = value.lower()
                     if value in seen:
                         problems.append(f"{node_path}.{key}: {value} is also {seen[value]}'s")
                     else:
                         seen.setdefault(value, node_path)
-        setup = _d(setups.get(name)) if isinstance(name, str) else {}
-        image_driver = _d(setup.get("image")).get("driver_version")
-        pool_driver = _d(pool.get("driver")).get("version", "595.91.07")
+        setup = as_dict(setups.get(name)) if isinstance(name, str) else {}
+        image_driver = as_dict(setup.get("image")).get("driver_version")
+        pool_driver = as_dict(pool.get("driver")).get("version", "595.91.07")
         if isinstance(image_driver, str) and isinstance(pool_driver, str) and image_driver != pool_driver:
             problems.append(
                 f"{path}.pools.{name}.image.driver_version: the image carries driver {image_driver}, but fleet.pools[{i}].driver.version "
                 f"is {pool_driver} (the GPU Operator expects that one)"
             )
-    acceptance = _d(prov.get("acceptance"))
-    for node in _d(acceptance.get("reruns")):
+    acceptance = as_dict(prov.get("acceptance"))
+    for node in as_dict(acceptance.get("reruns")):
         if node not in node_names:
-            problems.append(f"{path}.acceptance.reruns.{node}: not a node of any node_list")
+            problems.append(f"{path}.acceptance.reruns.{node}: not a node of any node_list{did_you_mean(node, node_names)}")
     table = acceptance.get("nccl")
     if isinstance(table, list):
         rows = [(r.get("gpu_model"), r.get("scope"), r.get("link")) for r in map(_d, table)]
@@ -470,12 +456,12 @@ def config_problems(raw: dict[str, Any]) -> list[str]:
             if row in rows[:k]:
                 problems.append(f"{path}.acceptance.nccl[{k}]: a second row for {' '.join(map(str, row))}")
         for i, pool in enumerate(pools):
-            nodes = _l(pool.get("node_list"))
+            nodes = as_list(pool.get("node_list"))
             if not nodes:
                 continue
-            model = _d(pool.get("gpu")).get("model")
-            per_node = _d(pool.get("gpu")).get("per_node")
-            topology = _d(pool.get("topology"))
+            model = as_dict(pool.get("gpu")).get("model")
+            per_node = as_dict(pool.get("gpu")).get("per_node")
+            topology = as_dict(pool.get("topology"))
             wanted = []
             if isinstance(per_node, int) and per_node >= 2:
                 wanted.append((model, "node", topology.get("intra_node", "pcie")))
@@ -486,6 +472,22 @@ def config_problems(raw: dict[str, Any]) -> list[str]:
                     problems.append(f"{path}.acceptance.nccl: no row for gpu_model {row[0]}, scope {row[1]}, link {row[2]} (fleet.pools[{i}])")
     if has_hosts:
         for layer in ("openbao", "external_secrets"):
-            if _d(layers.get(layer)).get("enabled", True) is False:
+            if as_dict(layers.get(layer)).get("enabled", True) is False:
                 problems.append(f"{path}.enabled: BMC credentials come from OpenBao through External Secrets; enable layers.{layer}")
     return problems
+
+
+LAYER = Layer(
+    name="provisioning",
+    section="provisioning",
+    component=Provisioning,
+    args=ProvisioningArgs.from_config,
+    requires=("fleet", "external-secrets"),
+    config_checks=(config_problems,),
+    privileged_namespaces={
+        "ai-factory-acceptance": "Acceptance gates: drive every GPU and RDMA NIC of the node under test (DCGM diagnostics, burn-in, NCCL)",
+    },
+    # The baremetal-operator comes from its kustomize overlays (no chart exists upstream).
+    external_crds=("metal3.io",),
+)
+
