@@ -1,4 +1,4 @@
-"""`ai-factory render|check|plan|diff|bill ...` (also `python -m ai_factory.factory`): the offline tools."""
+"""`ai-factory render|check|plan|diff|bill|quarantine|accept ...` (also `python -m ai_factory.factory`): the offline tools."""
 
 from __future__ import annotations
 
@@ -123,6 +123,19 @@ def main(argv: list[str] | None = None) -> int:
     quarantine.add_argument("--evict", action="store_true", help="NoExecute: also evict the pods whose claims use it (default NoSchedule: new claims only)")
     quarantine.add_argument("--out", type=Path, help="output file (default: build/<env>/quarantine/<node>-gpu-<index>.yaml)")
 
+    accept = commands.add_parser(
+        "accept", help="node acceptance: per node, the gates, their figures against the thresholds, the verdict, taint and NetBox record"
+    )
+    accept.add_argument("env", help="environment name (reads Pulumi.<env>.yaml) or a stack file's path")
+    accept.add_argument("--node", help="only this node")
+    accept.add_argument("--results", type=Path, help="a results file instead of the config's layers.provisioning.acceptance.results_file")
+    accept.add_argument("--format", choices=("text", "json"), default="text")
+    accept.add_argument(
+        "--apply", action="store_true",
+        help="through the Automation API: `pulumi up` the platform stack (taints and labels), then write the NetBox records "
+        "(token from $AIF_NETBOX_TOKEN); exit 1 when a node failed",
+    )
+
     args = parser.parse_args(argv)
     if args.project_dir is not None:
         if not args.project_dir.is_dir():
@@ -166,6 +179,10 @@ def _run(args: argparse.Namespace) -> int:
         return _diff(args.env, args.without_tenant, args.format)
     if args.command == "charts":
         return _charts(args)
+    if args.command == "accept":
+        from ai_factory.factory.acceptance.report import accept
+
+        return accept(args.env, args.node, args.results, args.format, args.apply)
     return _check(args.target, args.upstream, args.charts, args.quiet, args.format)
 
 
