@@ -46,7 +46,7 @@ from ai_factory.components.gpu_operator import tolerations as gpu_node_toleratio
 from ai_factory.components.openbao import KUBERNETES_AUTH_PATH, OpenBaoArgs, service_address
 from ai_factory.components.registry import Layer
 from ai_factory.factory.acceptance import gates, thresholds
-from ai_factory.factory.model.config import FactoryConfig, NodeSpec, Pool, PoolProvisioning
+from ai_factory.factory.model.config import DriverSettings, FactoryConfig, NodeSpec, Pool, PoolProvisioning
 from ai_factory.factory.model.raw import as_dict, as_list, did_you_mean
 from ai_factory.factory.model.secrets import SecretValue
 from ai_factory.factory.planning.model import Plan
@@ -439,7 +439,7 @@ def config_problems(raw: dict[str, Any]) -> list[str]:
                         seen.setdefault(value, node_path)
         setup = as_dict(setups.get(name)) if isinstance(name, str) else {}
         image_driver = as_dict(setup.get("image")).get("driver_version")
-        pool_driver = as_dict(pool.get("driver")).get("version", "595.91.07")
+        pool_driver = as_dict(pool.get("driver")).get("version", DriverSettings().version)
         if isinstance(image_driver, str) and isinstance(pool_driver, str) and image_driver != pool_driver:
             problems.append(
                 f"{path}.pools.{name}.image.driver_version: the image carries driver {image_driver}, but fleet.pools[{i}].driver.version "
@@ -451,7 +451,7 @@ def config_problems(raw: dict[str, Any]) -> list[str]:
             problems.append(f"{path}.acceptance.reruns.{node}: not a node of any node_list{did_you_mean(node, node_names)}")
     table = acceptance.get("nccl")
     if isinstance(table, list):
-        rows = [(r.get("gpu_model"), r.get("scope"), r.get("link")) for r in map(_d, table)]
+        rows = [(r.get("gpu_model"), r.get("scope"), r.get("link")) for r in map(as_dict, table)]
         for k, row in enumerate(rows):
             if row in rows[:k]:
                 problems.append(f"{path}.acceptance.nccl[{k}]: a second row for {' '.join(map(str, row))}")

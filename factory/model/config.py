@@ -156,12 +156,13 @@ def _bmc_address(address: str) -> str:
     return address
 
 
-MAC_ADDRESS = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
+MAC_ADDRESS = re.compile(r"^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$")
+"""Metal3's `bootMACAddress` pattern, anchored (the CRD's is not: it would take a longer string)."""
 
 
 def _mac(value: str) -> str:
     if not MAC_ADDRESS.match(value):
-        raise ValueError(f"{value!r} is not a MAC address: six lower-case hex pairs separated by colons, e.g. 0c:42:a1:5e:00:01")
+        raise ValueError(f"{value!r} is not a MAC address: six hex pairs separated by colons, e.g. 0c:42:a1:5e:00:01")
     return value
 
 
