@@ -258,6 +258,10 @@ def test_recorded_results_give_each_node_its_verdict_and_taint(dev, edit, expect
         assert all(any(reason in r for r in found[n].reasons) for n in expected), {n: found[n].reasons for n in expected}
 
 
+def test_every_node_reports_every_gate_in_order(dev):
+    assert {tuple(g.gate for g in v.gates) for v in _verdicts(dev)} == {gates.GATES}
+
+
 def test_raising_a_nodes_reruns_sends_it_back_to_pending(raw):
     raw["layers"]["provisioning"]["acceptance"]["reruns"] = {"gpu-h100-03": 1}
     found = {v.node: v.verdict for v in gates.evaluate(validate(raw), gates.Results.model_validate(DEV_RESULTS))}

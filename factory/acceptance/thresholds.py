@@ -10,7 +10,7 @@ fleet).
 
 from __future__ import annotations
 
-from ai_factory.factory.model.config import FactoryConfig, NcclThreshold, Pool
+from ai_factory.factory.model.config import FactoryConfig, NcclThreshold
 from ai_factory.factory.model.gpus import GPU_MODELS
 
 NVSENTINEL_PREFLIGHT = (
@@ -33,17 +33,6 @@ def builtin_table() -> list[NcclThreshold]:
         for model in sorted(GPU_MODELS)
         for (scope, link), (gbps, source) in LINK_MINIMA.items()
     ]
-
-
-def required_rows(pool: Pool) -> list[tuple[str, str, str]]:
-    """The (model, scope, link) rows a pool's gates read: an all-reduce inside a node needs two
-    GPUs, one across a pair needs two explicit nodes."""
-    rows = []
-    if pool.gpu.per_node >= 2:
-        rows.append((pool.gpu.model, "node", pool.topology.intra_node))
-    if len(pool.node_list or []) >= 2:
-        rows.append((pool.gpu.model, "pair", pool.topology.fabric))
-    return rows
 
 
 def table(cfg: FactoryConfig) -> dict[tuple[str, str, str], NcclThreshold]:
