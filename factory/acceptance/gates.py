@@ -376,9 +376,10 @@ def _pair_gate(subject: Subject, results: Results, table, generations: dict[str,
 
 
 def recorded_results(cfg: FactoryConfig, project: Path) -> Results:
-    """The results file the config names (empty results when it names none)."""
+    """The results file the config names; none yet (no file, or none named) is no results: every
+    node is pending, which fails closed (tainted) however the file went missing."""
     path = cfg.layers.provisioning.acceptance.results_file
-    if path is None:
+    if path is None or not (project / path).exists():
         return Results()
     return load_results(project / path, f"layers.provisioning.acceptance.results_file ({path})")
 
