@@ -260,3 +260,14 @@ def test_accept_apply_goes_through_the_platform_stack_then_netbox(raw, monkeypat
     written = report.apply("dev", cfg, gates.node_verdicts(cfg), session=session)
     assert ups == ["dev"] and written == list(H100)
     assert session.authorization == {"Token token-from-the-environment"}
+
+
+def test_a_node_in_two_pairs_fails_on_a_low_pair_even_when_the_other_has_no_result(raw):
+    h100(raw)["node_list"].pop()  # three nodes: gpu-h100-01 pairs with -03, and -02 with it
+    cfg = validate(raw)
+    assert gates.rack_pairs(cfg.fleet.pools[0].node_specs()) == [("gpu-h100-01", "gpu-h100-03"), ("gpu-h100-02", "gpu-h100-01")]
+    results = copy.deepcopy(DEV_RESULTS)
+    generation = results["nodes"]["gpu-h100-01"]["generation"]
+    results["pairs"] = [{"nodes": ["gpu-h100-02", "gpu-h100-01"], "generations": [generation] * 2, "busbw_gbps": 40}]
+    verdict = next(v for v in gates.evaluate(cfg, gates.Results.model_validate(results)) if v.node == "gpu-h100-01")
+    assert verdict.verdict == "failed" and verdict.reasons == ["nccl-pair: with gpu-h100-02: 40 GB/s below 100"]
