@@ -271,3 +271,10 @@ def test_a_node_in_two_pairs_fails_on_a_low_pair_even_when_the_other_has_no_resu
     results["pairs"] = [{"nodes": ["gpu-h100-02", "gpu-h100-01"], "generations": [generation] * 2, "busbw_gbps": 40}]
     verdict = next(v for v in gates.evaluate(cfg, gates.Results.model_validate(results)) if v.node == "gpu-h100-01")
     assert verdict.verdict == "failed" and verdict.reasons == ["nccl-pair: with gpu-h100-02: 40 GB/s below 100"]
+
+
+def test_with_the_layer_off_no_node_is_under_acceptance(raw):
+    raw["layers"]["provisioning"]["enabled"] = False
+    cfg = validate(raw)
+    assert gates.subjects(cfg) == [] and gates.node_verdicts(cfg) == []
+    assert not [o for o in objects(render(raw), "Node") if gates.ACCEPTANCE_KEY in o["metadata"]["labels"]]
