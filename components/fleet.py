@@ -30,6 +30,7 @@ from ai_factory.components._common import (
     SITE_LABEL,
     FactoryComponent,
 )
+from ai_factory.factory.acceptance.gates import ACCEPTANCE_KEY, GENERATION_LABEL, REASON_ANNOTATION, NodeVerdict, node_verdicts
 from ai_factory.factory.model.config import FactoryConfig, Pool
 from ai_factory.factory.planning.from_config import is_rdma_pool
 from ai_factory.factory.planning.model import Plan
@@ -44,10 +45,13 @@ class FleetArgs:
     pools: tuple[Pool, ...]
     placements: tuple[NodePlacement, ...]
     """The plan's labels and taints per node (`ai_factory.factory.planning.placement.node_placements`)."""
+    acceptance: tuple[NodeVerdict, ...] = ()
+    """Verdicts of the nodes under acceptance (`ai_factory.factory.acceptance.gates`): a node not
+    accepted carries the acceptance taint; every one carries its verdict, generation and reason."""
 
     @classmethod
     def from_config(cls, cfg: FactoryConfig, plan: Plan) -> FleetArgs:
-        return cls(pools=tuple(cfg.fleet.pools), placements=tuple(node_placements(plan)))
+        return cls(pools=tuple(cfg.fleet.pools), placements=tuple(node_placements(plan)), acceptance=tuple(node_verdicts(cfg)))
 
 
 def node_labels(pool: Pool) -> dict[str, dict[str, str]]:
@@ -76,18 +80,25 @@ class Fleet(FactoryComponent):
     def __init__(self, name: str, args: FleetArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__(TOKEN, name, layer="fleet", opts=opts)
         placements = {p.node: p for p in args.placements}
+        verdicts = {v.node: v for v in args.acceptance}
         names = []
         for pool in args.pools:
             for node, topology_labels in node_labels(pool).items():
                 placement = placements[node]
+                taints = [t.as_dict() for t in placement.taints]
+                node_labels_ = {**topology_labels, **placement.labels}
+                annotations = None
+                verdict = verdicts.get(node)
+                if verdict is not None:
+                    taints += [verdict.taint] if verdict.taint else []
+                    node_labels_ |= {ACCEPTANCE_KEY: verdict.verdict, GENERATION_LABEL: verdict.generation}
+                    annotations = {REASON_ANNOTATION: verdict.reason_annotation}
                 spec = None
-                if placement.taints:  # only tainted nodes claim `spec.taints` (atomic under server-side apply)
-                    spec = k8s.core.v1.NodeSpecPatchArgs(
-                        taints=[k8s.core.v1.TaintPatchArgs(key=t.key, value=t.value, effect=t.effect) for t in placement.taints]
-                    )
+                if taints:  # only tainted nodes claim `spec.taints` (atomic under server-side apply)
+                    spec = k8s.core.v1.NodeSpecPatchArgs(taints=[k8s.core.v1.TaintPatchArgs(**t) for t in taints])
                 k8s.core.v1.NodePatch(
                     self.child_name(f"node-{node}"),
-                    metadata=k8s.meta.v1.ObjectMetaPatchArgs(name=node, labels={**topology_labels, **placement.labels}),
+                    metadata=k8s.meta.v1.ObjectMetaPatchArgs(name=node, labels=node_labels_, annotations=annotations),
                     spec=spec,
                     opts=self.child(),
                 )

@@ -41,14 +41,16 @@ from ai_factory.components._common import (
 )
 from ai_factory.factory.model.catalog import ChartSource
 from ai_factory.factory.model.config import DriverSettings, FactoryConfig, RegistryCredentials
+from ai_factory.factory.acceptance.gates import ACCEPTANCE_KEY
 from ai_factory.factory.planning.placement import MIG_DISABLED_CONFIG, PLACEMENT_TAINT_KEYS, time_slicing_config
 from ai_factory.factory.planning.model import Plan
 from ai_factory.components.registry import Layer
 
 TOKEN = "ai-factory:accelerators:GpuOperator"
 
-NODE_TAINT_KEYS = ("nvidia.com/gpu", *PLACEMENT_TAINT_KEYS)
-"""Taints the platform puts on GPU nodes; every GPU Operator and NFD daemon must tolerate them all."""
+NODE_TAINT_KEYS = ("nvidia.com/gpu", *PLACEMENT_TAINT_KEYS, ACCEPTANCE_KEY)
+"""Taints the platform puts on GPU nodes; every GPU Operator and NFD daemon must tolerate them all
+(a node under acceptance needs its driver and device plugin to run the gates)."""
 
 TOOLKIT_ENV = (
     # Unprivileged containers must not get GPUs by setting NVIDIA_VISIBLE_DEVICES themselves.

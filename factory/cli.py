@@ -1,4 +1,4 @@
-"""`ai-factory render|check|plan|diff|bill ...` (also `python -m ai_factory.factory`): the offline tools."""
+"""`ai-factory render|check|plan|diff|bill|quarantine|accept ...` (also `python -m ai_factory.factory`): the offline tools."""
 
 from __future__ import annotations
 
@@ -152,6 +152,19 @@ def main(argv: list[str] | None = None) -> int:
     upgrade.add_argument("--dry-run", action="store_true", help="print the steps, the changes (ringed or platform-wide) and the gates; deploy nothing")
     upgrade.add_argument("--parallelism", type=int, default=2, metavar="N", help="clusters updated at once (1-16, default 2)")
 
+    accept = commands.add_parser(
+        "accept", help="node acceptance: per node, the gates, their figures against the thresholds, the verdict, taint and NetBox record"
+    )
+    accept.add_argument("env", help="environment name (reads Pulumi.<env>.yaml) or a stack file's path")
+    accept.add_argument("--node", help="only this node")
+    accept.add_argument("--results", type=Path, help="a results file instead of the config's layers.provisioning.acceptance.results_file")
+    accept.add_argument("--format", choices=("text", "json"), default="text")
+    accept.add_argument(
+        "--apply", action="store_true",
+        help="through the Automation API: `pulumi up` the platform stack (taints and labels), then write the NetBox records "
+        "(token from $AIF_NETBOX_TOKEN); exit 1 when a node failed",
+    )
+
     args = parser.parse_args(argv)
     if args.project_dir is not None:
         if not args.project_dir.is_dir():
@@ -203,6 +216,10 @@ def _run(args: argparse.Namespace) -> int:
         return _conformance(args)
     if args.command == "upgrade":
         return _upgrade(args)
+    if args.command == "accept":
+        from ai_factory.factory.acceptance.report import accept
+
+        return accept(args.env, args.node, args.results, args.format, args.apply)
     return _check(args.target, args.upstream, args.charts, args.quiet, args.format)
 
 

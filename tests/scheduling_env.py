@@ -52,4 +52,5 @@ def bigger_environment(dev: dict[str, Any]) -> dict[str, Any]:
     dev["fleet"] = {"sites": [{"name": "dc1"}, {"name": "dc2"}], "pools": pools}
     dev["tenants"] = tenants
     dev.pop("self_service", None)  # dev's rules name dev's pools
+    dev.get("layers", {}).pop("provisioning", None)  # so do dev's bare-metal hosts
     return dev

@@ -32,5 +32,6 @@ def many_tenants(dev: dict[str, Any], count: int = 30) -> dict[str, Any]:
         ],
     }
     dev["tenants"] = tenants
+    dev.get("layers", {}).pop("provisioning", None)  # dev's bare-metal hosts name dev's pools
     dev["self_service"] = {"trust": ["medium", "low"], "pools": ["h100", "l40s-hami"], "max_gpus": 8}  # dev's rules, on these pools
     return dev

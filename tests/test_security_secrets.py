@@ -18,14 +18,15 @@ TENANTS = ("search", "assistant", "partner-acme")
 
 
 def openbao_objects(rendered, type_: str) -> dict[str, dict]:
-    """Inputs of one kind of OpenBao object, by tenant."""
-    return {r.tenant: r.inputs for r in rendered.graph.of_type(type_)}
+    """Inputs of one kind of OpenBao object, by tenant (the platform's own, the provisioning
+    layer's, are not a tenant's)."""
+    return {r.tenant: r.inputs for r in rendered.graph.of_type(type_) if r.tenant}
 
 
 def test_each_tenant_gets_a_path_policy_role_and_namespaced_store(dev):
     policies = openbao_objects(dev, "vault:index/policy:Policy")
     roles = openbao_objects(dev, "vault:kubernetes/authBackendRole:AuthBackendRole")
-    stores = {s["metadata"]["namespace"]: s for s in objects(dev, "SecretStore")}
+    stores = {s["metadata"]["namespace"]: s for s in objects(dev, "SecretStore") if s["metadata"]["namespace"].startswith("tenant-")}
     assert set(policies) == set(roles) == set(TENANTS) and set(stores) == {f"tenant-{t}" for t in TENANTS}
     for tenant in TENANTS:
         namespace = f"tenant-{tenant}"
@@ -48,7 +49,8 @@ def test_a_tenant_policy_reads_its_own_prefix_and_nothing_else(dev):
 def test_no_store_is_cluster_wide_and_every_store_account_mounts_no_token(dev):
     assert objects(dev, "ClusterSecretStore") == []
     accounts = [a for a in objects(dev, "ServiceAccount") if a["metadata"]["name"] == STORE_SERVICE_ACCOUNT]
-    assert len(accounts) == len(TENANTS) and all(a["automountServiceAccountToken"] is False for a in accounts)
+    # One per tenant, and the provisioning layer's (BMC credentials).
+    assert len(accounts) == len(TENANTS) + 1 and all(a["automountServiceAccountToken"] is False for a in accounts)
 
 
 def test_the_hook_parents_everything_to_the_tenant_stack(dev_raw):
@@ -73,7 +75,7 @@ def test_the_hook_parents_everything_to_the_tenant_stack(dev_raw):
     assert all(r.parent is stack and r.tenant == "search" for r in created)
 
 
-def test_tenant_stores_wait_for_the_openbao_admin_token(raw):
+def test_stores_wait_for_the_openbao_admin_token(raw):
     del raw["layers"]["openbao"]["admin_token"]
     rendered = render(raw)
     assert objects(rendered, "SecretStore") == []
@@ -104,6 +106,7 @@ def test_secret_config_values_are_used_only_as_secrets(raw):
         ("kubernetes:core/v1:Secret", "ai-factory-keycloak-admin"): ["stringData.password", "stringData.username"],
         ("kubernetes:core/v1:Secret", "ai-factory-keycloak-database"): ["stringData.password"],
         ("pulumi:providers:vault", "ai-factory-openbao-provider"): ["token"],
+        ("pulumi:providers:vault", "ai-factory-provisioning-openbao"): ["token"],
         **{("pulumi:providers:keycloak", f"ai-factory-tenant-{t}-keycloak"): ["password"] for t in TENANTS},
         **{("pulumi:providers:vault", f"ai-factory-tenant-{t}-openbao"): ["token"] for t in TENANTS},
     }

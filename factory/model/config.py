@@ -12,8 +12,8 @@ here) and a component in `components/` listed in `components.LAYERS`.
 
 from __future__ import annotations
 
-import re
 import ipaddress
+import re
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, StringConstraints, model_validator
@@ -136,6 +136,91 @@ class Topology(Model):
     """GPU/NIC/CPU affinity per NUMA node; empty = unknown (no alignment is promised)."""
 
 
+# BMC drivers as the Metal3 baremetal-operator registers them (`pkg/hardwareutils/bmc/*.go`,
+# `RegisterFactory(name, ..., schemes)` makes `name`, `name+http` and `name+https`), split into
+# those that reach the BMC encrypted and those that do not. The address's scheme picks the driver.
+BMC_SCHEMES: dict[str, str] = {
+    "redfish": "Redfish, PXE/iPXE boot", "redfish+https": "Redfish, PXE/iPXE boot",
+    "redfish-virtualmedia": "Redfish, virtual-media boot", "redfish-virtualmedia+https": "Redfish, virtual-media boot",
+    "redfish-uefihttp": "Redfish, UEFI HTTP boot", "redfish-uefihttp+https": "Redfish, UEFI HTTP boot",
+    "idrac-redfish": "Dell iDRAC (Redfish), iPXE boot", "idrac-redfish+https": "Dell iDRAC (Redfish), iPXE boot",
+    "idrac-virtualmedia": "Dell iDRAC (Redfish), virtual-media boot", "idrac-virtualmedia+https": "Dell iDRAC (Redfish), virtual-media boot",
+    "ilo5-redfish": "HPE iLO 5 (Redfish)", "ilo5-redfish+https": "HPE iLO 5 (Redfish)",
+    "ilo5-virtualmedia": "HPE iLO 5, virtual-media boot", "ilo5-virtualmedia+https": "HPE iLO 5, virtual-media boot",
+    "ilo5": "HPE iLO 5 (proliantutils)", "ilo5+https": "HPE iLO 5 (proliantutils)",
+    "ilo4": "HPE iLO 4 (proliantutils)", "ilo4+https": "HPE iLO 4 (proliantutils)",
+    "ilo4-virtualmedia": "HPE iLO 4, virtual-media boot", "ilo4-virtualmedia+https": "HPE iLO 4, virtual-media boot",
+    "irmc": "Fujitsu iRMC",
+}
+"""Schemes Metal3 accepts and this library allows: the BMC is reached over TLS (Redfish and iLO
+default to https; iRMC's driver speaks HTTPS)."""
+BMC_INSECURE_SCHEMES: dict[str, str] = {
+    "ipmi": "IPMI sends BMC credentials over RMCP+, whose RAKP handshake leaks a crackable password hash",
+    "libvirt": "libvirt is Metal3's development driver (virtual machines), not a server BMC",
+    **{f"{name}+http": "plain HTTP sends the BMC credentials unencrypted" for name in (
+        "redfish", "redfish-virtualmedia", "redfish-uefihttp", "idrac-redfish", "idrac-virtualmedia", "ilo5-redfish", "ilo5-virtualmedia")},
+}
+"""Schemes Metal3 also accepts, refused here (secure by default), with why."""
+_BMC_HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?)*)(:[0-9]{1,5})?$")
+
+
+def _bmc_address(address: str) -> str:
+    scheme, sep, rest = address.partition("://")
+    if not sep:
+        raise ValueError("give the driver as the URL scheme, e.g. redfish-virtualmedia://10.0.0.5/redfish/v1/Systems/1 "
+                         "(Metal3 would read a bare host as IPMI)")
+    if scheme in BMC_INSECURE_SCHEMES:
+        raise ValueError(f"scheme {scheme!r} is refused: {BMC_INSECURE_SCHEMES[scheme]}; use one of {', '.join(sorted(BMC_SCHEMES))}")
+    if scheme not in BMC_SCHEMES:
+        raise ValueError(f"scheme {scheme!r} is not a Metal3 BMC driver; use one of {', '.join(sorted(BMC_SCHEMES))}")
+    host = rest.split("/", 1)[0]
+    if not _BMC_HOST.match(host):
+        raise ValueError(f"{host!r} is not a host name or IP address (with an optional port)")
+    return address
+
+
+MAC_ADDRESS = re.compile(r"^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$")
+"""Metal3's `bootMACAddress` pattern, anchored (the CRD's is not: it would take a longer string)."""
+
+
+def _mac(value: str) -> str:
+    if not MAC_ADDRESS.match(value):
+        raise ValueError(f"{value!r} is not a MAC address: six hex pairs separated by colons, e.g. 0c:42:a1:5e:00:01")
+    return value
+
+
+class Bmc(Model):
+    """How Metal3 reaches the node's baseboard management controller."""
+
+    address: Annotated[str, StringConstraints(max_length=MAX_TEXT), AfterValidator(_bmc_address)]
+    """Driver scheme, host and (Redfish) system path, e.g. `idrac-virtualmedia://10.1.0.11/redfish/v1/Systems/System.Embedded.1`."""
+    credentials: Annotated[str, StringConstraints(pattern=r"^[a-z0-9]([-_/a-z0-9]*[a-z0-9])?$", max_length=253)] | None = None
+    """OpenBao KV key holding `username` and `password`, under `layers.provisioning.credentials_prefix`;
+    defaults to the node's name. The credentials never enter the config, the state or the bundle."""
+    disable_certificate_verification: bool = False
+    """Off by default: skipping verification lets anyone on the BMC network capture the credentials."""
+
+
+class RootDeviceHints(Model):
+    """How Metal3 picks the disk the OS image is written to (Metal3 `rootDeviceHints`). GPU servers
+    carry several NVMe drives; without a hint Metal3 takes the first it finds, which may hold data."""
+
+    device_name: Annotated[str, StringConstraints(pattern=r"^/dev/\S+$", max_length=253)] | None = None
+    """`/dev/nvme0n1` or a `/dev/disk/by-path/...` link."""
+    serial_number: Annotated[str, StringConstraints(min_length=1, max_length=128)] | None = None
+    wwn: Annotated[str, StringConstraints(min_length=1, max_length=128)] | None = None
+    model: Annotated[str, StringConstraints(min_length=1, max_length=128)] | None = None
+    vendor: Annotated[str, StringConstraints(min_length=1, max_length=128)] | None = None
+    min_size_gigabytes: int | None = Field(default=None, ge=1, le=1_000_000)
+    rotational: bool | None = None
+
+    @model_validator(mode="after")
+    def _some_hint(self) -> RootDeviceHints:
+        if all(v is None for v in self.__dict__.values()):
+            raise ValueError("give at least one hint (device_name, serial_number, wwn, model, vendor, min_size_gigabytes, rotational)")
+        return self
+
+
 class NodeSpec(Model):
     name: Annotated[str, StringConstraints(pattern=r"^[a-z0-9]([-.a-z0-9]*[a-z0-9])?$", max_length=253)]
     """The Kubernetes node name."""
@@ -143,6 +228,20 @@ class NodeSpec(Model):
     block: DnsLabel = "block-0"
     nvlink_domain: DnsLabel | None = None
     """Multi-node NVLink domain; defaults to the rack when the pool has multi-node NVLink."""
+    bmc: Bmc | None = None
+    """The node's BMC: with it (and `layers.provisioning` enabled) Metal3 provisions the node; a
+    node without one is provisioned by something else and only goes through acceptance."""
+    boot_mac: Annotated[str, StringConstraints(max_length=17), AfterValidator(_mac)] | None = None
+    """MAC address of the NIC the node provisions through (Metal3 `bootMACAddress`)."""
+    root_device_hints: RootDeviceHints | None = None
+
+    @model_validator(mode="after")
+    def _provisioning_facts(self) -> NodeSpec:
+        if self.bmc is not None:
+            missing = [key for key in ("boot_mac", "root_device_hints") if getattr(self, key) is None]
+            if missing:
+                raise ValueError(f"a node with a BMC also needs {' and '.join(missing)} (Metal3 boots that NIC and writes that disk)")
+        return self
 
 
 class GpuSpec(Model):
@@ -814,6 +913,123 @@ class LiteLLMLayer(Model):
     """Per-tenant budgets overriding `default_budget`."""
     shared_models: list[Annotated[str, StringConstraints(max_length=128)]] = Field(default=[], max_length=MAX_ITEMS)
     """Served names (`tenants[].models[].served_name`) of exposed models every team may call besides its own."""
+CHECKSUM_LENGTHS = {"sha256": 64, "sha512": 128}
+
+
+class OsImage(Model):
+    """The OS image Metal3 writes to a pool's nodes. It carries the NVIDIA driver the GPU Operator
+    expects (`driver_version`, checked against the pool's `driver.version`): the operator finds it
+    pre-installed and does not build its own."""
+
+    url: Annotated[str, StringConstraints(pattern=r"^(https|oci)://[^\s/]+/\S*$", max_length=MAX_TEXT)]
+    """Where Ironic downloads the image: https or an OCI registry (never plain http)."""
+    checksum: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}([0-9a-f]{64})?$")]
+    """Hex digest of the image (sha256 or sha512, the length says which); Ironic refuses an image
+    that does not match it."""
+    format: Literal["qcow2", "raw"] = "qcow2"
+    driver_version: Annotated[str, StringConstraints(pattern=r"^[0-9][0-9A-Za-z.+-]*$", max_length=64)]
+    """The NVIDIA driver installed in the image."""
+
+    @property
+    def checksum_type(self) -> str:
+        return next(kind for kind, length in CHECKSUM_LENGTHS.items() if len(self.checksum) == length)
+
+
+class FirmwareSetting(Model):
+    """One BIOS setting of a pool, by the name the BMC's firmware schema gives it."""
+
+    value: Annotated[str, StringConstraints(min_length=1, max_length=128)] | Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
+    reason: Annotated[str, StringConstraints(min_length=10, max_length=MAX_TEXT)]
+    """Why GPU nodes of this pool need it (kept next to the setting, and in the rendered object)."""
+
+
+class PoolProvisioning(Model):
+    """How Metal3 builds the nodes of one pool."""
+
+    image: OsImage
+    vendor: Literal["dell", "hpe", "fujitsu", "other"]
+    """Server vendor: picks the built-in BIOS profile (`components.provisioning.BIOS_PROFILES`);
+    `other` has none, so every setting comes from `firmware`."""
+    boot_mode: Literal["UEFI", "UEFISecureBoot"] = "UEFISecureBoot"
+    """Secure Boot by default; the image's bootloader and the driver's kernel modules must be signed."""
+    firmware: dict[Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:-]+$", max_length=128)], FirmwareSetting] = Field(default={}, max_length=MAX_ITEMS)
+    """BIOS settings added to, or replacing, the built-in profile's."""
+
+
+class NcclThreshold(Model):
+    """The least NCCL all-reduce bus bandwidth a node (or a pair of nodes) must reach."""
+
+    gpu_model: GpuModelName
+    scope: Literal["node", "pair"]
+    """`node`: all GPUs of one node (the link is the pool's `intra_node`); `pair`: every GPU of two
+    nodes of one rack pair, across the fabric (the link is the pool's `fabric`)."""
+    link: Literal["pcie", "nvlink", "nvswitch", "ethernet", "roce", "infiniband"]
+    min_busbw_gbps: float = Field(gt=0, le=10_000)
+    source: Annotated[str, StringConstraints(min_length=3, max_length=MAX_TEXT)]
+    """Where the figure comes from (a benchmark, a vendor document)."""
+
+
+class AcceptanceImages(Model):
+    """Container images of the gates."""
+
+    dcgm: Annotated[str, StringConstraints(pattern=r"^[a-z0-9][-a-z0-9.:/]*:[A-Za-z0-9._-]+$", max_length=MAX_TEXT)] = "nvcr.io/nvidia/cloud-native/dcgm:4.5.3-1-ubuntu22.04"
+    """DCGM (`dcgmi`, `nvidia-smi` from the host driver): inventory, ECC, diagnostics and burn-in;
+    the DCGM release of the GPU Operator's exporter (4.5.3)."""
+    nccl_loopback: Annotated[str, StringConstraints(pattern=r"^[a-z0-9][-a-z0-9.:/]*:[A-Za-z0-9._-]+$", max_length=MAX_TEXT)] = "ghcr.io/nvidia/nvsentinel/preflight-nccl-loopback:v1.14.0"
+    """NVSentinel's preflight NCCL loopback check (all GPUs of one node)."""
+    nccl_allreduce: Annotated[str, StringConstraints(pattern=r"^[a-z0-9][-a-z0-9.:/]*:[A-Za-z0-9._-]+$", max_length=MAX_TEXT)] = "ghcr.io/nvidia/nvsentinel/preflight-nccl-allreduce:v1.14.0"
+    """NVSentinel's preflight multi-node NCCL all-reduce check."""
+
+
+class AcceptanceSettings(Model):
+    """The gates a node passes before tenants may use it (`ai_factory.factory.acceptance`)."""
+
+    dcgm_diag_level: Literal[1, 2, 3, 4] = 3
+    """`dcgmi diag -r <level>`: 3 (long, about 15 minutes) adds the targeted stress plugin."""
+    burn_in_minutes: int = Field(default=60, ge=1, le=10_080)
+    """Duration of the burn-in (DCGM targeted stress and power at full load)."""
+    max_retired_pages: int = Field(default=0, ge=0, le=64)
+    """Retired pages (or rows remapped after uncorrectable errors) a GPU may carry and still be
+    accepted. 0 by default: a new GPU that already retires memory is degrading before any tenant
+    used it (NVIDIA's replacement criterion for GPUs in service is far higher)."""
+    nccl: list[NcclThreshold] | None = Field(default=None, max_length=MAX_ITEMS)
+    """The bus-bandwidth table; None: the built-in one (`ai_factory.factory.acceptance.thresholds`).
+    A table given here replaces it and must cover every GPU model and link of the fleet."""
+    reruns: dict[Annotated[str, StringConstraints(max_length=253)], Annotated[int, Field(ge=0, le=1_000_000)]] = Field(default={}, max_length=MAX_FLEET_NODES)
+    """Per node, how many times its acceptance was restarted (raise it after a remediation): a new
+    count is a new gate generation, so earlier results no longer count."""
+    results_file: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.][-A-Za-z0-9_./]*$", max_length=MAX_TEXT)] | None = None
+    """Recorded gate results (relative to the project), read by `ai-factory accept` and by the
+    fleet's taints; None: no node has results yet."""
+    images: AcceptanceImages = AcceptanceImages()
+
+
+class NetBoxSettings(Model):
+    """The NetBox the acceptance results are written to and the racks and cables are read from."""
+
+    url: Annotated[str, StringConstraints(pattern=r"^https://[^\s/]+(/[^\s]*)?$", max_length=MAX_TEXT)]
+    token: SecretValue
+    """An API token allowed to read DCIM and write devices' custom fields and journal entries."""
+    site: Annotated[str, StringConstraints(min_length=1, max_length=100)] | None = None
+    """The NetBox site slug the fleet's racks are read from; None: every site."""
+
+
+class ProvisioningLayer(Model):
+    """Bare-metal provisioning with Metal3 and node acceptance (`components/provisioning.py`):
+    a `BareMetalHost` and `HostFirmwareSettings` per node with a BMC, BMC credentials from OpenBao,
+    and the acceptance gates every explicit node passes before tenants may use it."""
+
+    enabled: bool = False
+    namespace: DnsLabel = "metal3-hosts"
+    """Namespace of the hosts and their BMC Secrets (the baremetal-operator must watch it)."""
+    acceptance_namespace: DnsLabel = "ai-factory-acceptance"
+    """Namespace of the gate Jobs (privileged: they drive the GPUs and NICs)."""
+    credentials_prefix: Annotated[str, StringConstraints(pattern=r"^[a-z0-9]([-_/a-z0-9]*[a-z0-9])?$", max_length=253)] = "platform/bmc"
+    """Where BMC credentials live in OpenBao's KV engine (`layers.openbao.kv_mount`)."""
+    pools: dict[DnsLabel, PoolProvisioning] = Field(default={}, max_length=MAX_POOLS)
+    """Per pool whose nodes have a BMC: image, vendor and BIOS settings."""
+    acceptance: AcceptanceSettings = AcceptanceSettings()
+    netbox: NetBoxSettings | None = None
 
 
 class Layers(Model):
@@ -837,6 +1053,7 @@ class Layers(Model):
     network: NetworkLayer = NetworkLayer()
     gateway: GatewayLayer = GatewayLayer()
     litellm: LiteLLMLayer = LiteLLMLayer()
+    provisioning: ProvisioningLayer = ProvisioningLayer()
 
 
 # --------------------------------------------------------------------------- identity

@@ -1,0 +1,493 @@
+"""Bare-metal provisioning with Metal3, and the acceptance gates a node passes before tenants use it.
+
+Metal3 (the baremetal-operator with Ironic, installed with its kustomize overlays: no Helm chart
+exists upstream) provisions every node of the fleet that declares a BMC. Per such node, in
+`layers.provisioning.namespace`:
+- an `ExternalSecret` making the Secret `<node>-bmc` (keys `username`, `password`) from OpenBao
+  (`<credentials_prefix>/<node>` of the KV engine), through a `SecretStore` of this namespace whose
+  role reads that prefix only. The credentials never pass through the config, the Pulumi state or
+  the bundle;
+- a `BareMetalHost`: the BMC address and that Secret, the boot MAC, the root device hints, the
+  pool's OS image (URL and checksum; the image carries the driver version the GPU Operator is set
+  to, so the operator finds the driver pre-installed), the pool's boot mode (Secure Boot by
+  default), online;
+- a `HostFirmwareSettings` of the same name with the pool's BIOS settings (`BIOS_PROFILES` for the
+  pool's vendor, then the pool's `firmware`), each with its reason in an annotation.
+Nodes provisioned by something else declare no BMC and get none of these.
+
+Acceptance (`ai_factory.factory.acceptance.gates`): in `acceptance_namespace`, per node under
+acceptance and gate generation, Kubernetes Jobs pinned to the node (node selector on its host
+name, tolerating the acceptance taint and the platform's GPU-node taints), privileged with every
+GPU of the node (whatever the pool's sharing mode advertises): `inventory` (GPUs, ECC, retired
+pages, RDMA NICs and NUMA nodes, driver), `dcgm-diag`, `burn-in`, `nccl-node`, and one
+`nccl-pair` Job per rack pair. Jobs rather than `pulumi-command`: a command runs where Pulumi runs,
+not on the node, and would need SSH into every node; a Job lands on the node through the
+scheduler, with the GPU Operator's driver, and pulumi-kubernetes waits for it to complete (its Job
+await), which is the waiter. Their names carry the generation, so a new driver, image, BIOS or a
+restarted acceptance runs them again. Results are collected into the results file
+(`layers.provisioning.acceptance.results_file`); `ai-factory accept` turns them into verdicts and
+NetBox records, and the fleet layer applies the verdicts' taints.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import pulumi
+import pulumi_kubernetes as k8s
+import pulumi_vault as vault
+
+from ai_factory.components._common import POOL_LABEL, FactoryComponent, labels, namespace
+from ai_factory.components.external_secrets import OPENBAO_AUDIENCE, STORE_NAME, STORE_SERVICE_ACCOUNT, secret_store_spec
+from ai_factory.components.gpu_operator import tolerations as gpu_node_tolerations
+from ai_factory.components.openbao import KUBERNETES_AUTH_PATH, OpenBaoArgs, service_address
+from ai_factory.components.registry import Layer
+from ai_factory.factory.acceptance import gates, thresholds
+from ai_factory.factory.model.config import DriverSettings, FactoryConfig, NodeSpec, Pool, PoolProvisioning
+from ai_factory.factory.model.raw import as_dict, as_list, did_you_mean
+from ai_factory.factory.model.secrets import SecretValue
+from ai_factory.factory.planning.model import Plan
+
+TOKEN = "ai-factory:provisioning:Provisioning"
+METAL3_API = "metal3.io/v1alpha1"
+ESO_API = "external-secrets.io/v1"
+STORE_ROLE = "ai-factory-provisioning"
+REASONS_ANNOTATION = "ai-factory.io/firmware-reasons"
+NODE_ANNOTATION = "ai-factory.io/node"
+GATE_LABEL = "ai-factory.io/gate"
+JOB_SERVICE_ACCOUNT = "acceptance"
+
+# BIOS settings per vendor, by the attribute names the vendor's Redfish BIOS registry uses; the
+# names for HPE and Fujitsu are those Metal3's own drivers set for the same purposes
+# (baremetal-operator pkg/hardwareutils/bmc ilo4.go/ilo5.go `BuildBIOSSettings`: ProcVirtualization,
+# ProcHyperthreading, Sriov; irmc.go: cpu_vt_enabled, hyper_threading_enabled,
+# single_root_io_virtualization_support_enabled); Dell's are iDRAC's BIOS attributes (ProcVirtualization,
+# LogicalProc, SriovGlobalEnable, SysProfile). The baremetal-operator checks every name and value
+# against the host's FirmwareSchema before applying: a name the BMC does not know is reported on
+# the HostFirmwareSettings (condition Valid=False), never silently ignored.
+# purpose -> vendor -> (name, value when on, value when off)
+BIOS_NAMES: dict[str, dict[str, tuple[str, str, str]]] = {
+    "virtualization": {
+        "dell": ("ProcVirtualization", "Enabled", "Disabled"),
+        "hpe": ("ProcVirtualization", "Enabled", "Disabled"),
+        "fujitsu": ("cpu_vt_enabled", "True", "False"),
+    },
+    "sriov": {
+        "dell": ("SriovGlobalEnable", "Enabled", "Disabled"),
+        "hpe": ("Sriov", "Enabled", "Disabled"),
+        "fujitsu": ("single_root_io_virtualization_support_enabled", "True", "False"),
+    },
+    "smt": {
+        "dell": ("LogicalProc", "Enabled", "Disabled"),
+        "hpe": ("ProcHyperthreading", "Enabled", "Disabled"),
+        "fujitsu": ("hyper_threading_enabled", "True", "False"),
+    },
+    "power": {
+        "dell": ("SysProfile", "PerfOptimized", "PerfPerWattOptimizedDapc"),
+    },
+}
+RDMA_FABRICS = ("roce", "infiniband")
+
+
+def bios_profile(pool: Pool, vendor: str) -> dict[str, tuple[str | int, str]]:
+    """The built-in BIOS settings of a pool: name -> (value, why)."""
+    rdma = pool.topology.fabric in RDMA_FABRICS
+    wanted = {
+        "sriov": (rdma, "SR-IOV on: the RDMA NICs of a RoCE/InfiniBand fabric hand virtual functions to pods (SR-IOV network operator)"
+                  if rdma else "SR-IOV off: an Ethernet-fabric pool hands no NIC virtual functions to pods"),
+        "virtualization": (rdma, "VT-x/VT-d (IOMMU) on: SR-IOV virtual functions need the IOMMU; the image boots with iommu=pt so GPUDirect "
+                           "peer traffic is not translated" if rdma else "VT-x/VT-d off: no VM and no NIC virtual function runs on this pool, and the IOMMU "
+                           "would translate GPUDirect peer-to-peer traffic"),
+        "smt": (True, "SMT on: data loading and tokenisation on the CPUs gain from it; tenants never share a node's cores across trust domains"),
+        "power": (True, "maximum performance profile: no C-state or frequency throttling between GPU kernels (steadier NCCL and step times)"),
+    }
+    profile = {}
+    for purpose, (on, why) in wanted.items():
+        names = BIOS_NAMES[purpose].get(vendor)
+        if names:
+            name, on_value, off_value = names
+            profile[name] = (on_value if on else off_value, why)
+    return profile
+
+
+def firmware_settings(pool: Pool, setup: PoolProvisioning) -> dict[str, tuple[str | int, str]]:
+    """The pool's BIOS settings: the vendor profile, then the pool's own (which win)."""
+    settings = bios_profile(pool, setup.vendor)
+    settings.update({name: (s.value, s.reason) for name, s in setup.firmware.items()})
+    return dict(sorted(settings.items()))
+
+
+@dataclass(frozen=True)
+class Host:
+    node: NodeSpec
+    pool: Pool
+    setup: PoolProvisioning
+    credentials_key: str
+
+
+@dataclass(frozen=True)
+class GateJob:
+    name: str
+    gate: str
+    nodes: tuple[str, ...]
+    pool: Pool
+    command: tuple[str, ...]
+    image: str
+    env: dict[str, str]
+    deadline_seconds: int
+
+
+@dataclass(frozen=True)
+class ProvisioningArgs:
+    namespace: str
+    acceptance_namespace: str
+    hosts: tuple[Host, ...]
+    jobs: tuple[GateJob, ...]
+    kv_mount: str
+    credentials_prefix: str
+    openbao_server: str
+    openbao_api: str
+    openbao_token: SecretValue | None
+    """None until OpenBao is initialised: the store's role is then created by a later `pulumi up`."""
+
+    @classmethod
+    def from_config(cls, cfg: FactoryConfig, plan: Plan) -> ProvisioningArgs:
+        prov = cfg.layers.provisioning
+        hosts = tuple(
+            Host(node=node, pool=pool, setup=prov.pools[pool.name],
+                 credentials_key=f"{prov.credentials_prefix}/{node.bmc.credentials or node.name}")
+            for pool in cfg.fleet.pools for node in (pool.node_list or []) if node.bmc is not None
+        )
+        openbao = cfg.layers.openbao
+        return cls(
+            namespace=prov.namespace,
+            acceptance_namespace=prov.acceptance_namespace,
+            hosts=hosts,
+            jobs=tuple(gate_jobs(cfg)),
+            kv_mount=openbao.kv_mount,
+            credentials_prefix=prov.credentials_prefix,
+            openbao_server=service_address(openbao.namespace),
+            openbao_api=openbao.api_address or service_address(openbao.namespace),
+            openbao_token=openbao.admin_token,
+        )
+
+
+def _job_name(gate: str, nodes: tuple[str, ...], generation: str) -> str:
+    """`accept-<gate>-<nodes hash>-<generation>`: within 63 characters whatever the node names
+    (Job names become a label value of their pods)."""
+    digest = hashlib.sha256("/".join(nodes).encode()).hexdigest()[:8]
+    return f"accept-{gate}-{digest}-{generation[:8]}"
+
+
+def gate_jobs(cfg: FactoryConfig) -> list[GateJob]:
+    settings = cfg.layers.provisioning.acceptance
+    images = settings.images
+    table = thresholds.table(cfg)
+    jobs: list[GateJob] = []
+    subjects = gates.subjects(cfg)
+    generation_of = {s.node.name: s.generation for s in subjects}
+    for s in subjects:
+        node, pool, gen = s.node.name, s.pool, s.generation
+        one = (node,)
+        jobs.append(GateJob(_job_name("inventory", one, gen), "inventory", one, pool, (
+            "sh", "-c",
+            "nvidia-smi --query-gpu=index,serial,pci.device_id,ecc.mode.current,retired_pages.pending,"
+            "retired_pages.sbe,retired_pages.dbe,remapped_rows.uncorrectable,driver_version --format=csv,noheader"
+            " && dcgmi health -c -j; for d in /sys/class/infiniband/*; do echo \"$(basename $d) $(cat $d/device/numa_node)\"; done",
+        ), images.dcgm, {}, 600))
+        jobs.append(GateJob(_job_name("dcgm-diag", one, gen), "dcgm-diag", one, pool,
+                            ("dcgmi", "diag", "-r", str(settings.dcgm_diag_level), "-j"), images.dcgm, {}, 3 * 3600))
+        seconds = settings.burn_in_minutes * 60
+        jobs.append(GateJob(_job_name("burn-in", one, gen), "burn-in", one, pool, (
+            "dcgmi", "diag", "-r", "targeted_stress,targeted_power",
+            "-p", f"targeted_stress.test_duration={seconds // 2};targeted_power.test_duration={seconds - seconds // 2}", "-j",
+        ), images.dcgm, {}, seconds + 1800))
+        if pool.gpu.per_node >= 2:
+            row = table[(pool.gpu.model, "node", pool.topology.intra_node)]
+            jobs.append(GateJob(_job_name("nccl-node", one, gen), "nccl-node", one, pool, (), images.nccl_loopback,
+                                {"BW_THRESHOLD_GBPS": f"{row.min_busbw_gbps:g}", "TEST_SIZE_MB": "256"}, 1800))
+    seen: set[tuple[str, str]] = set()
+    for s in subjects:
+        for pair in s.pairs:
+            if pair in seen:
+                continue
+            seen.add(pair)
+            pool = s.pool
+            row = table[(pool.gpu.model, "pair", pool.topology.fabric)]
+            gen = hashlib.sha256("".join(generation_of[n] for n in pair).encode()).hexdigest()
+            jobs.append(GateJob(_job_name("nccl-pair", pair, gen), "nccl-pair", pair, pool, (), images.nccl_allreduce,
+                                {"BW_THRESHOLD_GBPS": f"{row.min_busbw_gbps:g}", "MESSAGE_SIZES": "4G"}, 3600))
+    return jobs
+
+
+def bare_metal_host_spec(host: Host, secret: str) -> dict[str, Any]:
+    node, setup = host.node, host.setup
+    assert node.bmc and node.root_device_hints, "validation requires them with a BMC"
+    hints = node.root_device_hints
+    root = {
+        key: value for key, value in (
+            ("deviceName", hints.device_name), ("serialNumber", hints.serial_number), ("wwn", hints.wwn),
+            ("model", hints.model), ("vendor", hints.vendor), ("minSizeGigabytes", hints.min_size_gigabytes),
+            ("rotational", hints.rotational),
+        ) if value is not None
+    }
+    return {
+        "online": True,
+        "bootMACAddress": node.boot_mac,
+        "bootMode": setup.boot_mode,
+        "bmc": {"address": node.bmc.address, "credentialsName": secret, "disableCertificateVerification": node.bmc.disable_certificate_verification},
+        "rootDeviceHints": root,
+        "image": {"url": setup.image.url, "checksum": setup.image.checksum, "checksumType": setup.image.checksum_type, "format": setup.image.format},
+        # Erase partition tables and metadata between owners, so a node keeps no previous image.
+        "automatedCleaningMode": "metadata",
+        "description": f"ai-factory pool {host.pool.name}, rack {node.rack}",
+    }
+
+
+def bmc_external_secret_spec(host: Host, secret: str) -> dict[str, Any]:
+    return {
+        "refreshInterval": "1h",
+        "secretStoreRef": {"name": STORE_NAME, "kind": "SecretStore"},
+        "target": {"name": secret, "creationPolicy": "Owner", "deletionPolicy": "Delete"},
+        "data": [{"secretKey": key, "remoteRef": {"key": host.credentials_key, "property": key}} for key in ("username", "password")],
+    }
+
+
+def store_policy(kv_mount: str, prefix: str) -> str:
+    return (
+        "# The baremetal hosts' BMC credentials, read-only.\n"
+        f'path "{kv_mount}/data/{prefix}/*" {{\n  capabilities = ["read"]\n}}\n'
+    )
+
+
+def job_spec(job: GateJob, acceptance_key: str) -> dict[str, Any]:
+    pool = job.pool
+    container: dict[str, Any] = {
+        "name": job.gate,
+        "image": job.image,
+        "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}, {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "all"},
+                *({"name": k, "value": v} for k, v in sorted(job.env.items()))],
+        # Every GPU and NIC of the node, whatever its sharing mode advertises: privileged, so the
+        # toolkit honours NVIDIA_VISIBLE_DEVICES (it ignores it for unprivileged containers).
+        "securityContext": {"privileged": True},
+        "resources": {"requests": {"cpu": "1", "memory": "4Gi"}, "limits": {"memory": "16Gi"}},
+    }
+    if job.command:
+        container["command"] = list(job.command)
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "runtimeClassName": "nvidia",
+        "serviceAccountName": JOB_SERVICE_ACCOUNT,
+        "automountServiceAccountToken": False,
+        "tolerations": [{"key": acceptance_key, "operator": "Exists", "effect": "NoSchedule"}, *gpu_node_tolerations()],
+        "containers": [container],
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": list(job.nodes)}]}
+        ]}}},
+    }
+    spec: dict[str, Any] = {"backoffLimit": 0, "activeDeadlineSeconds": job.deadline_seconds}
+    if len(job.nodes) > 1:
+        # One pod per node of the pair: an indexed Job whose pods never share a node.
+        spec.update({"completions": len(job.nodes), "parallelism": len(job.nodes), "completionMode": "Indexed"})
+        pod_spec["affinity"]["podAntiAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": [
+            {"labelSelector": {"matchLabels": {"job-name": job.name}}, "topologyKey": "kubernetes.io/hostname"}
+        ]}
+    spec["template"] = {"metadata": {"labels": {GATE_LABEL: job.gate, POOL_LABEL: pool.name}}, "spec": pod_spec}
+    return spec
+
+
+class Provisioning(FactoryComponent):
+    namespace: pulumi.Output[str]
+
+    def __init__(self, name: str, args: ProvisioningArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__(TOKEN, name, layer="provisioning", opts=opts)
+        object_labels = labels("provisioning")
+        # No pod runs here: only hosts, their Secrets and the store.
+        ns = namespace(self, args.namespace, pod_security="restricted")
+        store = None
+        if args.openbao_token is not None:
+            # Like tenants' stores, this one waits for OpenBao to be initialised: before, its role
+            # does not exist. The hosts wait for their Secrets meanwhile (Metal3 retries).
+            account = k8s.core.v1.ServiceAccount(
+                self.child_name("store-account"),
+                metadata=k8s.meta.v1.ObjectMetaArgs(name=STORE_SERVICE_ACCOUNT, namespace=args.namespace, labels=object_labels),
+                automount_service_account_token=False,
+                opts=self.child(depends_on=[ns]),
+            )
+            provider = vault.Provider(self.child_name("openbao"), address=args.openbao_api, token=args.openbao_token.output(),
+                                      skip_child_token=True, opts=self.child())
+            on_openbao = self.child(provider=provider)
+            policy = vault.Policy(self.child_name("bmc-policy"), name=STORE_ROLE, policy=store_policy(args.kv_mount, args.credentials_prefix), opts=on_openbao)
+            role = vault.kubernetes.AuthBackendRole(
+                self.child_name("bmc-role"),
+                backend=KUBERNETES_AUTH_PATH,
+                role_name=STORE_ROLE,
+                bound_service_account_names=[STORE_SERVICE_ACCOUNT],
+                bound_service_account_namespaces=[args.namespace],
+                audience=OPENBAO_AUDIENCE,
+                token_policies=[policy.name],
+                token_ttl=900,
+                opts=on_openbao,
+            )
+            store = k8s.apiextensions.CustomResource(
+                self.child_name("store"),
+                api_version=ESO_API,
+                kind="SecretStore",
+                metadata={"name": STORE_NAME, "namespace": args.namespace, "labels": object_labels},
+                spec=secret_store_spec(args.openbao_server, args.kv_mount, STORE_ROLE),
+                opts=self.child(depends_on=[account, role]),
+            )
+        for host in args.hosts:
+            node = host.node.name
+            secret = f"{node}-bmc"
+            host_labels = {**object_labels, POOL_LABEL: host.pool.name}
+            if store is not None:
+                k8s.apiextensions.CustomResource(
+                    self.child_name(f"bmc-secret-{node}"),
+                    api_version=ESO_API,
+                    kind="ExternalSecret",
+                    metadata={"name": secret, "namespace": args.namespace, "labels": host_labels},
+                    spec=bmc_external_secret_spec(host, secret),
+                    opts=self.child(depends_on=[store]),
+                )
+            settings = firmware_settings(host.pool, host.setup)
+            k8s.apiextensions.CustomResource(
+                self.child_name(f"host-{node}"),
+                api_version=METAL3_API,
+                kind="BareMetalHost",
+                metadata={"name": node, "namespace": args.namespace, "labels": host_labels},
+                spec=bare_metal_host_spec(host, secret),
+                opts=self.child(depends_on=[ns]),
+            )
+            k8s.apiextensions.CustomResource(
+                self.child_name(f"firmware-{node}"),
+                api_version=METAL3_API,
+                kind="HostFirmwareSettings",
+                metadata={"name": node, "namespace": args.namespace, "labels": host_labels,
+                          "annotations": {REASONS_ANNOTATION: json.dumps({k: why for k, (_, why) in settings.items()}, sort_keys=True)}},
+                spec={"settings": {k: value for k, (value, _) in settings.items()}},
+                opts=self.child(depends_on=[ns]),
+            )
+        if args.jobs:
+            # The gates drive GPUs and NICs directly: privileged by nature.
+            acceptance_ns = k8s.core.v1.Namespace(
+                self.child_name("acceptance-namespace"),
+                metadata=k8s.meta.v1.ObjectMetaArgs(
+                    name=args.acceptance_namespace,
+                    labels={**object_labels, **{f"pod-security.kubernetes.io/{m}": "privileged" for m in ("enforce", "audit", "warn")}},
+                ),
+                opts=self.child(),
+            )
+            job_account = k8s.core.v1.ServiceAccount(
+                self.child_name("acceptance-account"),
+                metadata=k8s.meta.v1.ObjectMetaArgs(name=JOB_SERVICE_ACCOUNT, namespace=args.acceptance_namespace, labels=object_labels),
+                automount_service_account_token=False,
+                opts=self.child(depends_on=[acceptance_ns]),
+            )
+            for job in args.jobs:
+                k8s.batch.v1.Job(
+                    self.child_name(job.name),
+                    metadata={"name": job.name, "namespace": args.acceptance_namespace,
+                              "labels": {**object_labels, GATE_LABEL: job.gate, POOL_LABEL: job.pool.name},
+                              "annotations": {NODE_ANNOTATION: ",".join(job.nodes)}},
+                    spec=job_spec(job, gates.ACCEPTANCE_KEY),
+                    opts=self.child(depends_on=[job_account]),
+                )
+        self.namespace = ns.metadata.name
+        self.register_outputs({"namespace": self.namespace})
+
+
+def config_problems(raw: dict[str, Any]) -> list[str]:
+    """Cross-section rules of `layers.provisioning` over the raw config (every access guarded)."""
+    layers = as_dict(raw.get("layers"))
+    prov = as_dict(layers.get("provisioning"))
+    if prov.get("enabled") is not True:
+        return []
+    path = "layers.provisioning"
+    problems: list[str] = []
+    pools = [as_dict(p) for p in as_list(as_dict(raw.get("fleet")).get("pools"))]
+    setups = as_dict(prov.get("pools"))
+    names = {p.get("name"): i for i, p in enumerate(pools) if isinstance(p.get("name"), str)}
+    for name in setups:
+        if name not in names:
+            problems.append(f"{path}.pools.{name}: unknown pool{did_you_mean(name, names)}")
+    macs: dict[str, str] = {}
+    addresses: dict[str, str] = {}
+    node_names: set[str] = set()
+    has_hosts = False
+    for i, pool in enumerate(pools):
+        nodes = [as_dict(n) for n in as_list(pool.get("node_list"))]
+        node_names |= {n["name"] for n in nodes if isinstance(n.get("name"), str)}
+        with_bmc = [j for j, n in enumerate(nodes) if n.get("bmc") is not None]
+        name = pool.get("name")
+        if with_bmc and isinstance(name, str):
+            has_hosts = True
+            if name not in setups:
+                problems.append(f"{path}.pools.{name}: required: fleet.pools[{i}].node_list[{with_bmc[0]}] declares a BMC, so Metal3 needs the pool's image and vendor")
+        for j in with_bmc:
+            node_path = f"fleet.pools[{i}].node_list[{j}]"
+            for key, seen in (("boot_mac", macs), ("bmc.address", addresses)):
+                value = nodes[j].get("boot_mac") if key == "boot_mac" else as_dict(nodes[j].get("bmc")).get("address")
+                if isinstance(value, str):
+                    value = value.lower()
+                    if value in seen:
+                        problems.append(f"{node_path}.{key}: {value} is also {seen[value]}'s")
+                    else:
+                        seen.setdefault(value, node_path)
+        setup = as_dict(setups.get(name)) if isinstance(name, str) else {}
+        image_driver = as_dict(setup.get("image")).get("driver_version")
+        pool_driver = as_dict(pool.get("driver")).get("version", DriverSettings().version)
+        if isinstance(image_driver, str) and isinstance(pool_driver, str) and image_driver != pool_driver:
+            problems.append(
+                f"{path}.pools.{name}.image.driver_version: the image carries driver {image_driver}, but fleet.pools[{i}].driver.version "
+                f"is {pool_driver} (the GPU Operator expects that one)"
+            )
+    acceptance = as_dict(prov.get("acceptance"))
+    for node in as_dict(acceptance.get("reruns")):
+        if node not in node_names:
+            problems.append(f"{path}.acceptance.reruns.{node}: not a node of any node_list{did_you_mean(node, node_names)}")
+    table = acceptance.get("nccl")
+    if isinstance(table, list):
+        rows = [(r.get("gpu_model"), r.get("scope"), r.get("link")) for r in map(as_dict, table)]
+        for k, row in enumerate(rows):
+            if row in rows[:k]:
+                problems.append(f"{path}.acceptance.nccl[{k}]: a second row for {' '.join(map(str, row))}")
+        for i, pool in enumerate(pools):
+            nodes = as_list(pool.get("node_list"))
+            if not nodes:
+                continue
+            model = as_dict(pool.get("gpu")).get("model")
+            per_node = as_dict(pool.get("gpu")).get("per_node")
+            topology = as_dict(pool.get("topology"))
+            wanted = []
+            if isinstance(per_node, int) and per_node >= 2:
+                wanted.append((model, "node", topology.get("intra_node", "pcie")))
+            if len(nodes) >= 2:
+                wanted.append((model, "pair", topology.get("fabric", "ethernet")))
+            for row in wanted:
+                if row not in rows:
+                    problems.append(f"{path}.acceptance.nccl: no row for gpu_model {row[0]}, scope {row[1]}, link {row[2]} (fleet.pools[{i}])")
+    if has_hosts:
+        for layer in ("openbao", "external_secrets"):
+            if as_dict(layers.get(layer)).get("enabled", True) is False:
+                problems.append(f"{path}.enabled: BMC credentials come from OpenBao through External Secrets; enable layers.{layer}")
+    return problems
+
+
+LAYER = Layer(
+    name="provisioning",
+    section="provisioning",
+    component=Provisioning,
+    args=ProvisioningArgs.from_config,
+    requires=("fleet", "external-secrets"),
+    config_checks=(config_problems,),
+    privileged_namespaces={
+        "ai-factory-acceptance": "Acceptance gates: drive every GPU and RDMA NIC of the node under test (DCGM diagnostics, burn-in, NCCL)",
+    },
+    # The baremetal-operator comes from its kustomize overlays (no chart exists upstream).
+    external_crds=("metal3.io",),
+)
+

@@ -1,0 +1,92 @@
+"""`ai-factory accept <env> [--node N]`: per node, the gates that ran, their figures against the
+thresholds, the verdict and taint, and the NetBox record the run writes.
+
+Offline by default: nothing is touched. `--apply` goes through the Automation API: `pulumi up` of
+the environment's platform stack (the fleet layer applies the verdicts' taints and labels from the
+config's `results_file`), then the NetBox records are written (`ai_factory.factory.acceptance.netbox`,
+the API token from `AIF_NETBOX_TOKEN`, never from a file or an argument).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+from ai_factory.factory.acceptance import gates, netbox
+from ai_factory.factory.model.config import FactoryConfig
+from ai_factory.factory.model.loading import ConfigError, load_stack_file, project_dir
+from ai_factory.factory.model.raw import did_you_mean
+
+TOKEN_ENV = "AIF_NETBOX_TOKEN"
+
+
+def verdicts(cfg: FactoryConfig, results: Path | None, node: str | None) -> list[gates.NodeVerdict]:
+    if not cfg.layers.provisioning.enabled:
+        raise ConfigError(["layers.provisioning.enabled: acceptance runs only with the provisioning layer enabled"])
+    try:
+        recorded = gates.load_results(results, f"--results {results}") if results else gates.recorded_results(cfg, project_dir())
+    except gates.ResultsError as err:
+        raise ConfigError(err.problems) from None
+    found = gates.evaluate(cfg, recorded)
+    if node is not None:
+        names = [v.node for v in found]
+        found = [v for v in found if v.node == node]
+        if not found:
+            raise ConfigError([f"--node: {node!r} is not a node under acceptance{did_you_mean(node, names)}"])
+    return found
+
+
+def render_text(found: list[gates.NodeVerdict]) -> str:
+    lines: list[str] = []
+    for v in found:
+        lines.append(f"{v.node} (pool {v.pool}, generation {v.generation}): {v.verdict.upper()}")
+        width = max(len(g.figure) for g in v.gates)
+        for g in v.gates:
+            reason = f"  {g.reason}" if g.reason else ""
+            lines.append(f"  {g.gate:<10} {g.status:<8} {g.figure:<{width}}  (threshold {g.threshold}){reason}")
+        taint = v.taint
+        lines.append(f"  taint: {taint['key']}={taint['value']}:{taint['effect']}" if taint else "  taint: none (schedulable for tenants)")
+        record = netbox.record(v)
+        lines.append(f"  netbox: device {record.device}: custom fields {json.dumps(record.custom_fields, sort_keys=True)}")
+        lines.append(f"          journal entry ({record.journal_kind}), {len(record.journal_comments.splitlines())} lines")
+        lines.append("")
+    counts = {k: sum(v.verdict == k for v in found) for k in ("accepted", "failed", "pending")}
+    lines.append(", ".join(f"{n} {k}" for k, n in counts.items()))
+    return "\n".join(lines) + "\n"
+
+
+def render_json(found: list[gates.NodeVerdict]) -> str:
+    return json.dumps([{**gates.as_dict(v), "netbox": netbox.record(v).as_dict()} for v in found], indent=2, sort_keys=True) + "\n"
+
+
+def apply(env: str, cfg: FactoryConfig, found: list[gates.NodeVerdict], on_output: Callable[[str], Any] = print,
+          session: Any = None) -> list[str]:
+    """Taints through the platform stack's `pulumi up`, then the NetBox records; the nodes written."""
+    from ai_factory.stacks.platform import PlatformStacks
+
+    settings = cfg.layers.provisioning.netbox
+    token = os.environ.get(TOKEN_ENV)
+    problems = []
+    if settings is None:
+        problems.append("layers.provisioning.netbox: required by --apply (where the records go)")
+    if not token:
+        problems.append(f"{TOKEN_ENV}: set it to the NetBox API token (--apply reads it from the environment only)")
+    if problems:
+        raise ConfigError(problems)
+    PlatformStacks().up(env, on_output=on_output)
+    api = netbox.connect(settings.url, token, session)
+    return netbox.write(api, [netbox.record(v) for v in found])
+
+
+def accept(env: str, node: str | None, results: Path | None, fmt: str, do_apply: bool) -> int:
+    cfg = load_stack_file(env)
+    if do_apply and results is not None:
+        raise ConfigError(["--results: --apply applies the config's layers.provisioning.acceptance.results_file (the one `pulumi up` reads); drop --results"])
+    found = verdicts(cfg, results, node)
+    print(render_json(found) if fmt == "json" else render_text(found), end="")
+    if do_apply:
+        for written in apply(env, cfg, found):
+            print(f"netbox: wrote {written}")
+    return 1 if any(v.verdict == "failed" for v in found) else 0
