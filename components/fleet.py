@@ -34,6 +34,7 @@ from ai_factory.factory.model.config import FactoryConfig, Pool
 from ai_factory.factory.planning.from_config import is_rdma_pool
 from ai_factory.factory.planning.model import Plan
 from ai_factory.factory.planning.placement import NodePlacement, node_placements
+from ai_factory.components import slinky
 from ai_factory.components.registry import Layer
 
 TOKEN = "ai-factory:fleet:Fleet"
@@ -44,10 +45,12 @@ class FleetArgs:
     pools: tuple[Pool, ...]
     placements: tuple[NodePlacement, ...]
     """The plan's labels and taints per node (`ai_factory.factory.planning.placement.node_placements`)."""
+    slurm_topology: bool = False
+    """Annotate every node with its place in the Slurm clusters' topology (`components.slinky`)."""
 
     @classmethod
     def from_config(cls, cfg: FactoryConfig, plan: Plan) -> FleetArgs:
-        return cls(pools=tuple(cfg.fleet.pools), placements=tuple(node_placements(plan)))
+        return cls(pools=tuple(cfg.fleet.pools), placements=tuple(node_placements(plan)), slurm_topology=cfg.layers.slinky.enabled)
 
 
 def node_labels(pool: Pool) -> dict[str, dict[str, str]]:
@@ -78,6 +81,7 @@ class Fleet(FactoryComponent):
         placements = {p.node: p for p in args.placements}
         names = []
         for pool in args.pools:
+            specs = {n.name: n for n in pool.node_specs()}
             for node, topology_labels in node_labels(pool).items():
                 placement = placements[node]
                 spec = None
@@ -85,9 +89,10 @@ class Fleet(FactoryComponent):
                     spec = k8s.core.v1.NodeSpecPatchArgs(
                         taints=[k8s.core.v1.TaintPatchArgs(key=t.key, value=t.value, effect=t.effect) for t in placement.taints]
                     )
+                annotations = {slinky.TOPOLOGY_ANNOTATION: slinky.topology_spec(specs[node])} if args.slurm_topology else None
                 k8s.core.v1.NodePatch(
                     self.child_name(f"node-{node}"),
-                    metadata=k8s.meta.v1.ObjectMetaPatchArgs(name=node, labels={**topology_labels, **placement.labels}),
+                    metadata=k8s.meta.v1.ObjectMetaPatchArgs(name=node, labels={**topology_labels, **placement.labels}, annotations=annotations),
                     spec=spec,
                     opts=self.child(),
                 )

@@ -184,6 +184,29 @@ CHARTS: dict[str, ChartSource] = {
         # nv-ipam's CRDs come from the operator once a NicClusterPolicy asks for nv-ipam.
         crd_groups=("mellanox.com", "k8s.cni.cncf.io", "sriovnetwork.openshift.io", "sriovnetwork.k8snetworkplumbingwg.io", "nv-ipam.nvidia.com"),
     ),
+    # SlinkyProject/slurm-operator tag v1.2.1 (the latest stable; 1.3.0-rc1 is a release candidate), OCI only.
+    # The CRDs chart installs slinky.slurm.net; the operator chart's own `crds.enabled` stays off. Its
+    # oracle folder holds the 1.3.0-rc1 copy (the only one recorded): the chart has no values at all.
+    "slurm-operator-crds": ChartSource(
+        name="slurm-operator-crds",
+        repository="oci://ghcr.io/slinkyproject/charts",
+        version="1.2.1",
+        oracle_dir="slinky/charts/slurm-operator-crds",
+        crd_groups=("slinky.slurm.net",),
+    ),
+    "slurm-operator": ChartSource(
+        name="slurm-operator",
+        repository="oci://ghcr.io/slinkyproject/charts",
+        version="1.2.1",
+        oracle_dir="slinky/charts/slurm-operator-1.2.1",
+    ),
+    # One release per tenant that asks for a Slurm cluster (components/slinky.py).
+    "slurm": ChartSource(
+        name="slurm",
+        repository="oci://ghcr.io/slinkyproject/charts",
+        version="1.2.1",
+        oracle_dir="slinky/charts/slurm-1.2.1",
+    ),
 }
 
 

@@ -5,7 +5,7 @@ analyzer server (only `PolicyPack(...)` does that, in `policies/__main__.py`).
 "Policies" section lists them.
 """
 
-from ai_factory.policies.aif_policies import admission, fabric, gpu, network, reliability, secret_stores, security, tenancy, workloads
+from ai_factory.policies.aif_policies import admission, fabric, gpu, network, reliability, secret_stores, security, slurm, tenancy, workloads
 
 PACK_NAME = "ai-factory-guardrails"
 
@@ -19,4 +19,5 @@ POLICIES = [
     *fabric.POLICIES,
     *secret_stores.POLICIES,
     *admission.POLICIES,
+    *slurm.POLICIES,
 ]
