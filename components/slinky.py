@@ -405,17 +405,23 @@ class SlinkyTenantHook:
 # --------------------------------------------------------------------------- config rules
 
 
+def _by_name(items: Any, key: str) -> dict[str, dict]:
+    return {item[key]: item for item in map(as_dict, as_list(items)) if isinstance(item.get(key), str)}
+
+
 def slurm_requests(raw: dict[str, Any]) -> list[str]:
     """A Slurm cluster names a known tenant once, which may run slurmd (a reviewed baseline
     exception, never low trust), on pools it holds GPUs in whose grant Slurm can express and whose
     node resources are given; accounting needs the tenant's secret store."""
     layer = as_dict(as_dict(raw.get("layers")).get("slinky"))
     clusters = as_list(layer.get("clusters"))
-    if not clusters or layer.get("enabled", False) is not True:
-        return [f"layers.slinky.clusters: {len(clusters)} cluster(s) but layers.slinky.enabled is not true"] if clusters else []
-    pools = {p.get("name"): p for p in map(as_dict, as_list(as_dict(raw.get("fleet")).get("pools"))) if p.get("name")}
-    tenants = {t.get("name"): t for t in map(as_dict, as_list(raw.get("tenants"))) if t.get("name")}
-    exceptions = {as_dict(e).get("tenant") for e in as_list(as_dict(as_dict(raw.get("layers")).get("tenancy")).get("pod_security_exceptions"))}
+    if not clusters:
+        return []
+    if layer.get("enabled", False) is not True:
+        return [f"layers.slinky.clusters: {len(clusters)} cluster(s) but layers.slinky.enabled is not true"]
+    pools = _by_name(as_dict(raw.get("fleet")).get("pools"), "name")
+    tenants = _by_name(raw.get("tenants"), "name")
+    exceptions = _by_name(as_dict(as_dict(raw.get("layers")).get("tenancy")).get("pod_security_exceptions"), "tenant")
     node_resources = as_dict(layer.get("node_resources"))
     layers = as_dict(raw.get("layers"))
     secrets_on = as_dict(layers.get("external_secrets")).get("enabled", True) is not False and as_dict(layers.get("openbao")).get("enabled", True) is not False
@@ -423,7 +429,7 @@ def slurm_requests(raw: dict[str, Any]) -> list[str]:
     seen: set[str] = set()
     for i, cluster in enumerate(map(as_dict, clusters)):
         path, name = f"layers.slinky.clusters[{i}]", cluster.get("tenant")
-        if name not in tenants:
+        if not isinstance(name, str) or name not in tenants:  # a name of the wrong type has its field error
             problems.append(f"{path}.tenant: unknown tenant {name!r}{did_you_mean(name, tenants)}")
             continue
         if name in seen:
@@ -437,9 +443,11 @@ def slurm_requests(raw: dict[str, Any]) -> list[str]:
                 f"{path}.tenant: slurmd runs as root to start job steps as their users (Pod Security baseline): add a reviewed "
                 f"layers.tenancy.pod_security_exceptions entry for {name!r}"
             )
-        demands = {as_dict(d).get("pool"): as_dict(d) for d in as_list(tenant.get("gpus"))}
+        demands = _by_name(tenant.get("gpus"), "pool")
         for j, pool_name in enumerate(as_list(cluster.get("pools"))):
             pool_path = f"{path}.pools[{j}]"
+            if not isinstance(pool_name, str):
+                continue
             if pool_name not in pools:
                 problems.append(f"{pool_path}: unknown pool {pool_name!r}{did_you_mean(pool_name, pools)}")
                 continue
