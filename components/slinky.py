@@ -68,6 +68,7 @@ from ai_factory.factory.model.raw import as_dict, as_list, did_you_mean
 from ai_factory.factory.model.tenancy import TenantNames, tenant_names
 from ai_factory.factory.planning.model import WHOLE_GPU, Plan, gpu_grants
 from ai_factory.factory.planning.placement import offerings
+from ai_factory.factory.planning.quotas import parse_quantity
 
 TOKEN = "ai-factory:training:Slinky"
 TOPOLOGY_ANNOTATION = "topology.slinky.slurm.net/spec"
@@ -409,6 +410,47 @@ def _by_name(items: Any, key: str) -> dict[str, dict]:
     return {item[key]: item for item in map(as_dict, as_list(items)) if isinstance(item.get(key), str)}
 
 
+def _gpu_fraction(pool: dict, demand: dict) -> Fraction | None:
+    """At least the share of a node's GPUs the demand's Slurm nodes are given (`gpu_share`, summed
+    over nodes), from the raw config: whole GPUs, or each MIG instance's larger slice fraction."""
+    gpu = as_dict(pool.get("gpu"))
+    model, per_node = GPU_MODELS.get(gpu.get("model")), gpu.get("per_node")
+    if model is None or not isinstance(per_node, int) or per_node < 1:
+        return None
+    if pool.get("sharing", "exclusive") == "mig":
+        try:
+            profiles = [(model.profile(p), n) for p, n in as_dict(demand.get("mig")).items() if isinstance(n, int)]
+        except KeyError:
+            return None  # an unknown profile has its own error
+        gpus = sum(n * max(Fraction(p.compute_slices, 7), Fraction(p.memory_slices, 8)) for p, n in profiles)
+    else:
+        gpus = Fraction(demand.get("count") if isinstance(demand.get("count"), int) else 0)
+    return gpus / per_node
+
+
+def _quota_problems(path: str, tenant: dict, cluster_pools: list[str], pools: dict, node_resources: dict) -> list[str]:
+    """The tenant's quota must hold its Slurm nodes' CPUs and memory, or they never start."""
+    demands = _by_name(tenant.get("gpus"), "pool")
+    cpus, memory_gib = Fraction(0), Fraction(0)
+    for pool_name in cluster_pools:
+        resources, demand = as_dict(node_resources.get(pool_name)), demands.get(pool_name)
+        share = _gpu_fraction(pools[pool_name], demand) if pool_name in pools and demand else None
+        if share is None or not isinstance(resources.get("cpus"), int) or not isinstance(resources.get("memory_gib"), int):
+            continue
+        cpus += share * resources["cpus"]
+        memory_gib += share * resources["memory_gib"]
+    quota = as_dict(tenant.get("quota"))
+    problems = []
+    for key, need, default, unit in (("cpu", cpus, "64", 1), ("memory", memory_gib, "512Gi", 1 << 30)):
+        try:
+            have = parse_quantity(str(quota.get(key, default)))
+        except ArithmeticError:
+            continue  # a malformed quantity has its own error
+        if need * unit > Fraction(have):
+            problems.append(f"{path}.{key}: {quota.get(key, default)} cannot hold the tenant's Slurm nodes (up to {float(need):g}{'' if unit == 1 else 'Gi'} on {', '.join(cluster_pools)})")
+    return problems
+
+
 def slurm_requests(raw: dict[str, Any]) -> list[str]:
     """A Slurm cluster names a known tenant once, which may run slurmd (a reviewed baseline
     exception, never low trust), on pools it holds GPUs in whose grant Slurm can express and whose
@@ -461,6 +503,7 @@ def slurm_requests(raw: dict[str, Any]) -> list[str]:
                 problems.append(f"{pool_path}: MIG profile {profile!r} (media extensions) has no Slurm GRES type; Slurm can express the plain profiles only")
             if pool_name not in node_resources:
                 problems.append(f"layers.slinky.node_resources.{pool_name}: required, pool {pool_name!r} has Slurm nodes ({pool_path})")
+        problems += _quota_problems(f"tenants[{list(tenants).index(name)}].quota", tenant, [p for p in as_list(cluster.get("pools")) if isinstance(p, str)], pools, node_resources)
         if cluster.get("accounting") is not None and not secrets_on:
             problems.append(f"{path}.accounting: the database password comes from OpenBao; enable layers.openbao and layers.external_secrets")
     return problems

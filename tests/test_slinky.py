@@ -208,6 +208,7 @@ BAD_REQUESTS = [
     ),
     ("no-exception", lambda r: r["layers"]["tenancy"].pop("pod_security_exceptions"), "layers.slinky.clusters[0].tenant: slurmd runs as root"),
     ("no-node-resources", lambda r: r["layers"]["slinky"]["node_resources"].pop("a100-mig"), "layers.slinky.node_resources.a100-mig: required"),
+    ("quota-too-small", lambda r: r["tenants"][0].pop("quota"), "tenants[0].quota.cpu: 64 cannot hold the tenant's Slurm nodes (up to 205 on h100-train, a100-mig)"),
     ("unknown-tenant", lambda r: _cluster(r).update(tenant="serch"), "layers.slinky.clusters[0].tenant: unknown tenant 'serch' (did you mean 'search'?)"),
     ("twice", lambda r: r["layers"]["slinky"]["clusters"].append(copy.deepcopy(_cluster(r))), "layers.slinky.clusters[1].tenant: tenant 'search' already has a Slurm cluster"),
     ("layer-off", lambda r: r["layers"]["slinky"].update(enabled=False), "layers.slinky.clusters: 1 cluster(s) but layers.slinky.enabled is not true"),
