@@ -78,6 +78,12 @@ NVLINK_TOPOLOGY = "topo-nvlink"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 PLANNED_ANNOTATION = slurm_checks.PLANNED_ANNOTATION
 ACCOUNTING_SECRET = "slurm-accounting-db"
+SLINKY_IMAGES = "ghcr.io/slinkyproject"
+IMAGE_TAG = "26.05-ubuntu26.04"
+"""The slurm chart 1.2.1's own tag of its images (Slurm 26.05)."""
+TENANT_IMAGES = (f"{SLINKY_IMAGES}/*",)
+"""What a Slurm cluster runs in its tenant's namespace: the tenant admission policy allows them
+(`components.kyverno`) whenever a tenant has a Slurm cluster."""
 SLURM_SHARING = ("exclusive", "mig")
 """Sharing modes Slurm GRES can express: whole GPUs, MIG instances (without media extensions)."""
 SLURMD_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETGID", "SETUID")
@@ -205,6 +211,12 @@ class SlurmClusterSpec:
     accounting: SlurmAccounting | None
 
 
+def slinky_image(name: str) -> dict[str, str]:
+    """The chart's sidecars default to `alpine:latest` (an unpinned image from a registry tenants may
+    not pull from); their scripts need only a POSIX shell and coreutils, which Slinky's images have."""
+    return {"repository": f"{SLINKY_IMAGES}/{name}", "tag": IMAGE_TAG}
+
+
 def _queued(names: TenantNames) -> dict[str, Any]:
     return {"labels": {QUEUE_LABEL: names.local_queue, **names.labels}}
 
@@ -246,6 +258,7 @@ def nodeset_values(
         "oversubscribeNode": False,
         "extraConfMap": {"Gres": list(nodeset.gres), "Features": [nodeset.pool]},
         "slurmd": {"resources": {"requests": limits, "limits": dict(limits)}, "securityContext": slurmd_security_context()},
+        "logfile": {"image": slinky_image("slurmd")},
         "metadata": {**_queued(names), "annotations": {PLANNED_ANNOTATION: json.dumps(planned, sort_keys=True, separators=(",", ":"))}},
         "podSpec": pod_spec,
         "partition": partition_values(nodeset, default),
@@ -276,7 +289,7 @@ def cluster_values(cfg: FactoryConfig, plan: Plan, tenant: Tenant, pools: list[s
     values: dict[str, Any] = {
         "clusterName": tenant.name,
         "configFiles": {"gres.conf": GRES_CONF, "cgroup.conf": CGROUP_CONF, "topology.yaml": topology_yaml([cfg.pool(p) for p in pools])},
-        "controller": {"metadata": queued, "extraConfMap": dict(SLURM_CONF)},
+        "controller": {"metadata": queued, "extraConfMap": dict(SLURM_CONF), "logfile": {"image": slinky_image("slurmctld")}},
         "restapi": {"metadata": queued, "service": {"spec": {"type": "ClusterIP"}}},
         "loginsets": {},
         "nodesets": {},
@@ -287,6 +300,7 @@ def cluster_values(cfg: FactoryConfig, plan: Plan, tenant: Tenant, pools: list[s
             "enabled": True,
             "replicas": login_replicas,
             "metadata": queued,
+            "initconf": {"image": slinky_image("login")},
             "service": {"spec": {"type": "ClusterIP"}},
         }
     for i, nodeset in enumerate(nodesets):

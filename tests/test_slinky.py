@@ -7,6 +7,8 @@ paths, and the checks and policies fail when any of it is broken."""
 from __future__ import annotations
 
 import copy
+import re
+import subprocess
 import json
 from collections import defaultdict
 
@@ -365,3 +367,16 @@ def test_offline_trust_check_flags_a_node_of_another_domain(dev):
 
 def test_the_multi_tenant_render_is_clean(multi):
     assert [str(f) for f in (*slurm_checks.gres_matches_plan(multi, None), *slurm_checks.partitions_within_trust_domain(multi, None))] == []
+
+
+def test_every_image_a_slurm_cluster_runs_is_slinkys_pinned_and_admitted(dev, chart_env, tmp_path):
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump(slurm_values(dev, "search")))
+    rendered = subprocess.run(
+        [chart_env.helm, "template", "slurm-search", str(chart_env.charts_dir / "slurm-1.2.1.tgz"), "--namespace", "tenant-search", "--values", str(values)],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    images = set(re.findall(r"^\s+image: (\S+)$", rendered, flags=re.M))
+    assert images and all(i.startswith("ghcr.io/slinkyproject/") and i.endswith(f":{slinky.IMAGE_TAG}") for i in images), images
+    policy = one(dev, "ClusterPolicy", "tenant-image-registries")
+    assert "ghcr.io/slinkyproject/*" in json.dumps(policy)
