@@ -18,7 +18,7 @@ Platform-wide policies (one each, whatever the tenants; `PLATFORM_POLICY_NAMES`)
   Secret could carry them unseen);
 - `tenant-gpu-device-mounts`: no mount of the device-list path, GPU device nodes, driver or HAMi
   files, and no hostPath volume;
-- `tenant-image-registries`: images only from the configured registries (plus vCluster's own, and Slinky's when a tenant has a Slurm cluster);
+- `tenant-image-registries`: images only from the configured registries (plus vCluster's own, and Slinky's while the slinky layer is on);
 - `tenant-service-exposure`: no NodePort or LoadBalancer Service, no `externalIPs` (CVE-2020-8554).
 
 Per tenant (`TenantAdmissionHook`, one `ClusterPolicy` per tenant, created by its stack):
@@ -149,7 +149,7 @@ class KyvernoArgs:
             chart=layer.chart.source("kyverno"),
             namespace=layer.namespace,
             admission_replicas=layer.admission_replicas,
-            allowed_registries=tuple(layer.allowed_registries) + (slinky.TENANT_IMAGES if cfg.layers.slinky.enabled and cfg.layers.slinky.clusters else ()),
+            allowed_registries=tuple(layer.allowed_registries) + (slinky.TENANT_IMAGES if cfg.layers.slinky.enabled else ()),
             gpu_resources=advertised_resources(plan),
         )
 

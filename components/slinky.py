@@ -83,7 +83,7 @@ IMAGE_TAG = "26.05-ubuntu26.04"
 """The slurm chart 1.2.1's own tag of its images (Slurm 26.05)."""
 TENANT_IMAGES = (f"{SLINKY_IMAGES}/*",)
 """What a Slurm cluster runs in its tenant's namespace: the tenant admission policy allows them
-(`components.kyverno`) whenever a tenant has a Slurm cluster."""
+(`components.kyverno`) while the layer is on, so adding or removing a tenant's cluster leaves it alone."""
 SLURM_SHARING = ("exclusive", "mig")
 """Sharing modes Slurm GRES can express: whole GPUs, MIG instances (without media extensions)."""
 SLURMD_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETGID", "SETUID")
@@ -428,7 +428,7 @@ def _gpu_fraction(pool: dict, demand: dict) -> Fraction | None:
     """At least the share of a node's GPUs the demand's Slurm nodes are given (`gpu_share`, summed
     over nodes), from the raw config: whole GPUs, or each MIG instance's larger slice fraction."""
     gpu = as_dict(pool.get("gpu"))
-    model, per_node = GPU_MODELS.get(gpu.get("model")), gpu.get("per_node")
+    model, per_node = GPU_MODELS.get(gpu.get("model")) if isinstance(gpu.get("model"), str) else None, gpu.get("per_node")
     if model is None or not isinstance(per_node, int) or per_node < 1:
         return None
     if pool.get("sharing", "exclusive") == "mig":
@@ -439,7 +439,9 @@ def _gpu_fraction(pool: dict, demand: dict) -> Fraction | None:
         gpus = sum(n * max(Fraction(p.compute_slices, 7), Fraction(p.memory_slices, 8)) for p, n in profiles)
     else:
         gpus = Fraction(demand.get("count") if isinstance(demand.get("count"), int) else 0)
-    return gpus / per_node
+    nodes = pool.get("nodes") if isinstance(pool.get("nodes"), int) else len(as_list(pool.get("node_list")))
+    # More than the pool holds has its own error (the demand's bound); it is no quota's problem.
+    return gpus / per_node if gpus <= nodes * per_node else None
 
 
 def _quota_problems(path: str, tenant: dict, cluster_pools: list[str], pools: dict, node_resources: dict) -> list[str]:

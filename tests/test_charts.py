@@ -185,8 +185,9 @@ def test_without_oracles_and_charts_the_other_checks_run_and_name_what_did_not(d
         "Helm values of HelmRelease/external-secrets/external-secrets, HelmRelease/falco/falco, HelmRelease/gpu-operator/gpu-operator, "
         "HelmRelease/hami-system/hami, HelmRelease/keycloak/keycloak, HelmRelease/kube-system/cilium, HelmRelease/kueue-system/kueue, "
         "HelmRelease/kyverno/kyverno, HelmRelease/monitoring/kube-prometheus-stack, HelmRelease/monitoring/opencost, "
-        "HelmRelease/node-problem-detector/node-problem-detector, HelmRelease/nvidia-network-operator/network-operator, HelmRelease/openbao/openbao, HelmRelease/tenant-assistant/vcluster-assistant, "
-        "HelmRelease/tenant-partner-acme/vcluster-partner-acme, HelmRelease/trivy-system/trivy-operator",
+        "HelmRelease/node-problem-detector/node-problem-detector, HelmRelease/nvidia-network-operator/network-operator, HelmRelease/openbao/openbao, "
+        "HelmRelease/slinky/slurm-operator, HelmRelease/slinky/slurm-operator-crds, HelmRelease/tenant-assistant/vcluster-assistant, "
+        "HelmRelease/tenant-partner-acme/vcluster-partner-acme, HelmRelease/tenant-search/slurm-search, HelmRelease/trivy-system/trivy-operator",
     ]
 
 

@@ -12,6 +12,7 @@ from ai_factory.factory.cli import main
 from ai_factory.factory.rendering.diff import TenantRemoval, difference, tenant_removal, without_tenant
 from ai_factory.factory.rendering.bundle import Manifest, Rendered
 from ai_factory.factory.model.tenancy import SERVES_TENANT_LABEL, TENANT_LABEL, TRUST_DOMAIN_LABEL
+from ai_factory.factory.planning.from_config import previous_plan
 from tests.conftest import REPO
 
 SEARCH_EVAL = """\
@@ -49,7 +50,9 @@ def test_removing_a_tenant_changes_only_its_objects(shared_domain_stack, capsys)
 
 @pytest.mark.parametrize("tenant", ["search", "partner-acme"])
 def test_removing_a_dev_tenant_changes_only_its_objects_its_domains_and_released_capacity(dev_raw, tenant):
-    removal = tenant_removal(copy.deepcopy(dev_raw[0]), dev_raw[1], tenant, "dev")
+    # From the plan lock, as `pulumi up` and `factory diff` plan: planned from scratch, a peer's GPUs
+    # may move to other nodes, and its Slurm nodes (pinned to them) with them.
+    removal = tenant_removal(copy.deepcopy(dev_raw[0]), dev_raw[1], tenant, "dev", previous_plan("dev", REPO))
     assert removal.unexpected == []
     assert removal.removal.removed and all(m.layer == f"tenant-{tenant}" for m in removal.removal.removed if m.tenant)
     assert not any(m.tenant for m in [*removal.release.removed, *removal.release.added, *(b for b, _ in removal.release.changed)])
