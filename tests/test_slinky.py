@@ -357,6 +357,30 @@ def test_offline_checks_flag_a_broken_nodeset(dev, change, check, expected):
     bad = broken(dev, "HelmRelease", "slurm-search", lambda obj: change(obj["spec"]["values"]))
     found = [*slurm_checks.gres_matches_plan(bad, None), *slurm_checks.partitions_within_trust_domain(bad, None)]
     assert any(f.check == check and expected in f.message for f in found), [str(f) for f in found]
+    assert all(f.tenants == ("search",) for f in found if f.ref.startswith("HelmRelease/"))
+
+
+def test_a_nodeset_on_a_node_outside_the_fleet_claims_more_than_it_has(dev):
+    def ghost(values: dict) -> None:
+        nodeset = _h100(values)
+        nodeset["podSpec"]["affinity"] = _hosts("ghost-001", "ghost-002")
+        nodeset["metadata"]["annotations"][slurm_checks.PLANNED_ANNOTATION] = json.dumps({n: {"nvidia.com/gpu": 8} for n in ("ghost-001", "ghost-002")})
+
+    bad = broken(dev, "HelmRelease", "slurm-search", lambda obj: ghost(obj["spec"]["values"]))
+    assert [str(f) for f in slurm_checks.gres_matches_plan(bad, None)] == [
+        f"slurm-gres: Node/{n}: Slurm NodeSets claim 8 GPUs here (tenant-search/h100-train), the node has 0" for n in ("ghost-001", "ghost-002")
+    ]
+
+
+def test_a_slurm_release_outside_any_rendered_namespace_is_still_checked(dev):
+    moved = broken(dev, "HelmRelease", "slurm-search", lambda obj: obj["metadata"].update(namespace="elsewhere"))
+    moved = broken(moved, "HelmRelease", "slurm-search", lambda obj: _h100(obj["spec"]["values"]).update(podSpec={}))
+    found = [str(f) for f in slurm_checks.partitions_within_trust_domain(moved, None)]
+    assert found == [
+        # no tenant namespace: a node owned by a trust domain is another's
+        "slurm-trust-domain: HelmRelease/elsewhere/slurm-search nodeset a100-mig: node a100-mig-001 belongs to trust domain 'internal', not the tenant's None",
+        "slurm-trust-domain: HelmRelease/elsewhere/slurm-search nodeset h100-train: not pinned to nodes (kubernetes.io/hostname): its partition could span any trust domain's nodes",
+    ]
 
 
 def test_offline_trust_check_flags_a_node_of_another_domain(dev):
