@@ -177,9 +177,9 @@ def test_accounting_password_comes_from_the_tenants_openbao_prefix(dev):
     assert slurm_values(dev, "search")["accounting"]["storageConfig"]["passwordKeyRef"] == {"name": slinky.ACCOUNTING_SECRET, "key": "password"}
 
 
-def test_the_operator_runs_restricted_without_cert_manager(dev):
+def test_the_operator_runs_restricted_without_a_chart_generated_key(dev):
     values = one(dev, "HelmRelease", "slurm-operator")["spec"]["values"]
-    assert values["certManager"] == {"enabled": False} and values["crds"] == {"enabled": False}
+    assert values["certManager"] == {"enabled": False} and values["crds"] == {"enabled": False} and values["webhook"] == {"enabled": False}
     assert values["operator"]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert one(dev, "Namespace", "slinky")["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
 
