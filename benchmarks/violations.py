@@ -33,7 +33,8 @@ from ai_factory.factory.checking.oracles import Oracles, locate_upstream_dir  # 
 from ai_factory.factory.rendering.bundle import SAFE_LOADER, load_rendered, render_env  # noqa: E402
 
 TENANT = "tenant-search"
-"""A high-trust tenant namespace of dev (restricted Pod Security, trust domain internal)."""
+"""A high-trust tenant namespace of dev (trust domain internal; Pod Security baseline under the
+reviewed exception of its Slurm cluster, so rows that only `restricted` refuses use `LOW_TRUST`)."""
 LOW_TRUST = "tenant-partner-acme"
 """The low-trust tenant namespace of dev (dedicated nodes)."""
 
@@ -185,7 +186,7 @@ WORKLOADS: list[Mutation] = [
     ("tenant pods", "operator Exists with an empty key", "tenant-pod-placement", add_workload(pod_spec=container_sets("tolerations", value=[{"operator": "Exists"}]))),
     ("tenant pods", "nvidia.com/gpu Exists", "tenant-pod-placement", add_workload(pod_spec=container_sets("tolerations", value=[{"key": "nvidia.com/gpu", "operator": "Exists"}]))),
     ("tenant pods", "envFrom a Secret", "tenant-pods", add_workload(container=container_sets("envFrom", value=[{"secretRef": {"name": "gpu-env"}}]))),
-    ("tenant pods", "an nfs volume", "tenant-pod-security-context", add_workload(pod_spec=container_sets("volumes", value=[{"name": "data", "nfs": {"server": "10.0.0.5", "path": "/"}}]))),
+    ("tenant pods", "an nfs volume", "tenant-pod-security-context", add_workload(namespace=LOW_TRUST, layer="tenant-partner-acme", pod_spec=container_sets("volumes", value=[{"name": "data", "nfs": {"server": "10.0.0.5", "path": "/"}}]))),
     ("tenant pods", "hostNetwork: true", "tenant-pods", add_workload(pod_spec=container_sets("hostNetwork", value=True))),
     ("tenant pods", "a privileged container", "tenant-pods", add_workload(container=container_sets("securityContext", "privileged", value=True))),
     ("tenant pods", "a host port", "no-privileged-outside-allowlist", add_workload(container=container_sets("ports", value=[{"containerPort": 80, "hostPort": 80}]))),

@@ -35,6 +35,7 @@ from ai_factory.factory.model.config import FactoryConfig, Pool
 from ai_factory.factory.planning.from_config import is_rdma_pool
 from ai_factory.factory.planning.model import Plan
 from ai_factory.factory.planning.placement import NodePlacement, node_placements
+from ai_factory.components import slinky
 from ai_factory.components.registry import Layer
 
 TOKEN = "ai-factory:fleet:Fleet"
@@ -48,10 +49,17 @@ class FleetArgs:
     acceptance: tuple[NodeVerdict, ...] = ()
     """Verdicts of the nodes under acceptance (`ai_factory.factory.acceptance.gates`): a node not
     accepted carries the acceptance taint; every one carries its verdict, generation and reason."""
+    slurm_topology: bool = False
+    """Annotate every node with its place in the Slurm clusters' topology (`components.slinky`)."""
 
     @classmethod
     def from_config(cls, cfg: FactoryConfig, plan: Plan) -> FleetArgs:
-        return cls(pools=tuple(cfg.fleet.pools), placements=tuple(node_placements(plan)), acceptance=tuple(node_verdicts(cfg)))
+        return cls(
+            pools=tuple(cfg.fleet.pools),
+            placements=tuple(node_placements(plan)),
+            acceptance=tuple(node_verdicts(cfg)),
+            slurm_topology=cfg.layers.slinky.enabled,
+        )
 
 
 def node_labels(pool: Pool) -> dict[str, dict[str, str]]:
@@ -83,6 +91,7 @@ class Fleet(FactoryComponent):
         verdicts = {v.node: v for v in args.acceptance}
         names = []
         for pool in args.pools:
+            specs = {n.name: n for n in pool.node_specs()}
             for node, topology_labels in node_labels(pool).items():
                 placement = placements[node]
                 taints = [t.as_dict() for t in placement.taints]
@@ -94,6 +103,8 @@ class Fleet(FactoryComponent):
                     node_labels_ |= {ACCEPTANCE_KEY: verdict.verdict, GENERATION_LABEL: verdict.generation}
                     annotations = {REASON_ANNOTATION: verdict.reason_annotation}
                 spec = None
+                if args.slurm_topology:
+                    annotations = {**(annotations or {}), slinky.TOPOLOGY_ANNOTATION: slinky.topology_spec(specs[node])}
                 if taints:  # only tainted nodes claim `spec.taints` (atomic under server-side apply)
                     spec = k8s.core.v1.NodeSpecPatchArgs(taints=[k8s.core.v1.TaintPatchArgs(**t) for t in taints])
                 k8s.core.v1.NodePatch(

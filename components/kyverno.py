@@ -18,7 +18,7 @@ Platform-wide policies (one each, whatever the tenants; `PLATFORM_POLICY_NAMES`)
   Secret could carry them unseen);
 - `tenant-gpu-device-mounts`: no mount of the device-list path, GPU device nodes, driver or HAMi
   files, and no hostPath volume;
-- `tenant-image-registries`: images only from the configured registries (plus vCluster's own);
+- `tenant-image-registries`: images only from the configured registries (plus vCluster's own, and Slinky's while the slinky layer is on);
 - `tenant-service-exposure`: no NodePort or LoadBalancer Service, no `externalIPs` (CVE-2020-8554).
 
 Per tenant (`TenantAdmissionHook`, one `ClusterPolicy` per tenant, created by its stack):
@@ -57,6 +57,7 @@ from ai_factory.factory.planning.model import Plan
 from ai_factory.factory.planning.placement import DEDICATED_LABEL, PLACEMENT_TAINT_KEYS, Taint, advertised_resources, tolerable_taints
 from ai_factory.factory.planning.quotas import gpu_ceiling
 from ai_factory.factory.model.tenancy import TENANT_LABEL, TenantNames, tenant_names
+from ai_factory.components import slinky
 from ai_factory.components.registry import Layer
 
 TOKEN = "ai-factory:admission:Kyverno"
@@ -148,7 +149,7 @@ class KyvernoArgs:
             chart=layer.chart.source("kyverno"),
             namespace=layer.namespace,
             admission_replicas=layer.admission_replicas,
-            allowed_registries=tuple(layer.allowed_registries),
+            allowed_registries=tuple(layer.allowed_registries) + (slinky.TENANT_IMAGES if cfg.layers.slinky.enabled else ()),
             gpu_resources=advertised_resources(plan),
         )
 

@@ -53,4 +53,12 @@ def bigger_environment(dev: dict[str, Any]) -> dict[str, Any]:
     dev["tenants"] = tenants
     dev.pop("self_service", None)  # dev's rules name dev's pools
     dev.get("layers", {}).pop("provisioning", None)  # so do dev's bare-metal hosts
+    # Slurm for two research tenants (dev's cluster names dev's pools), on multi-node NVLink too.
+    exception = {"level": "baseline", "reason": "Slurm cluster: slurmd runs as root to start job steps", "approved_by": "platform-security"}
+    dev["layers"]["tenancy"]["pod_security_exceptions"] = [{"tenant": t, **exception} for t in ("vision", "speech")]
+    dev["layers"]["slinky"] = {
+        "enabled": True,
+        "node_resources": {pool: {"cpus": 16, "memory_gib": 128} for pool in ("h100", "a100-mig", "gb200")},
+        "clusters": [{"tenant": "vision", "pools": ["h100", "a100-mig"]}, {"tenant": "speech", "pools": ["gb200"]}],
+    }
     return dev

@@ -33,5 +33,14 @@ def many_tenants(dev: dict[str, Any], count: int = 30) -> dict[str, Any]:
     }
     dev["tenants"] = tenants
     dev.get("layers", {}).pop("provisioning", None)  # dev's bare-metal hosts name dev's pools
+    # Two Slurm tenants of different trust domains (the dev config's cluster names its own tenant).
+    slurm_tenants = ["team-02", "team-08"]
+    exception = {"level": "baseline", "reason": "Slurm cluster: slurmd runs as root to start job steps", "approved_by": "platform-security"}
+    dev["layers"]["tenancy"]["pod_security_exceptions"] = [{"tenant": t, **exception} for t in slurm_tenants]
+    dev["layers"]["slinky"] = {
+        "enabled": True,
+        "node_resources": {"h100": {"cpus": 64, "memory_gib": 512}, "a100-mig": {"cpus": 64, "memory_gib": 512}},
+        "clusters": [{"tenant": t, "pools": ["h100", "a100-mig"]} for t in slurm_tenants],
+    }
     dev["self_service"] = {"trust": ["medium", "low"], "pools": ["h100", "l40s-hami"], "max_gpus": 8}  # dev's rules, on these pools
     return dev

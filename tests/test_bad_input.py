@@ -330,7 +330,9 @@ def test_pulumi_up_refuses_a_key_outside_the_known_namespaces(dev_raw):
     from ai_factory.factory.model.loading import load_pulumi_config
     from ai_factory.factory.rendering.harness import run_program
 
-    config = {f"ai-factory:{k}": json.dumps(v, default=lambda s: s.reveal()) for k, v in dev_raw[0].items() if k != "tenants"}
+    # Layers naming dev's tenants (its Slurm cluster, its Pod Security exception) would report them unknown.
+    layers = {**dev_raw[0]["layers"], "slinky": {}, "tenancy": {k: v for k, v in dev_raw[0]["layers"]["tenancy"].items() if k != "pod_security_exceptions"}}
+    config = {f"ai-factory:{k}": json.dumps(v, default=lambda s: s.reveal()) for k, v in {**dev_raw[0], "layers": layers}.items() if k != "tenants"}
     config["ai-factroy:tenants"] = json.dumps(dev_raw[0]["tenants"])
     with pytest.raises(ConfigError) as err:
         run_program(load_pulumi_config, project="ai-factory", stack="dev", config=config, secret_keys=["ai-factory:layers"])

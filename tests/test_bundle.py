@@ -120,8 +120,8 @@ def test_stages_apply_sources_and_crd_releases_then_controllers_then_custom_reso
     needs = {k["metadata"]["name"]: [d["name"] for d in k["spec"].get("dependsOn", [])] for k in dev.kustomizations}
     assert all(names.index(n) < names.index(name) for name, ns in needs.items() for n in ns), "listed in dependency order"
     assert needs["ai-factory-crds"] == ["ai-factory-sources"]
-    assert needs["ai-factory-controllers"] == ["ai-factory-sources"]
-    assert needs["ai-factory-resources"] == ["ai-factory-controllers", "ai-factory-crds"]  # the metrics layer's monitors follow its proxies
+    assert needs["ai-factory-controllers"] == ["ai-factory-crds"]  # the Slurm operator follows its CRDs chart
+    assert needs["ai-factory-resources"] == ["ai-factory-controllers"]  # the metrics layer's monitors follow its proxies; controllers follow crds
     # The program lays node labels before every layer, and tenants after every layer.
     assert needs["ai-factory-sources"] == ["ai-factory-patches-fleet"]
     assert needs["ai-factory-tenant-search"] == ["ai-factory-resources"]  # which waits for the controllers

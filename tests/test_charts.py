@@ -71,6 +71,16 @@ CHART_BREAKAGES = [
         "chart-render: HelmRelease/kyverno/kyverno: kyverno-3.9.0.tgz does not template: execution error at (kyverno/templates/validate.yaml:2:4): "
         "CRD cleanuppolicies disabled while cleanupController enabled",
     ),
+    (
+        "a Slurm NodeSet the slinky.slurm.net CRD refuses",
+        values_of("slurm-search")(lambda v: v["nodesets"]["h100-train"].update(replicas="two")),
+        "schema: NodeSet/tenant-search/slurm-search-worker-h100-train: spec.replicas: expected integer, got string [tenants: search]",
+    ),
+    (
+        "a misspelt key of the slurm chart",
+        values_of("slurm-search")(lambda v: v["restapi"].update(replica=2)),
+        "helm-values: HelmRelease/tenant-search/slurm-search: slurm-1.2.1.tgz: values.restapi.replica: not a key of the chart's values.yaml [tenants: search]",
+    ),
 ]
 
 

@@ -591,7 +591,7 @@ RELEASE = "kubernetes:helm.sh/v3:Release"
         pytest.param([inventory_entry("a"), inventory_entry("a", RELEASE)], [], id="protected-and-retained"),
         pytest.param([inventory_entry("a", retain=False)], ["tenant a's namespace (a-namespace) is not protected and retained on delete"], id="namespace-not-retained"),
         pytest.param([inventory_entry("a", protect=False)], ["tenant a's namespace (a-namespace) is not protected and retained on delete"], id="namespace-not-protected"),
-        pytest.param([inventory_entry("a"), inventory_entry("a", RELEASE, protect=False)], ["tenant a's vCluster release (a-release) is not protected and retained on delete"], id="vcluster-not-protected"),
+        pytest.param([inventory_entry("a"), inventory_entry("a", RELEASE, protect=False)], ["tenant a's release (vCluster, Slurm) (a-release) is not protected and retained on delete"], id="vcluster-not-protected"),
         pytest.param([inventory_entry("a"), inventory_entry("a", "kubernetes:core/v1:ConfigMap", protect=False)], [], id="other-resources-need-no-protection"),
         pytest.param([inventory_entry("b")], ["the inventory has no namespace resource of tenant a: its protection cannot be proven"], id="namespace-missing-from-the-inventory"),
         pytest.param([inventory_entry("a", RELEASE)], ["the inventory has no namespace resource of tenant a: its protection cannot be proven"], id="only-the-release"),

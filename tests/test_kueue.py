@@ -121,7 +121,7 @@ def test_cluster_queue_selects_its_tenants_namespace_and_protects_its_quota(dev)
     quotas = {(f["name"], r["name"]): r for g in spec["resourceGroups"] for f in g["flavors"] for r in f["resources"]}
     assert quotas[("h100-train-internal", "nvidia.com/gpu")] == {"name": "nvidia.com/gpu", "nominalQuota": 16, "lendingLimit": 0}
     assert quotas[("a100-mig-internal", "nvidia.com/mig-1g.10gb")]["nominalQuota"] == 6
-    assert quotas[("cpu-memory", "cpu")] == {"name": "cpu", "nominalQuota": "64", "borrowingLimit": 0}
+    assert quotas[("cpu-memory", "cpu")] == {"name": "cpu", "nominalQuota": "320", "borrowingLimit": 0}  # dev: search's quota holds its Slurm nodes
 
 
 def test_every_tenant_has_the_default_local_queue_in_its_namespace(dev, dev_raw):
@@ -167,10 +167,9 @@ def test_the_tenant_hook_attaches_queues_to_any_component(dev_raw):
     ]
 
 
-def test_the_tenant_hook_refuses_a_tenant_it_was_not_built_for(dev_raw, raw):
+def test_the_tenant_hook_refuses_a_tenant_it_was_not_built_for(dev_raw):
     cfg = validate(copy.deepcopy(dev_raw[0]))
     hook = KueueTenantHook.from_config(cfg, plan_for(cfg))
-    raw["tenants"][0]["name"] = "stranger"
-    stranger = validate(raw).tenants[0]
+    stranger = cfg.tenants[0].model_copy(update={"name": "stranger"})
     with pytest.raises(KeyError, match="no ClusterQueue planned for tenant 'stranger'"):
         hook.attach(None, stranger, tenant_names(stranger))

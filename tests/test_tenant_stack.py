@@ -252,15 +252,15 @@ def test_tenants_may_tolerate_the_taints_of_every_offering_of_their_trust_domain
 
 
 def test_pod_security_exception_enforces_baseline_and_records_the_review(raw):
-    raw["layers"]["tenancy"]["pod_security_exceptions"] = [
+    raw["layers"]["tenancy"]["pod_security_exceptions"].append(  # dev's own names search, for its Slurm cluster
         {"tenant": "assistant", "level": "baseline", "reason": "legacy inference image runs as root", "approved_by": "security@example.com"}
-    ]
+    )
     rendered = render(raw, {"layers"})
     ns = namespace_of(rendered, "assistant")["metadata"]
     assert ns["labels"]["pod-security.kubernetes.io/enforce"] == "baseline"
     assert ns["annotations"][POD_SECURITY_EXCEPTION_ANNOTATION] == "legacy inference image runs as root (approved by security@example.com)"
     assert vcluster_values(rendered, "assistant")["policies"]["podSecurityStandard"] == "baseline"
-    assert namespace_of(rendered, "search")["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    assert namespace_of(rendered, "partner-acme")["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
 
 
 def test_unsafe_tenancy_settings_are_refused_with_every_problem(raw):

@@ -1003,7 +1003,7 @@ def tenant_protection(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]
     for entry in rendered.inventory:
         if entry.get("tenant"):
             by_tenant.setdefault(entry["tenant"], []).append(entry)
-    stateful = {"kubernetes:core/v1:Namespace": "namespace", "kubernetes:helm.sh/v3:Release": "vCluster release"}
+    stateful = {"kubernetes:core/v1:Namespace": "namespace", "kubernetes:helm.sh/v3:Release": "release (vCluster, Slurm)"}
     for t in view.tenant_namespaces.values():
         entries = [e for e in by_tenant.get(t.tenant, []) if e.get("type") in stateful]
         if not any(e["type"] == "kubernetes:core/v1:Namespace" for e in entries):

@@ -239,6 +239,29 @@ CHARTS: dict[str, ChartSource] = {
         version="1.1.0",
         oracle_dir="litellm/chart",
     ),
+    # SlinkyProject/slurm-operator tag v1.2.1 (the latest stable; 1.3.0-rc1 is a release candidate), OCI only.
+    # The CRDs chart installs slinky.slurm.net; the operator chart's own `crds.enabled` stays off. Its
+    # oracle folder holds the 1.3.0-rc1 copy (the only one recorded): the chart has no values at all.
+    "slurm-operator-crds": ChartSource(
+        name="slurm-operator-crds",
+        repository="oci://ghcr.io/slinkyproject/charts",
+        version="1.2.1",
+        oracle_dir="slinky/charts/slurm-operator-crds",
+        crd_groups=("slinky.slurm.net",),
+    ),
+    "slurm-operator": ChartSource(
+        name="slurm-operator",
+        repository="oci://ghcr.io/slinkyproject/charts",
+        version="1.2.1",
+        oracle_dir="slinky/charts/slurm-operator-1.2.1",
+    ),
+    # One release per tenant that asks for a Slurm cluster (components/slinky.py).
+    "slurm": ChartSource(
+        name="slurm",
+        repository="oci://ghcr.io/slinkyproject/charts",
+        version="1.2.1",
+        oracle_dir="slinky/charts/slurm-1.2.1",
+    ),
 }
 
 

@@ -1030,6 +1030,51 @@ class ProvisioningLayer(Model):
     """Per pool whose nodes have a BMC: image, vendor and BIOS settings."""
     acceptance: AcceptanceSettings = AcceptanceSettings()
     netbox: NetBoxSettings | None = None
+class SlurmNodeResources(Model):
+    """What the kubelet leaves allocatable to pods on each node of one pool. A tenant's slurmd on a
+    node gets the share of it its GPUs are of the node's GPUs (rounded down), so the Slurm nodes of
+    every tenant on one node never add up to more than the node."""
+
+    cpus: int = Field(ge=1, le=4096)
+    memory_gib: int = Field(ge=1, le=65536)
+
+
+class SlurmAccounting(Model):
+    """slurmdbd against a MySQL/MariaDB database run outside this library; its password is read
+    from the tenant's OpenBao prefix (`tenants/<tenant>/<password_secret>`, property `password`)
+    through the tenant's SecretStore (`layers.external_secrets`)."""
+
+    host: Annotated[str, StringConstraints(min_length=1, max_length=253)]
+    port: int = Field(default=3306, ge=1, le=65535)
+    database: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_]{1,64}$")] = "slurm_acct_db"
+    username: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]{1,80}$")] = "slurm"
+    password_secret: DnsLabel = "slurm-accounting"
+    """Key under the tenant's OpenBao prefix holding the database password (property `password`)."""
+
+
+class SlurmCluster(Model):
+    """A tenant's Slurm cluster (the `slurm` chart in its namespace): NodeSets from its grants on
+    `pools`, a controller, the REST API, login nodes and, when asked, accounting."""
+
+    tenant: DnsLabel
+    pools: list[DnsLabel] = Field(min_length=1, max_length=MAX_POOLS)
+    """Pools the tenant holds GPUs in whose grant becomes Slurm nodes (all of it, node by node)."""
+    login_replicas: int = Field(default=1, ge=0, le=16)
+    accounting: SlurmAccounting | None = None
+
+
+class SlinkyLayer(Model):
+    """Slinky: the Slurm operator once for the platform (its CRDs chart first) and a Slurm cluster
+    per tenant listed in `clusters` (components/slinky.py)."""
+
+    enabled: bool = False
+    chart: Chart = Chart.pinned("slurm-operator")
+    crds_chart: Chart = Chart.pinned("slurm-operator-crds")
+    cluster_chart: Chart = Chart.pinned("slurm")
+    namespace: DnsLabel = "slinky"
+    node_resources: dict[DnsLabel, SlurmNodeResources] = Field(default={}, max_length=MAX_POOLS)
+    """Allocatable CPUs and memory per node of each pool a cluster uses (required for those pools)."""
+    clusters: list[SlurmCluster] = Field(default=[], max_length=MAX_TENANTS)
 
 
 class Layers(Model):
@@ -1054,6 +1099,7 @@ class Layers(Model):
     gateway: GatewayLayer = GatewayLayer()
     litellm: LiteLLMLayer = LiteLLMLayer()
     provisioning: ProvisioningLayer = ProvisioningLayer()
+    slinky: SlinkyLayer = SlinkyLayer()
 
 
 # --------------------------------------------------------------------------- identity

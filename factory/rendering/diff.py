@@ -408,6 +408,21 @@ def without_tenant(env: str, tenant: str) -> TenantRemoval:
     return result
 
 
+TENANT_KEYED = (("tenancy", "pod_security_exceptions"), ("slinky", "clusters"))
+"""Lists of `layers` whose entries name a tenant in `tenant`: they go with it."""
+
+
+def config_without_tenant(raw: dict[str, Any], tenant: str) -> dict[str, Any]:
+    """The config sections `raw` without `tenant` and the layers' entries naming it."""
+    reduced = copy.deepcopy(raw)
+    reduced["tenants"] = [t for t in raw["tenants"] if t.get("name") != tenant]
+    for section, key in TENANT_KEYED:
+        settings = (reduced.get("layers") or {}).get(section) or {}
+        if isinstance(settings.get(key), list):
+            settings[key] = [e for e in settings[key] if not (isinstance(e, dict) and e.get("tenant") == tenant)]
+    return reduced
+
+
 def tenant_removal(raw: dict[str, Any], secret_sections: set[str], tenant: str, stack: str, recorded: Plan | None = None) -> TenantRemoval:
     """Render the config sections `raw` as they are (planned from the plan lock `recorded`, as
     `pulumi up` does), without `tenant` with that plan unchanged, and without it re-planned as
@@ -415,8 +430,7 @@ def tenant_removal(raw: dict[str, Any], secret_sections: set[str], tenant: str, 
     then move, and the report shows it)."""
     cfg = validate(raw)
     current = plan_for(cfg, recorded)
-    reduced_raw = copy.deepcopy(raw)
-    reduced_raw["tenants"] = [t for t in raw["tenants"] if t.get("name") != tenant]
+    reduced_raw = config_without_tenant(raw, tenant)
     reduced_cfg = validate(reduced_raw, source=f"the configuration without tenant {tenant}")
     full = render_raw(raw, secret_sections, cfg, stack, plan=current)
     without = render_raw(reduced_raw, secret_sections, reduced_cfg, stack, plan=current)

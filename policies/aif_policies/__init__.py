@@ -5,7 +5,7 @@ analyzer server (only `PolicyPack(...)` does that, in `policies/__main__.py`).
 "Policies" section lists them.
 """
 
-from ai_factory.policies.aif_policies import admission, fabric, gpu, network, reliability, secret_stores, security, serving, tenancy, workloads
+from ai_factory.policies.aif_policies import admission, fabric, gpu, network, reliability, secret_stores, security, serving, slurm, tenancy, workloads
 
 PACK_NAME = "ai-factory-guardrails"
 
@@ -20,4 +20,5 @@ POLICIES = [
     *serving.POLICIES,
     *secret_stores.POLICIES,
     *admission.POLICIES,
+    *slurm.POLICIES,
 ]
