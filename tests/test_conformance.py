@@ -50,9 +50,17 @@ def test_implementing_objects_are_objects_of_the_render(dev_evidence, dev):
     assert named and named <= refs
 
 
-def test_the_dev_clusters_must_gaps_are_the_missing_dra_driver_gateway_and_metrics_adapter(dev_evidence):
+def test_the_dev_clusters_only_must_gap_is_the_missing_dra_driver(dev_evidence):
     cluster, _, _ = dev_evidence
-    assert {a.requirement: a.status for a in cluster.gaps} == {"dra_support": "not-implemented", "ai_inference": "not-implemented", "pod_autoscaling": "partial"}
+    assert {a.requirement: a.status for a in cluster.gaps} == {"dra_support": "not-implemented"}
+    assert answer(cluster, "ai_inference").objects == ["Gateway/inference-gateway/inference-0"]
+
+
+def test_models_autoscaling_on_an_llm_signal_implement_pod_autoscaling_and_fixed_ones_do_not(dev_evidence, raw):
+    assert "InferenceService/tenant-search/llama-8b" in answer(dev_evidence[0], "pod_autoscaling").objects
+    raw["layers"]["metrics"] = {"enabled": False}  # no Prometheus: models keep fixed replicas
+    a = answer(evidence(raw)[0], "pod_autoscaling")
+    assert a.status == "partial" and "no model autoscales on an AI signal" in a.justification
 
 
 def test_cluster_autoscaling_is_not_applicable_to_a_fixed_fleet_and_says_why(dev_evidence):
@@ -63,6 +71,7 @@ def test_cluster_autoscaling_is_not_applicable_to_a_fixed_fleet_and_says_why(dev
 
 def test_a_dra_pool_implements_dra_support_and_is_smoke_tested_through_its_claim(raw):
     raw["fleet"]["pools"][0]["sharing"] = "dra"
+    raw["layers"].pop("slinky")  # Slurm GRES cannot express DRA devices
     cluster, _, jobs = evidence(raw)
     a = answer(cluster, "dra_support")
     assert a.status == "implemented"
@@ -155,9 +164,9 @@ def test_conformance_writes_the_checklists_the_report_and_the_jobs(tmp_path, cap
     assert [(d["cluster"], d.get("vcluster")) for d in document["checklists"]] == [("dev", None), ("dev", "assistant"), ("dev", "partner-acme")]
     gang = next(a for a in document["checklists"][0]["answers"] if a["id"] == "gang_scheduling")
     assert {"job": "tenant-partner-acme/aif-validate-gang-h100-train", "result": "succeeded"} in gang["validation"]
-    assert "GAP ai_inference" in (out / "report.txt").read_text()
+    assert "GAP dra_support" in (out / "report.txt").read_text()
     assert len(list(yaml.safe_load_all((out / "validation-jobs.yaml").read_text()))) == 8
-    assert "MUST requirement ai_inference is not met" in capsys.readouterr().err
+    assert "MUST requirement dra_support is not met" in capsys.readouterr().err
 
 
 def test_conformance_refuses_an_unreadable_results_file(tmp_path, capsys):

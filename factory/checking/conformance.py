@@ -178,6 +178,11 @@ def cluster_checklist(cluster: str, rendered: Rendered, cfg: FactoryConfig, jobs
     fabrics = sorted({p.topology.fabric for p in cfg.fleet.pools if p.topology.fabric != "ethernet"})
     dcgm = bool(o.values("gpu-operator").get("dcgmExporter", {}).get("enabled"))
     prometheus = o.release("metrics")
+    # KServe turns these into KEDA ScaledObjects, whose HPAs read the model's vLLM series from
+    # Prometheus through KEDA's external-metrics server (KEDA: a declared cluster prerequisite).
+    llm_scaled = o.find(
+        "InferenceService", where=lambda m: (m.obj.get("metadata", {}).get("annotations") or {}).get("serving.kserve.io/autoscalerClass") == "keda"
+    ) + o.find("LLMInferenceService", where=lambda m: "scaling" in (m.obj.get("spec") or {}))
     kyverno_gpu = o.find("ClusterPolicy", layer="kyverno", where=lambda m: m.name.startswith("tenant-gpu-"))
     answers: dict[str, Callable[[Requirement], Answer]] = {
         "dra_support": lambda r: _answer(
@@ -220,10 +225,10 @@ def cluster_checklist(cluster: str, rendered: Rendered, cfg: FactoryConfig, jobs
             "autoscaler is installed; the requirement applies where an autoscaler exists",
         ),
         "pod_autoscaling": lambda r: _answer(
-            r, version, o.find("Role", where=lambda m: _grants(m.obj, "autoscaling", "horizontalpodautoscalers")) + prometheus,
+            r, version, o.find("Role", where=lambda m: _grants(m.obj, "autoscaling", "horizontalpodautoscalers")) + prometheus + llm_scaled,
             "tenants are not granted HorizontalPodAutoscalers",
-            partial="tenants may create HorizontalPodAutoscalers (autoscaling/v2, served by the API server) on resource metrics; "
-            "no custom-metrics adapter serves Prometheus series to the HPA yet",
+            partial="" if llm_scaled else "tenants may create HorizontalPodAutoscalers (autoscaling/v2, served by the API server) on resource "
+            "metrics; no model autoscales on an AI signal (a model's `replicas.metric`, through KEDA)",
         ),
         "accelerator_metrics": lambda r: _answer(
             r, version, (o.release("gpu-operator") if dcgm else []) + o.find("ServiceMonitor", layer="metrics", where=lambda m: "hami" in m.name),
