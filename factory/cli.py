@@ -166,10 +166,18 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     args = parser.parse_args(argv)
-    if args.project_dir is not None:
-        if not args.project_dir.is_dir():
-            parser.error(f"--project-dir {args.project_dir}: no such directory")
-        os.chdir(args.project_dir)
+    if args.project_dir is not None and not args.project_dir.is_dir():
+        parser.error(f"--project-dir {args.project_dir}: no such directory")
+    caller_dir = os.getcwd()
+    try:
+        if args.project_dir is not None:
+            os.chdir(args.project_dir)
+        return _main(parser, args)
+    finally:
+        os.chdir(caller_dir)  # `main` called in-process (a service, a test) leaves the caller where it was
+
+
+def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.command == "upgrade" and not 1 <= args.parallelism <= 16:
         parser.error(f"upgrade --parallelism {args.parallelism}: must be 1..16")
     if args.command == "plan" and args.map is not None and args.map.suffix not in (".svg", ".png"):

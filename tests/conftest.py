@@ -37,6 +37,16 @@ def without_models(raw: dict[str, Any]) -> dict[str, Any]:
     return raw
 
 
+def without_dev_tenants_settings(raw: dict[str, Any]) -> dict[str, Any]:
+    """The config without the layer settings that name dev's own tenants and hosts (Slurm clusters,
+    Pod Security exceptions, Metal3 hosts): for tests that replace dev's tenants or pools."""
+    layers = raw.get("layers", {})
+    for section in ("slinky", "provisioning"):
+        layers.pop(section, None)
+    layers.get("tenancy", {}).pop("pod_security_exceptions", None)
+    return without_models(raw)
+
+
 def render(raw: dict[str, Any], secret_sections: set[str] = frozenset(), stack: str = "dev") -> Rendered:
     """Render sections as the stack file would seed them: a section still holding a `secure:`
     placeholder is a secret key, besides those named."""

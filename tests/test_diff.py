@@ -96,6 +96,26 @@ def test_a_platform_object_serving_only_the_removed_tenant_goes_with_it_and_one_
     assert "platform objects serving it only go too (1):\n  - deleted manifests/fleet/_cluster/service-proxy-a.yaml" in removal.render("env")
 
 
+def _listener(tenant: str, hostname: str | None = None) -> dict:
+    selector = {"matchLabels": {TENANT_LABEL: tenant, "kubernetes.io/metadata.name": f"tenant-{tenant}"}}
+    return {"name": f"{tenant}-0", "hostname": hostname or f"{tenant}.inference.example.com", "allowedRoutes": {"namespaces": {"from": "Selector", "selector": selector}}}
+
+
+GATEWAY_REMOVALS = [
+    ("accepts the Gateway losing the removed tenant's listener", [_listener("b")], []),
+    ("flags the Gateway changing another tenant's listener", [_listener("b", "b.other.example.com")], ["removal changes manifests/fleet/_cluster/gateway-inference-0.yaml (platform)"]),
+    ("flags the Gateway dropping another tenant's listener", [_listener("a")], ["removal changes manifests/fleet/_cluster/gateway-inference-0.yaml (platform)"]),
+]
+
+
+@pytest.mark.parametrize("after_listeners, expected", [r[1:] for r in GATEWAY_REMOVALS], ids=[r[0] for r in GATEWAY_REMOVALS])
+def test_a_shared_gateway_may_lose_only_the_removed_tenants_listeners(after_listeners, expected):
+    before = rendered(manifest("Namespace", "tenant-a", "a"), manifest("Gateway", "inference-0", None, listeners=[_listener("a"), _listener("b")]))
+    after = rendered(manifest("Gateway", "inference-0", None, listeners=after_listeners))
+    removal = TenantRemoval("a", "a", difference(before, after), difference(after, after))
+    assert _object_lines(removal.unexpected) == expected
+
+
 def test_a_tenant_object_that_survives_its_removal_is_reported():
     mine = manifest("ConfigMap", "mine", "a")
     removal = TenantRemoval("a", "a", difference(rendered(mine), rendered(mine)), difference(rendered(mine), rendered(mine)))

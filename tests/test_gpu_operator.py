@@ -18,8 +18,8 @@ def env_of(entries):
 def test_chart_is_the_pinned_release(dev):
     release = one(dev, "HelmRelease", "gpu-operator")
     assert release["spec"]["chart"]["spec"]["version"] == CHARTS["gpu-operator"].version == "v26.7.0"
-    repo = one(dev, "HelmRepository", "helm-ngc-nvidia-com-nvidia")
-    assert repo["spec"]["url"] == "https://helm.ngc.nvidia.com/nvidia"
+    repos = [m.obj for m in dev.manifests if m.kind == "HelmRepository" and m.name == "helm-ngc-nvidia-com-nvidia" and m.namespace == "gpu-operator"]
+    assert [r["spec"]["url"] for r in repos] == ["https://helm.ngc.nvidia.com/nvidia"]
 
 
 def test_one_driver_per_pool_selected_by_pool_label(dev, dev_raw):

@@ -60,6 +60,7 @@ def test_plan_that_does_not_fit_exits_2_naming_tenant_resource_and_shortfall(tmp
         # h100-train has 32 GPUs, 8 of them dedicated to partner-acme (a demand over 32 is a field
         # error: more than the pool could ever supply)
         search["gpus"][0]["count"] = 30
+        config["ai-factory:layers"].pop("slinky")  # whose Slurm nodes would no longer fit search's CPU quota
 
     out = tmp_path / "plan.json"
     result = run_cli(str(stack_file(tmp_path, overdemand)), "--out", str(out))

@@ -38,7 +38,7 @@ def setup(raw) -> dict:
 
 def test_dev_metal3_and_secret_objects_validate_against_the_upstream_crds(dev, oracles):
     kinds = ("BareMetalHost", "HostFirmwareSettings", "ExternalSecret")
-    found = [m.obj for m in dev.manifests if m.kind in kinds or (m.kind == "SecretStore" and m.obj["metadata"]["namespace"] == "metal3-hosts")]
+    found = [m.obj for m in dev.manifests if m.kind in (*kinds, "SecretStore") and m.obj["metadata"]["namespace"] == "metal3-hosts"]
     assert sorted(o["kind"] for o in found).count("BareMetalHost") == 4 and len(found) == 13
     assert {o["kind"]: oracles.validate_custom_object(o) for o in found} == {k: [] for k in (*kinds, "SecretStore")}
 

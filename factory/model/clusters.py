@@ -78,13 +78,13 @@ def environment(cfg: FactoryConfig) -> FactoryConfig:
 
 def cluster_view(cfg: FactoryConfig, name: str) -> FactoryConfig:
     """`cfg` as the stack of cluster `name` deploys it: the cluster's pools and tenants
-    (each with its demands on the cluster's pools), its API server; the identity layer only on
+    (each with its demands and served models on the cluster's pools), its API server; the identity layer only on
     the manager. Layer settings naming pools keep those of the cluster."""
     placed = next(c for c in clusters(cfg) if c.name == name)
     pools = [p for p in cfg.fleet.pools if pool_cluster(cfg, p.name) == name]
     pool_names = {p.name for p in pools}
     tenants = [
-        t.model_copy(update={"gpus": [d for d in t.gpus if d.pool in pool_names]})
+        t.model_copy(update={"gpus": [d for d in t.gpus if d.pool in pool_names], "models": [m for m in t.models if m.gpus.pool in pool_names]})
         for t in cfg.tenants
         if name in tenant_clusters(cfg, t)
     ]
@@ -98,7 +98,26 @@ def cluster_view(cfg: FactoryConfig, name: str) -> FactoryConfig:
         }
     )
     is_manager = manager(cfg) is not None and manager(cfg).name == name
-    layers = layers.model_copy(update={"health": health, **({} if is_manager else {"keycloak": layers.keycloak.model_copy(update={"enabled": False})})})
+    tenant_names = {t.name for t in tenants}
+    slurm_clusters = [
+        c.model_copy(update={"pools": [p for p in c.pools if p in pool_names]})
+        for c in layers.slinky.clusters
+        if c.tenant in tenant_names and set(c.pools) & pool_names
+    ]
+    slinky = layers.slinky.model_copy(update={"clusters": slurm_clusters})
+    provisioning = layers.provisioning.model_copy(update={"pools": {k: v for k, v in layers.provisioning.pools.items() if k in pool_names}})
+    tenancy = layers.tenancy.model_copy(
+        update={"pod_security_exceptions": [e for e in layers.tenancy.pod_security_exceptions if e.tenant in tenant_names]}
+    )
+    layers = layers.model_copy(
+        update={
+            "health": health,
+            "slinky": slinky,
+            "provisioning": provisioning,
+            "tenancy": tenancy,
+            **({} if is_manager else {"keycloak": layers.keycloak.model_copy(update={"enabled": False})}),
+        }
+    )
     self_service = cfg.self_service.model_copy(update={"pools": [p for p in cfg.self_service.pools if p in pool_names]})
     view = cfg.model_copy(
         update={

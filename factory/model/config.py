@@ -339,10 +339,15 @@ class Chart(Model):
     version: Annotated[str, StringConstraints(pattern=r"^v?\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$", max_length=64)]
     repository: Text
 
+    _product: str | None = PrivateAttr(default=None)
+    """The catalog key a default pin was made from (charts of one repository share versions)."""
+
     @classmethod
     def pinned(cls, product: str) -> Chart:
         source = CHARTS[product]
-        return cls(version=source.version, repository=source.repository)
+        chart = cls(version=source.version, repository=source.repository)
+        chart._product = product
+        return chart
 
     def source(self, product: str) -> ChartSource:
         pin = CHARTS[product]

@@ -133,8 +133,7 @@ def chart_keys() -> dict[str, str]:
     `Chart.pinned(<key>)`): the table cannot miss a chart a layer adds."""
     from ai_factory.factory.model.config import Layers
 
-    by_pin = {(c.repository, c.version): key for key, c in CHARTS.items()}
-    return {path: by_pin[(chart.repository, chart.version)] for path, chart in chart_fields(Layers(), "layers")}
+    return {path: chart._product for path, chart in chart_fields(Layers(), "layers")}
 
 
 def env_pins(cfg: FactoryConfig) -> list[Pin]:

@@ -44,7 +44,7 @@ from ai_factory.factory.planning.placement import DEDICATED_LABEL, UNASSIGNED, o
 from ai_factory.factory.planning.from_config import plan_for, previous_plan
 from ai_factory.factory.planning.quotas import CPU_FLAVOR
 from ai_factory.factory.rendering.bundle import Manifest, Rendered, dump_yaml, render_raw
-from ai_factory.factory.model.tenancy import SERVES_TENANT_LABEL, TRUST_DOMAIN_LABEL
+from ai_factory.factory.model.tenancy import SERVES_TENANT_LABEL, TENANT_LABEL, TRUST_DOMAIN_LABEL
 
 DIFF_CONTEXT_LINES = 2
 """Unchanged lines shown around each change of an object's unified diff."""
@@ -220,6 +220,22 @@ class TenantRemoval:
     def _goes_with_tenant(self, m: Manifest) -> bool:
         return self._of_domain(m) or self._serves_tenant(m)
 
+    def _sheds_its_listeners(self, before: Manifest, after: Manifest) -> bool:
+        """A shared Gateway whose only change is losing the listeners that admit this tenant's
+        routes alone (a Gateway holds its listeners; each tenant hostname is one of them)."""
+        if before.kind != "Gateway" or after.kind != "Gateway" or before.tenant:
+            return False
+
+        def others(obj: dict[str, Any]) -> dict[str, Any]:
+            spec = dict(obj.get("spec") or {})
+            spec["listeners"] = [
+                l for l in spec.get("listeners") or []
+                if (((l.get("allowedRoutes") or {}).get("namespaces") or {}).get("selector") or {}).get("matchLabels", {}).get(TENANT_LABEL) != self.tenant
+            ]
+            return {**obj, "spec": spec}
+
+        return others(before.obj) == after.obj
+
     @property
     def _domain_flavors(self) -> set[str]:
         """The GPU flavors (offerings) the tenant's trust domain may have, one per pool."""
@@ -272,12 +288,13 @@ class TenantRemoval:
         diff follows its line). Must be empty."""
         t, removal, release = self.tenant, self.removal, self.release
         domain_origins = {m.origin for m in [*removal.removed, *(b for b, _ in removal.changed)] if self._goes_with_tenant(m)}
+        domain_origins |= {b.origin for b, a in removal.changed if self._sheds_its_listeners(b, a)}
         lines = [f"removal deletes {m.path} ({_owner(m.tenant)})" for m in removal.removed if m.tenant != t and not self._goes_with_tenant(m)]
         lines += [f"removal keeps {m.path} (tenant {t})" for m in removal.remaining if m.tenant == t]
         lines += [f"removal keeps Pulumi resource {_key(e)} (tenant {t})" for e in removal.remaining_resources if e.get("tenant") == t]
         lines += [f"removal adds {m.path} ({_owner(m.tenant)})" for m in removal.added]
         for before, after in removal.changed:
-            if before.tenant != t and not self._of_domain(before):  # the tenant's own: reported as kept
+            if before.tenant != t and not self._of_domain(before) and not self._sheds_its_listeners(before, after):  # the tenant's own: reported as kept
                 lines += [f"removal changes {before.path} ({_owner(before.tenant)})", *_object_diff(before, after)]
         for verb, entries in (("deletes", removal.resources_removed), ("changes", removal.resources_changed)):
             lines += [
