@@ -342,6 +342,14 @@ class Chart(Model):
     _product: str | None = PrivateAttr(default=None)
     """The catalog key a default pin was made from (charts of one repository share versions)."""
 
+    # A pin is its version and repository: a default pin equals the same pin read back from a
+    # stack file or a contract, which knows no catalog key.
+    def __eq__(self, other: object) -> bool:
+        return (self.version, self.repository) == (other.version, other.repository) if isinstance(other, Chart) else NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((self.version, self.repository))
+
     @classmethod
     def pinned(cls, product: str) -> Chart:
         source = CHARTS[product]
