@@ -98,6 +98,27 @@ def tenant_policy(kv_mount: str, names: TenantNames) -> str:
     return read_policy(kv_mount, secret_prefix(names), f"Tenant {names.tenant}")
 
 
+def store_role(
+    owner: FactoryComponent, prefix: str, role: str, namespace: pulumi.Input[str], policy: str, opts: pulumi.ResourceOptions,
+    account: str = STORE_SERVICE_ACCOUNT,
+) -> vault.kubernetes.AuthBackendRole:
+    """The OpenBao policy `policy` and the Kubernetes-auth role `role` a namespaced store logs in
+    with: bound to the store's service account `account` in `namespace`, OpenBao's audience only,
+    short-lived tokens. `prefix` starts the children's names (`<prefix>policy`, `<prefix>role`)."""
+    granted = vault.Policy(owner.child_name(f"{prefix}policy"), name=role, policy=policy, opts=opts)
+    return vault.kubernetes.AuthBackendRole(
+        owner.child_name(f"{prefix}role"),
+        backend=KUBERNETES_AUTH_PATH,
+        role_name=role,
+        bound_service_account_names=[account],
+        bound_service_account_namespaces=[namespace],
+        audience=OPENBAO_AUDIENCE,
+        token_policies=[granted.name],
+        token_ttl=ROLE_TOKEN_TTL,
+        opts=opts,
+    )
+
+
 def secret_store_spec(server: str, kv_mount: str, role: str) -> dict[str, Any]:
     """A store logging in to OpenBao as `role` with the store's service account."""
     return {
@@ -152,18 +173,7 @@ class TenantSecretsHook:
             opts=stack.child(),
         )
         on_openbao = stack.child(provider=provider)
-        policy = vault.Policy(stack.child_name("secrets-policy"), name=names.namespace, policy=tenant_policy(self.kv_mount, names), opts=on_openbao)
-        vault.kubernetes.AuthBackendRole(
-            stack.child_name("secrets-role"),
-            backend=KUBERNETES_AUTH_PATH,
-            role_name=names.namespace,
-            bound_service_account_names=[STORE_SERVICE_ACCOUNT],
-            bound_service_account_namespaces=[names.namespace],
-            audience=OPENBAO_AUDIENCE,
-            token_policies=[policy.name],
-            token_ttl=ROLE_TOKEN_TTL,
-            opts=on_openbao,
-        )
+        store_role(stack, "secrets-", names.namespace, names.namespace, tenant_policy(self.kv_mount, names), on_openbao)
         object_labels = labels(stack.layer, tenant=names.tenant, extra=names.labels)
         account = k8s.core.v1.ServiceAccount(
             stack.child_name("secret-store-account"),

@@ -34,10 +34,10 @@ import pulumi_vault as vault
 
 from ai_factory.components._common import FactoryComponent, helm_release, labels, namespace
 from ai_factory.components.cilium import DNS_PORTS, KUBE_DNS_SELECTOR
-from ai_factory.components.external_secrets import STORE_NAME, STORE_SERVICE_ACCOUNT, OPENBAO_AUDIENCE, ROLE_TOKEN_TTL, read_policy, secret_prefix, secret_store_spec
+from ai_factory.components.external_secrets import STORE_NAME, STORE_SERVICE_ACCOUNT, read_policy, secret_prefix, secret_store_spec, store_role
 from ai_factory.components.gateway import LITELLM_POD_LABELS, LITELLM_PORT, NAMESPACE_LABEL, POD_PORTS
 from ai_factory.components.litellm_keys import LiteLLMTeam, key_property
-from ai_factory.components.openbao import KUBERNETES_AUTH_PATH, OpenBaoArgs, service_address
+from ai_factory.components.openbao import OpenBaoArgs, service_address
 from ai_factory.components.registry import Layer
 from ai_factory.factory.checking.routing import LITELLM_CHECKS, MODEL_INFO_KEY
 from ai_factory.factory.model.catalog import ChartSource
@@ -217,18 +217,7 @@ class LiteLLM(FactoryComponent):
             {"username": args.database.username, "password": args.database.password.output(), "master-key": args.master_key.output()}
         )
         stored = vault.kv.SecretV2(self.child_name("stored"), mount=args.openbao.kv_mount, name=PLATFORM_PATH, data_json=pulumi.Output.secret(data), opts=on_openbao)
-        policy = vault.Policy(self.child_name("policy"), name=args.namespace, policy=read_policy(args.openbao.kv_mount, PLATFORM_PATH, "LiteLLM"), opts=on_openbao)
-        vault.kubernetes.AuthBackendRole(
-            self.child_name("role"),
-            backend=KUBERNETES_AUTH_PATH,
-            role_name=args.namespace,
-            bound_service_account_names=[STORE_SERVICE_ACCOUNT],
-            bound_service_account_namespaces=[args.namespace],
-            audience=OPENBAO_AUDIENCE,
-            token_policies=[policy.name],
-            token_ttl=ROLE_TOKEN_TTL,
-            opts=on_openbao,
-        )
+        store_role(self, "", args.namespace, args.namespace, read_policy(args.openbao.kv_mount, PLATFORM_PATH, "LiteLLM"), on_openbao)
         meta = lambda name: {"name": name, "namespace": args.namespace, "labels": object_labels}  # noqa: E731
         account = k8s.core.v1.ServiceAccount(self.child_name("store-account"), metadata=meta(STORE_SERVICE_ACCOUNT), automount_service_account_token=False, opts=self.child(depends_on=[ns]))
         store = k8s.apiextensions.CustomResource(

@@ -20,14 +20,13 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
 
 import pulumi
 import pulumi_kubernetes as k8s
 import pulumi_vault as vault
 
 from ai_factory.components._common import FactoryComponent, labels
-from ai_factory.components.external_secrets import OPENBAO_AUDIENCE, ROLE_TOKEN_TTL
+from ai_factory.components.external_secrets import OPENBAO_AUDIENCE, store_role
 from ai_factory.components.openbao import KUBERNETES_AUTH_PATH, OpenBaoArgs, service_address
 from ai_factory.components.registry import Layer
 from ai_factory.factory.checking.isolation import MULTIKUEUE_CONTROLLER
@@ -173,18 +172,7 @@ class MultiKueue(FactoryComponent):
         if args.admin_token is not None:
             provider = vault.Provider(self.child_name("openbao"), address=args.openbao_api, token=args.admin_token.output(), skip_child_token=True, opts=self.child())
             on_openbao = self.child(provider=provider)
-            policy = vault.Policy(self.child_name("policy"), name=ROLE, policy=store_policy(args.kv_mount), opts=on_openbao)
-            vault.kubernetes.AuthBackendRole(
-                self.child_name("role"),
-                backend=KUBERNETES_AUTH_PATH,
-                role_name=ROLE,
-                bound_service_account_names=[STORE_ACCOUNT],
-                bound_service_account_namespaces=[args.kueue_namespace],
-                audience=OPENBAO_AUDIENCE,
-                token_policies=[policy.name],
-                token_ttl=ROLE_TOKEN_TTL,
-                opts=on_openbao,
-            )
+            store_role(self, "", ROLE, args.kueue_namespace, store_policy(args.kv_mount), on_openbao, account=STORE_ACCOUNT)
         account = k8s.core.v1.ServiceAccount(
             self.child_name("store-account"),
             metadata=k8s.meta.v1.ObjectMetaArgs(name=STORE_ACCOUNT, namespace=args.kueue_namespace, labels=object_labels),

@@ -41,9 +41,9 @@ import pulumi_kubernetes as k8s
 import pulumi_vault as vault
 
 from ai_factory.components._common import POOL_LABEL, FactoryComponent, labels, namespace
-from ai_factory.components.external_secrets import OPENBAO_AUDIENCE, STORE_NAME, STORE_SERVICE_ACCOUNT, secret_store_spec
+from ai_factory.components.external_secrets import STORE_NAME, STORE_SERVICE_ACCOUNT, secret_store_spec, store_role
 from ai_factory.components.gpu_operator import tolerations as gpu_node_tolerations
-from ai_factory.components.openbao import KUBERNETES_AUTH_PATH, OpenBaoArgs, service_address
+from ai_factory.components.openbao import service_address
 from ai_factory.components.registry import Layer
 from ai_factory.factory.acceptance import gates, thresholds
 from ai_factory.factory.model.config import DriverSettings, FactoryConfig, NodeSpec, Pool, PoolProvisioning
@@ -320,18 +320,7 @@ class Provisioning(FactoryComponent):
             provider = vault.Provider(self.child_name("openbao"), address=args.openbao_api, token=args.openbao_token.output(),
                                       skip_child_token=True, opts=self.child())
             on_openbao = self.child(provider=provider)
-            policy = vault.Policy(self.child_name("bmc-policy"), name=STORE_ROLE, policy=store_policy(args.kv_mount, args.credentials_prefix), opts=on_openbao)
-            role = vault.kubernetes.AuthBackendRole(
-                self.child_name("bmc-role"),
-                backend=KUBERNETES_AUTH_PATH,
-                role_name=STORE_ROLE,
-                bound_service_account_names=[STORE_SERVICE_ACCOUNT],
-                bound_service_account_namespaces=[args.namespace],
-                audience=OPENBAO_AUDIENCE,
-                token_policies=[policy.name],
-                token_ttl=900,
-                opts=on_openbao,
-            )
+            role = store_role(self, "bmc-", STORE_ROLE, args.namespace, store_policy(args.kv_mount, args.credentials_prefix), on_openbao)
             store = k8s.apiextensions.CustomResource(
                 self.child_name("store"),
                 api_version=ESO_API,
