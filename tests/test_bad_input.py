@@ -4,6 +4,7 @@ path, exit status 2, no traceback, nothing written; and none takes long or much 
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -94,10 +95,10 @@ def test_an_alias_expansion_bomb_is_refused_in_well_under_a_second(tmp_path):
     assert len(BILLION_LAUGHS) < 1000  # ten billion values once expanded
     path = tmp_path / "Pulumi.laughs.yaml"
     path.write_text(BILLION_LAUGHS)
-    started = time.perf_counter()
+    started = time.process_time()
     with pytest.raises(ConfigError) as err:
         read_stack_file(path)
-    assert time.perf_counter() - started < 1
+    assert time.process_time() - started < 1
     [problem] = err.value.problems
     assert problem.startswith(f"Pulumi.laughs.yaml: refused: more than {bounded_yaml.MAX_EXPANDED_NODES} values once its aliases are expanded (line ")
 
@@ -161,6 +162,12 @@ def test_every_count_is_bounded_before_planning(raw, edit, expected):
     assert problems(raw) == expected
 
 
+def _children_cpu_seconds() -> float:
+    # CPU time, not wall time: the bound is on the work a refusal costs, which a loaded machine does not change.
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 @pytest.mark.parametrize(
     "edit",
     [
@@ -176,10 +183,10 @@ def test_the_cli_refuses_oversized_counts_within_seconds(tmp_path, edit):
     edit(sections)
     path = tmp_path / "Pulumi.huge.yaml"
     path.write_text(DEV_TEXT.split("config:")[0] + yaml.safe_dump({"config": {**document["config"], **{f"ai-factory:{k}": v for k, v in sections.items()}}}))
-    started = time.perf_counter()
-    proc = run_cli("plan", str(path), "--out", str(tmp_path / "plan.json"), timeout=30)
+    started = _children_cpu_seconds()
+    proc = run_cli("plan", str(path), "--out", str(tmp_path / "plan.json"), timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-    assert time.perf_counter() - started < 10
+    assert _children_cpu_seconds() - started < 10
     assert not (tmp_path / "plan.json").exists()
 
 
@@ -345,7 +352,7 @@ def test_a_registered_tenant_file_is_read_within_the_yaml_bounds(tmp_path):
     directory = registry_dir("dev", tmp_path)
     directory.mkdir(parents=True)
     (directory / "laughs.yaml").write_text(BILLION_LAUGHS.replace("config:\n  ai-factory:tenants: ", "name: "))
-    started = time.perf_counter()
+    started = time.process_time()
     with pytest.raises(RegistryError, match="refused: more than 250000 values once its aliases are expanded"):
         registered_tenants("dev", tmp_path)
-    assert time.perf_counter() - started < 1
+    assert time.process_time() - started < 1
