@@ -49,6 +49,22 @@ def test_removing_a_tenant_changes_only_its_objects(shared_domain_stack, capsys)
     assert out.rstrip().endswith("no other object changes: nothing shared with another trust domain, nothing of another tenant")
 
 
+def test_removing_a_registered_tenant_changes_only_its_objects(tmp_path, monkeypatch, capsys):
+    # search-eval onboarded itself: it lives in the registry, not in the stack file.
+    (tmp_path / "Pulumi.yaml").write_text((REPO / "Pulumi.yaml").read_text())
+    (tmp_path / "Pulumi.shared.yaml").write_text((REPO / "Pulumi.dev.yaml").read_text())
+    [entry] = yaml.safe_load(SEARCH_EVAL)
+    (tmp_path / "tenants" / "shared").mkdir(parents=True)
+    (tmp_path / "tenants" / "shared" / "search-eval.yaml").write_text(yaml.safe_dump(entry))
+    monkeypatch.chdir(tmp_path)
+    assert main(["diff", "shared", "--without-tenant", "search-eval"]) == 0
+    out = capsys.readouterr().out
+    listed = [line.split()[1] for line in out.splitlines() if line.startswith("  - manifests/")]
+    assert "manifests/tenants/tenant-search-eval/_cluster/namespace-tenant-search-eval.yaml" in listed
+    assert all(path.startswith(("manifests/tenants/tenant-search-eval/", "manifests/patches/tenant-search-eval/")) for path in listed)
+    assert out.rstrip().endswith("no other object changes: nothing shared with another trust domain, nothing of another tenant")
+
+
 @pytest.mark.parametrize("tenant", ["search", "partner-acme"])
 def test_removing_a_dev_tenant_changes_only_its_objects_its_domains_and_released_capacity(dev_raw, tenant):
     # From the plan lock, as `pulumi up` and `factory diff` plan: planned from scratch, a peer's GPUs

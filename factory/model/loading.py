@@ -144,11 +144,12 @@ def read_stack_file(path: Path, decrypt_check: bool = False) -> tuple[dict[str, 
     return raw, secret_sections
 
 
-def with_registered_tenants(raw: dict[str, Any], env: str, directory: Path) -> dict[str, Any]:
+def with_registered_tenants(raw: dict[str, Any], env: str, directory: Path, offboarded: frozenset[str] = frozenset()) -> dict[str, Any]:
     """`raw` with the tenants that onboarded themselves (`tenants/<env>/*.yaml`) after its own:
-    the environment as the platform program sees it (the stack file alone is `read_stack_file`)."""
+    the environment as the platform program sees it (the stack file alone is `read_stack_file`).
+    `offboarded`: registered tenants left out, as if their files were gone (`factory diff`)."""
     try:
-        registered = registered_tenants(env, directory)
+        registered = [t for t in registered_tenants(env, directory) if t["name"] not in offboarded]
     except RegistryError as err:
         raise ConfigError([f"tenants: {err}"], source=str(registry_dir(env, directory))) from None
     if not registered:
@@ -156,13 +157,13 @@ def with_registered_tenants(raw: dict[str, Any], env: str, directory: Path) -> d
     return {**raw, "tenants": [*as_list(raw.get("tenants")), *registered]}
 
 
-def environment_raw(raw: dict[str, Any], stack: str, directory: Path) -> dict[str, Any]:
+def environment_raw(raw: dict[str, Any], stack: str, directory: Path, offboarded: frozenset[str] = frozenset()) -> dict[str, Any]:
     """The stack file's sections as the program deploys them: with the tenants that onboarded
-    themselves and the upgrade under way (`ai_factory.factory.model.upgrades`)."""
+    themselves (but the `offboarded`) and the upgrade under way (`ai_factory.factory.model.upgrades`)."""
     from ai_factory.factory.model.upgrades import environment_of, with_upgrade_state
 
     env = environment_of(stack, raw)  # a cluster's stack reads its environment's tenants and upgrade
-    return with_upgrade_state(with_registered_tenants(raw, env, directory), env, directory)
+    return with_upgrade_state(with_registered_tenants(raw, env, directory, offboarded), env, directory)
 
 
 def stack_file_lines(path: Path) -> dict[str, int]:
@@ -291,14 +292,15 @@ def load_stack_file(env: str, directory: Path | None = None) -> FactoryConfig:
     return validate(environment_raw(raw, stack_name(path), path.resolve().parent), source=str(path))
 
 
-def load_pulumi_config() -> FactoryConfig:
-    """The environment as `pulumi up` sees it: decrypted config, secret sections known to the engine."""
+def load_pulumi_config(offboarded: frozenset[str] = frozenset()) -> FactoryConfig:
+    """The environment as `pulumi up` sees it: decrypted config, secret sections known to the engine
+    (without the registered tenants `offboarded`: `factory diff` of a self-service tenant's removal)."""
     import pulumi
     from pulumi.runtime.config import CONFIG, is_config_secret
 
     config = pulumi.Config()  # the project's own namespace
     raw = {section: value for section in SECTIONS if (value := config.get_object(section)) is not None}
-    raw = environment_raw(raw, pulumi.get_stack(), project_dir())
+    raw = environment_raw(raw, pulumi.get_stack(), project_dir(), offboarded)
     decrypted = {section for section in raw if is_config_secret(f"{pulumi.get_project()}:{section}")}
     source = f"stack {pulumi.get_stack()}"
     key_problems = [p for key in sorted(CONFIG.get()) if (p := config_key_problem(key, pulumi.get_project()))]

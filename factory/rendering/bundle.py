@@ -294,20 +294,22 @@ def render_raw(
     project: str = "ai-factory",
     on_resource: Callable[[], None] | None = None,
     workers: int | None = None,
+    offboarded: frozenset[str] = frozenset(),
 ) -> Rendered:
     """`plan`: deploy this plan instead of planning from the stack's recorded one (see `program.main`).
     `project`: the Pulumi project the program runs in, whose name is the config namespace.
     `workers`: processes to render in (default: one per core, at most one per
     `PARALLEL_MIN_TENANTS` tenants). Each runs the whole program for its share of the tenants
     (every share builds the same platform); the shares' tenant resources are merged by URN, so
-    the render is the serial one byte for byte. `on_resource` counts this process's share."""
+    the render is the serial one byte for byte. `on_resource` counts this process's share.
+    `offboarded`: registered tenants the program leaves out (see `program.main`)."""
     config = {f"{project}:{section}": json.dumps(value, default=_placeholder) for section, value in raw.items()}
     secret_keys = [f"{project}:{s}" for s in secret_sections]
     names = sorted(t.name for t in cfg.tenants)
     if workers is None:
         workers = min(os.cpu_count() or 1, len(names) // PARALLEL_MIN_TENANTS)
     if workers <= 1:
-        return from_graph(_run_share(project, stack, config, secret_keys, plan, None, on_resource), cfg)
+        return from_graph(_run_share(project, stack, config, secret_keys, plan, offboarded, None, on_resource), cfg)
     shares = [frozenset(names[i::workers]) for i in range(workers)]
     # Plain interpreters, not multiprocessing's: a worker starts with no Pulumi runtime state, and
     # without importing the caller's main module (a script calling this need not guard its body).
@@ -318,12 +320,12 @@ def render_raw(
     try:
         # A pipe's buffer is small: write from threads so that our own share need not wait for it.
         feeders = [
-            threading.Thread(target=_feed, args=(process, pickle.dumps((project, stack, config, secret_keys, plan, share))), daemon=True)
+            threading.Thread(target=_feed, args=(process, pickle.dumps((project, stack, config, secret_keys, plan, offboarded, share))), daemon=True)
             for process, share in zip(started, shares[1:])
         ]
         for feeder in feeders:
             feeder.start()
-        resources = list(_run_share(project, stack, config, secret_keys, plan, shares[0], on_resource).resources)
+        resources = list(_run_share(project, stack, config, secret_keys, plan, offboarded, shares[0], on_resource).resources)
         for process, feeder in zip(started, feeders):
             feeder.join()
             process.stdin = None  # written and closed by its feeder
@@ -350,13 +352,14 @@ def _run_share(
     config: dict[str, str],
     secret_keys: list[str],
     plan: Plan | None,
+    offboarded: frozenset[str],
     tenants: frozenset[str] | None,
     on_resource: Callable[[], None] | None = None,
 ) -> Graph:
     from ai_factory.factory.rendering.program import main
 
     return run_program(
-        functools.partial(main, plan, with_tenant_stacks=True, only_tenants=tenants),
+        functools.partial(main, plan, with_tenant_stacks=True, only_tenants=tenants, offboarded=offboarded),
         project=project,
         stack=stack,
         config=config,
@@ -386,10 +389,10 @@ def _worker() -> None:
 
 
 def _tenant_share(
-    project: str, stack: str, config: dict[str, str], secret_keys: list[str], plan: Plan | None, tenants: frozenset[str]
+    project: str, stack: str, config: dict[str, str], secret_keys: list[str], plan: Plan | None, offboarded: frozenset[str], tenants: frozenset[str]
 ) -> list[Resource]:
     """A worker's share: its tenants' resources, unlinked (the merged graph links them again)."""
-    share = [r for r in _run_share(project, stack, config, secret_keys, plan, tenants).resources if r.tenant in tenants]
+    share = [r for r in _run_share(project, stack, config, secret_keys, plan, offboarded, tenants).resources if r.tenant in tenants]
     for r in share:
         r.parent, r.dependencies = None, []
     return share

@@ -38,7 +38,7 @@ from ai_factory.components.kyverno import (
     placement_tolerations_rule,
 )
 from ai_factory.components.tenant_stack import DEVICE_CLASS_QUOTA_SUFFIX, TOLERATIONS_WHITELIST_ANNOTATION
-from ai_factory.factory.model.loading import ConfigError, read_stack_file, stack_file, stack_name, validate
+from ai_factory.factory.model.loading import ConfigError, environment_raw, project_dir, read_stack_file, stack_file, stack_name, validate
 from ai_factory.factory.planning.model import Plan
 from ai_factory.factory.planning.placement import DEDICATED_LABEL, UNASSIGNED, offering_name
 from ai_factory.factory.planning.from_config import plan_for, previous_plan
@@ -404,13 +404,13 @@ def without_tenant(env: str, tenant: str) -> TenantRemoval:
     """`tenant_removal` for an environment's stack file, planned from its recorded plan."""
     path = stack_file(env)
     raw, secret_sections = read_stack_file(path)
-    cfg = validate(raw, source=str(path))
+    stack = stack_name(path)
+    cfg = validate(environment_raw(raw, stack, project_dir()), source=str(path))
     names = [t.name for t in cfg.tenants]
     if tenant not in names:
         close = difflib.get_close_matches(tenant, names, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else f" (tenants: {', '.join(names) or 'none'})"
         raise ConfigError([f"--without-tenant: no tenant {tenant!r} in {path.name}{hint}"], source=str(path))
-    stack = stack_name(path)
     recorded = previous_plan(stack, path.resolve().parent)  # where `plan --lock` writes it
     result = tenant_removal(raw, secret_sections, tenant, stack, recorded)
     if recorded is None:
@@ -444,14 +444,18 @@ def tenant_removal(raw: dict[str, Any], secret_sections: set[str], tenant: str, 
     """Render the config sections `raw` as they are (planned from the plan lock `recorded`, as
     `pulumi up` does), without `tenant` with that plan unchanged, and without it re-planned as
     `pulumi up` would: from the lock, or from scratch when there is none (every tenant's GPUs may
-    then move, and the report shows it)."""
-    cfg = validate(raw)
+    then move, and the report shows it). A tenant of the self-service registry is removed as
+    offboarding does: its registry file goes, the stack file stays."""
+    directory = project_dir()  # where the program reads the registry
+    cfg = validate(environment_raw(raw, stack, directory))
     current = plan_for(cfg, recorded)
+    registered = tenant not in {t.get("name") for t in raw.get("tenants") or [] if isinstance(t, dict)}
+    offboarded = frozenset({tenant}) if registered else frozenset()
     reduced_raw = config_without_tenant(raw, tenant)
-    reduced_cfg = validate(reduced_raw, source=f"the configuration without tenant {tenant}")
+    reduced_cfg = validate(environment_raw(reduced_raw, stack, directory, offboarded), source=f"the configuration without tenant {tenant}")
     full = render_raw(raw, secret_sections, cfg, stack, plan=current)
-    without = render_raw(reduced_raw, secret_sections, reduced_cfg, stack, plan=current)
-    replanned = render_raw(reduced_raw, secret_sections, reduced_cfg, stack, plan=plan_for(reduced_cfg, recorded))
+    without = render_raw(reduced_raw, secret_sections, reduced_cfg, stack, plan=current, offboarded=offboarded)
+    replanned = render_raw(reduced_raw, secret_sections, reduced_cfg, stack, plan=plan_for(reduced_cfg, recorded), offboarded=offboarded)
     domains = [(m.obj["metadata"].get("labels") or {}).get(TRUST_DOMAIN_LABEL) for m in full.manifests if m.kind == "Namespace" and m.tenant == tenant]
     domain = next((d for d in domains if d), None)
     pools = tuple(p.name for p in cfg.fleet.pools)

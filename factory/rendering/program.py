@@ -13,15 +13,22 @@ from ai_factory.factory.rendering.platform import ROOT, Platform, own_tenant_sta
 from ai_factory.stacks.contract import CONTRACT_OUTPUT, CONTRACT_SECRETS_OUTPUT, platform_contract, platform_secrets
 
 
-def main(plan: Plan | None = None, *, with_tenant_stacks: bool = False, only_tenants: frozenset[str] | None = None) -> None:
+def main(
+    plan: Plan | None = None,
+    *,
+    with_tenant_stacks: bool = False,
+    only_tenants: frozenset[str] | None = None,
+    offboarded: frozenset[str] = frozenset(),
+) -> None:
     """`plan`: deploy this capacity plan instead of planning from the recorded `plans/<stack>.json`
     (`factory diff` renders a tenant's removal with the plan unchanged, then re-planned).
     `with_tenant_stacks`: also build the tenants that have stacks of their own, as their stacks do
     (`factory render` shows the environment whole; `pulumi up` of the platform leaves them out).
     `only_tenants`: build these tenants' stacks only (a parallel render's share; the platform
-    itself is built whole, from every tenant's configuration)."""
+    itself is built whole, from every tenant's configuration).
+    `offboarded`: registered tenants to leave out, as if their registry files were gone."""
     try:
-        cfg = load_pulumi_config()
+        cfg = load_pulumi_config(offboarded)
         refuse_whole_fleet(cfg, f"stack {pulumi.get_stack()}")
         plan = plan if plan is not None else plan_for(cfg, previous_plan(pulumi.get_stack()))
     except ConfigError as err:
