@@ -5,20 +5,15 @@ analyzer server (only `PolicyPack(...)` does that, in `policies/__main__.py`).
 "Policies" section lists them.
 """
 
-from ai_factory.policies.aif_policies import admission, fabric, gpu, network, reliability, secret_stores, security, serving, slurm, tenancy, workloads
+import importlib
+import pkgutil
 
 PACK_NAME = "ai-factory-guardrails"
 
+# Every module of the package that declares `POLICIES` contributes them, in module-name order: a
+# concern's new module joins the pack without being listed here.
 POLICIES = [
-    *tenancy.POLICIES,
-    *gpu.POLICIES,
-    *security.POLICIES,
-    *reliability.POLICIES,
-    *workloads.POLICIES,
-    *network.POLICIES,
-    *fabric.POLICIES,
-    *serving.POLICIES,
-    *secret_stores.POLICIES,
-    *admission.POLICIES,
-    *slurm.POLICIES,
+    policy
+    for module in sorted(m.name for m in pkgutil.iter_modules(__path__))
+    for policy in getattr(importlib.import_module(f"{__name__}.{module}"), "POLICIES", ())
 ]
