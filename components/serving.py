@@ -60,7 +60,7 @@ from ai_factory.components.metrics import PROMETHEUS_SERVICE, TENANT_METRICS_POR
 from ai_factory.components.registry import Layer
 from ai_factory.factory.checking import serving as serving_checks
 from ai_factory.factory.model.catalog import ChartSource
-from ai_factory.factory.model.config import FactoryConfig, KyvernoLayer, Pool, ServedModel, ServingLayer, Tenant
+from ai_factory.factory.model.config import FactoryConfig, KyvernoLayer, ModelResources, Pool, ServedModel, ServingLayer, Tenant
 from ai_factory.factory.model.gpus import GPU_MODELS
 from ai_factory.factory.model.raw import as_dict, as_list
 from ai_factory.factory.model.serving import (
@@ -70,6 +70,7 @@ from ai_factory.factory.model.serving import (
     endpoint,
     grant_problems,
     model_problems,
+    quota_problems,
     replica_shape,
 )
 from ai_factory.factory.model.tenancy import TenantNames
@@ -103,9 +104,6 @@ STORAGE_INITIALIZER = "docker.io/kserve/storage-initializer:v0.20.0"
 """KServe's downloader, run in a model's pod for s3:// and LLMInferenceService sources."""
 
 
-HOST_RESOURCES = {"cpu": "4", "memory": "16Gi"}
-"""CPU and memory of a vLLM pod besides its GPUs: the API server, the tokenizer and the weights'
-loading buffers (weights are memory-mapped, not held in RAM)."""
 RESTRICTED_CONTAINER = {
     "allowPrivilegeEscalation": False,
     "capabilities": {"drop": ["ALL"]},
@@ -222,6 +220,14 @@ def gpu_resources(plan: ModelPlan) -> dict[str, str]:
     return {WHOLE_GPU: str(gpus_per_pod(plan))}
 
 
+def container_resources(model: ServedModel | None, gpus: dict[str, str]) -> dict[str, Any]:
+    """A model container's resources: the model's CPU and memory (`resources`, the runtime's
+    defaults without a model) and exactly its GPU resource; the memory limit equals the request,
+    as the planner counts it against the tenant's quota (`factory.model.serving.host_demand`)."""
+    host = model.resources if model is not None else ModelResources()
+    return {"requests": {"cpu": host.cpu, "memory": host.memory, **gpus}, "limits": {"memory": host.memory, **gpus}}
+
+
 def gpus_per_pod(plan: ModelPlan) -> int:
     return plan.shape.units // plan.shape.nodes
 
@@ -321,7 +327,7 @@ def container(plan: ModelPlan) -> dict[str, Any]:
         "name": CONTAINER,
         "args": vllm_args(plan),
         "env": vllm_env(plan),
-        "resources": {"requests": {**HOST_RESOURCES, **gpus}, "limits": {"memory": HOST_RESOURCES["memory"], **gpus}},
+        "resources": container_resources(plan.model, gpus),
         "securityContext": RESTRICTED_CONTAINER,
         "volumeMounts": [
             {"name": "model-cache", "mountPath": CACHE_MOUNT},
@@ -404,7 +410,7 @@ def llm_container(plan: ModelPlan) -> dict[str, Any]:
         "name": "main",
         "image": LLM_D_IMAGE,
         "env": [{"name": "VLLM_ADDITIONAL_ARGS", "value": " ".join(extra)}, *env],
-        "resources": {"requests": {**HOST_RESOURCES, **gpus}, "limits": {"memory": HOST_RESOURCES["memory"], **gpus}},
+        "resources": container_resources(plan.model, gpus),
         "securityContext": RESTRICTED_CONTAINER,
     }
     if plan.shape.sharing == "dra":
@@ -454,7 +460,7 @@ def serving_runtime(image: str) -> dict[str, Any]:
                 "image": image,
                 "command": ["vllm", "serve"],
                 "ports": [{"name": TENANT_METRICS_PORT, "containerPort": PORT, "protocol": "TCP"}],
-                "resources": {"requests": dict(HOST_RESOURCES), "limits": {"memory": HOST_RESOURCES["memory"]}},
+                "resources": container_resources(None, {}),
                 "securityContext": RESTRICTED_CONTAINER,
                 "readinessProbe": {"httpGet": {"path": "/health", "port": PORT}, "periodSeconds": 10},
                 "startupProbe": {"httpGet": {"path": "/health", "port": PORT}, "periodSeconds": 10, "failureThreshold": 180},
@@ -621,7 +627,8 @@ def images_allowed(raw: dict[str, Any]) -> list[str]:
 def models_fit(raw: dict[str, Any]) -> list[str]:
     """Every model against its pool and its tenant's grant (`factory.model.serving`): a pool the
     tenant holds no grant in, fields of another sharing mode, a slice too small for weights + KV
-    cache, tensor parallelism beyond an NVLink domain, replicas at `max` beyond the grant. Runs on
+    cache, tensor parallelism beyond an NVLink domain, replicas at `max` beyond the grant or their
+    pods beyond the tenant's CPU, memory and pod quota. Runs on
     the tenants and pools that are themselves valid (the others' field errors speak for them)."""
     pools: dict[str, Pool] = {}
     declared = set()
@@ -665,6 +672,7 @@ def models_fit(raw: dict[str, Any]) -> list[str]:
             if not found:
                 accepted.add(j)
         problems += grant_problems(path, tenant, pools, accepted)
+        problems += quota_problems(path, tenant, pools, accepted)
     layers = as_dict(raw.get("layers"))
     if any(as_list(as_dict(t).get("models")) for t in as_list(raw.get("tenants"))):
         if as_dict(layers.get("serving")).get("enabled") is False:

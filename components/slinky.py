@@ -68,7 +68,7 @@ from ai_factory.factory.model.raw import as_dict, as_list, did_you_mean
 from ai_factory.factory.model.tenancy import TenantNames, tenant_names
 from ai_factory.factory.planning.model import WHOLE_GPU, Plan, gpu_grants
 from ai_factory.factory.planning.placement import offerings
-from ai_factory.factory.planning.quotas import parse_quantity
+from ai_factory.factory.model.quantity import parse_quantity
 
 TOKEN = "ai-factory:training:Slinky"
 TOPOLOGY_ANNOTATION = "topology.slinky.slurm.net/spec"

@@ -59,7 +59,7 @@ from ai_factory.factory.model.matrix import tenant_chart_version
 from ai_factory.factory.planning.model import WHOLE_GPU, Plan
 from ai_factory.factory.planning.placement import DEDICATED_LABEL, Offering, TenantAllocation, advertised_resources, allocations, dedicated_taint, tolerable_taints
 from ai_factory.factory.planning.quotas import GpuCeiling, gpu_ceiling
-from ai_factory.factory.model.tenancy import LABEL_PREFIX, OIDC_PREFIX, TenantNames, tenant_names
+from ai_factory.factory.model.tenancy import DEFAULT_CONTAINER_LIMIT, DEFAULT_CONTAINER_REQUEST, LABEL_PREFIX, OIDC_PREFIX, TenantNames, tenant_names
 
 TOKEN = "ai-factory:tenancy:TenantStack"
 CRD_GROUPS = ("cilium.io",)
@@ -106,11 +106,6 @@ TENANT_ADMIN_RULES: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("kueue.x-k8s.io", ("localqueues", "workloads"), READ),
     ("policy", ("poddisruptionbudgets",), WRITE),
 )
-
-DEFAULT_CONTAINER_REQUEST = {"cpu": "100m", "memory": "512Mi", "ephemeral-storage": "1Gi"}
-DEFAULT_CONTAINER_LIMIT = {"memory": "512Mi", "ephemeral-storage": "4Gi"}
-"""LimitRange defaults for containers that set none: the memory limit equals the request (no
-overcommit of memory); no default CPU limit (throttling hurts data loaders more than it protects)."""
 
 VCLUSTER_UID = 12345
 """The non-root user vCluster's rootless mode runs its control plane as (the chart defaults to

@@ -50,6 +50,17 @@ def test_a_model_pod_asks_for_exactly_its_gpu_resource(dev, namespace, name, lim
     assert {k: v for k, v in resources["requests"].items() if k.startswith("nvidia.com/")} == limits
 
 
+def test_a_model_pod_asks_for_its_declared_cpu_and_memory_with_the_memory_limit_at_the_request(raw):
+    model(raw, ASSISTANT)["resources"] = {"cpu": "2500m", "memory": "24Gi"}
+    model(raw, SEARCH, 1)["resources"] = {"cpu": "6", "memory": "32Gi"}
+    rendered = render(raw)
+    small = container_of(one(rendered, "InferenceService", "qwen-1-5b"))["resources"]
+    large = one(rendered, "LLMInferenceService", "llama-70b")["spec"]["template"]["containers"][0]["resources"]
+    for resources, cpu, memory in ((small, "2500m", "24Gi"), (large, "6", "32Gi")):
+        assert (resources["requests"]["cpu"], resources["requests"]["memory"]) == (cpu, memory)
+        assert resources["limits"]["memory"] == memory and "cpu" not in resources["limits"]
+
+
 @pytest.mark.parametrize(
     ("name", "selector", "toleration"),
     [
@@ -179,6 +190,15 @@ def test_the_plan_shows_each_models_share_of_its_grant(dev_raw):
     assert rows["llama-8b"][4] == "3g.40gb" and rows["qwen-1-5b"][4] == "12288MiB/25%"
 
 
+def test_the_plan_shows_each_models_cpu_and_memory_at_its_maximum_replicas(dev_raw):
+    cfg = validate(copy.deepcopy(dev_raw[0]))
+    rows = {cells[1]: cells for cells in zip(*(c.cells for c in model_table(cfg).columns))}
+    # 2 decode + 1 prefill pods of 4 CPU / 16Gi, the endpoint picker (1.256 CPU, 16.5Gi limit) and
+    # the 2 decode pods' routing sidecars (100m, 512Mi each).
+    assert rows["llama-70b"][8] == "13.456 CPU / 65.5Gi"
+    assert rows["qwen-1-5b"][8] == "12 CPU / 48Gi"
+
+
 # --------------------------------------------------------------------------- refused declarations
 
 
@@ -232,6 +252,23 @@ BAD: list[tuple[str, Callable[[dict], None], str]] = [
         _set(lambda r: model(r, SEARCH, 1), replicas={"min": 1, "max": 4}),
         "tenants[0].models[1].replicas.max: models llama-70b need 20 GPUs on pool 'h100-train' at their maximum replicas; tenant 'search' is granted 16, 4 short",
     ),
+    (
+        "pods-cpu-over-the-quota",
+        lambda r: r["tenants"][ASSISTANT].setdefault("quota", {}).update(cpu="10"),
+        "tenants[1].quota.cpu: models qwen-1-5b request 12 CPU at their maximum replicas; the quota holds 10, 2 short",
+    ),
+    (
+        "pods-memory-over-the-quota",
+        _set(lambda r: model(r, SEARCH), resources={"memory": "2Ti"}),
+        "tenants[0].quota.memory: models llama-8b, llama-70b take 4161.5Gi of memory (requests 4147.49Gi, limits 4161.5Gi) at their maximum replicas; the quota holds 3Ti, 1089.5Gi short",
+    ),
+    (
+        "pods-over-the-quota",
+        lambda r: r["tenants"][PARTNER].setdefault("quota", {}).update(pods=1),
+        "tenants[2].quota.pods: models mistral-7b run 2 pods at their maximum replicas; the quota holds 1, 1 short",
+    ),
+    ("pod-cpu-out-of-bounds", _set(lambda r: model(r, SEARCH), resources={"cpu": "1000"}), "tenants[0].models[0].resources.cpu: 1000 is not between 100m and 512"),
+    ("pod-memory-out-of-bounds", _set(lambda r: model(r, SEARCH), resources={"memory": "512Mi"}), "tenants[0].models[0].resources.memory: 512Mi is not between 1Gi and 8Ti"),
     ("unknown-engine", _set(lambda r: model(r, SEARCH), engine="tgi"), "tenants[0].models[0].engine: must be one of 'vllm'"),
     (
         "plaintext-credential",

@@ -20,7 +20,8 @@ from typing import Any, Iterable, Mapping
 from ai_factory.factory.checking.findings import Finding
 from ai_factory.factory.checking.oracles import Oracles
 from ai_factory.factory.planning.placement import POOL_LABEL
-from ai_factory.factory.planning.quotas import SUPPLY_ANNOTATION, parse_quantity
+from ai_factory.factory.model.quantity import parse_quantity
+from ai_factory.factory.planning.quotas import SUPPLY_ANNOTATION
 from ai_factory.factory.rendering.bundle import Manifest, Rendered
 from ai_factory.factory.model.tenancy import TENANT_LABEL, TRUST_DOMAIN_LABEL
 

@@ -19,6 +19,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, StringConstraints, model_validator
 
 from ai_factory.factory.model.catalog import CHARTS, ChartSource
+from ai_factory.factory.model.quantity import parse_quantity
 from ai_factory.factory.model.secrets import SecretValue
 
 DnsLabel = Annotated[
@@ -1315,6 +1316,31 @@ class ModelMemory(Model):
         return self
 
 
+def _between(low: str, high: str):
+    """A quantity bound, e.g. cores of a pod: `low` and `high` as quantities."""
+
+    def check(value: str) -> str:
+        if not parse_quantity(low) <= parse_quantity(value) <= parse_quantity(high):
+            raise ValueError(f"{value} is not between {low} and {high}")
+        return value
+
+    return AfterValidator(check)
+
+
+class ModelResources(Model):
+    """CPU and memory of each pod of the model besides its GPUs: vLLM's API server, tokenizer and
+    the weights' loading buffers (weights are memory-mapped, not held in RAM). The memory limit
+    equals the request. Every pod at the model's maximum replicas counts against the tenant's
+    `quota` (its ResourceQuota); a model whose pods cannot fit it is refused."""
+
+    cpu: Annotated[Quantity, _between("100m", "512")] = "4"
+    """`requests.cpu` of a model pod, 100m to 512 cores (no CPU limit: throttling slows
+    tokenisation for nothing)."""
+    memory: Annotated[Quantity, _between("1Gi", "8Ti")] = "16Gi"
+    """`requests.memory` and `limits.memory` of a model pod, 1Gi (KServe's storage initializer's
+    own limit, so a pod's figure is its model container's) to 8Ti."""
+
+
 class ModelReplicas(Model):
     min: int = Field(default=1, ge=1, le=1000)
     """Replicas always running (no scale to zero: raw deployments keep a pod to answer)."""
@@ -1371,6 +1397,7 @@ class ServedModel(Model):
     """Context length (vLLM `--max-model-len`)."""
     replicas: ModelReplicas = ModelReplicas()
     scaling: ModelScaling = ModelScaling()
+    resources: ModelResources = ModelResources()
     disaggregation: Disaggregation | None = None
     expose: bool = False
     """Route the model through the shared inference gateway (and LiteLLM); off: reachable only

@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Literal
 
 from ai_factory.factory.model.config import FactoryConfig, Pool, ServedModel, Tenant
 from ai_factory.factory.model.gpus import GPU_MODELS
+from ai_factory.factory.model.quantity import cores, gib, parse_quantity
 from ai_factory.factory.model.raw import did_you_mean
-from ai_factory.factory.model.tenancy import LABEL_PREFIX, tenant_names
+from ai_factory.factory.model.tenancy import DEFAULT_CONTAINER_LIMIT, DEFAULT_CONTAINER_REQUEST, LABEL_PREFIX, tenant_names
 
 MODEL_LABEL = f"{LABEL_PREFIX}/model"
 """On every pod of a served model: the model's name in its tenant."""
@@ -70,9 +72,12 @@ class ModelEndpoint:
 
 
 def serving_kind(cfg: FactoryConfig, model: ServedModel) -> ServingKind:
+    return kind_on(cfg.pool(model.gpus.pool), model)
+
+
+def kind_on(pool: Pool, model: ServedModel) -> ServingKind:
     """`LLMInferenceService` for a disaggregated model or one whose replica spans nodes."""
-    per_node = cfg.pool(model.gpus.pool).gpu.per_node
-    return "LLMInferenceService" if model.disaggregation or model.gpus.count > per_node else "InferenceService"
+    return "LLMInferenceService" if model.disaggregation or model.gpus.count > pool.gpu.per_node else "InferenceService"
 
 
 def served_name(tenant: Tenant, model: ServedModel) -> str:
@@ -269,4 +274,92 @@ def grant_problems(path: str, tenant: Tenant, pools: dict[str, Pool], valid: set
                 f"{path}.models[{indexes[-1]}].replicas.max: models {names} need {need} {what} on pool {pool_name!r} at their maximum replicas; "
                 f"tenant {tenant.name!r} is granted {have}, {need - have} short"
             )
+    return problems
+
+
+# --------------------------------------------------------------------------- CPU and memory
+
+
+@dataclass(frozen=True)
+class HostDemand:
+    """What pods take of a namespace's ResourceQuota besides GPUs."""
+
+    pods: int = 0
+    cpu: Decimal = Decimal(0)
+    """`requests.cpu`, in cores."""
+    memory: Decimal = Decimal(0)
+    """`requests.memory`, in bytes."""
+    memory_limit: Decimal = Decimal(0)
+    """`limits.memory`, in bytes."""
+
+    def __add__(self, other: HostDemand) -> HostDemand:
+        return HostDemand(self.pods + other.pods, self.cpu + other.cpu, self.memory + other.memory, self.memory_limit + other.memory_limit)
+
+    def times(self, n: int) -> HostDemand:
+        return HostDemand(self.pods * n, self.cpu * n, self.memory * n, self.memory_limit * n)
+
+
+def pod_demand(requests: dict[str, str], limits: dict[str, str]) -> HostDemand:
+    """One pod of containers whose requests and memory limits are given (a limit defaulting to the
+    tenant LimitRange's when unset)."""
+    limit = limits.get("memory", DEFAULT_CONTAINER_LIMIT["memory"])
+    return HostDemand(1, parse_quantity(requests["cpu"]), parse_quantity(requests["memory"]), parse_quantity(limit))
+
+
+PICKER_POD = HostDemand(
+    1,
+    parse_quantity("1") + parse_quantity("256m"),
+    parse_quantity("2Gi") + parse_quantity("500Mi"),
+    parse_quantity("16Gi") + parse_quantity(DEFAULT_CONTAINER_LIMIT["memory"]),
+)
+"""The endpoint picker pod KServe runs in the tenant's namespace for each LLMInferenceService (the
+`kserve-config-llm-scheduler` preset of kserve-runtime-configs v0.20.0): its scheduler container
+requests 1 core and 2Gi (limit 16Gi), its tokenizer 256m and 500Mi (no limit: the LimitRange's)."""
+ROUTING_SIDECAR = HostDemand(0, parse_quantity(DEFAULT_CONTAINER_REQUEST["cpu"]), parse_quantity(DEFAULT_CONTAINER_REQUEST["memory"]), parse_quantity(DEFAULT_CONTAINER_LIMIT["memory"]))
+"""llm-d's routing sidecar in each decode pod of a disaggregated model (`resources: {}` in the
+`kserve-config-llm-decode-template` preset): the LimitRange's defaults."""
+
+
+def model_pod(model: ServedModel) -> HostDemand:
+    """One pod of the model: its container's `resources` (the memory limit equals the request)."""
+    return pod_demand({"cpu": model.resources.cpu, "memory": model.resources.memory}, {"memory": model.resources.memory})
+
+
+def host_demand(pool: Pool, tenant: Tenant, model: ServedModel) -> HostDemand:
+    """Every pod of the model at its maximum replicas: a pod per node of each decode and prefill
+    replica, and for an LLMInferenceService its endpoint picker (and the decode pods' routing
+    sidecars when disaggregated). KServe's storage initializer runs before the model container and
+    asks less than it (`resources` bounds), so it adds nothing."""
+    nodes = replica_shape(pool, tenant, model).nodes
+    demand = model_pod(model).times(replicas_at_max(model) * nodes)
+    if kind_on(pool, model) == "LLMInferenceService":
+        demand += PICKER_POD
+        if model.disaggregation:
+            demand += ROUTING_SIDECAR.times(model.replicas.max * nodes)
+    return demand
+
+
+def quota_problems(path: str, tenant: Tenant, pools: dict[str, Pool], valid: set[int]) -> list[str]:
+    """The pods of all of a tenant's models at their maximum replicas must fit its ResourceQuota
+    (`tenants[].quota`: CPU, memory requests and limits, pods), refused with the shortfall.
+    `valid` are the indexes of models `model_problems` accepted."""
+    indexes = sorted(valid)
+    if not indexes:
+        return []
+    total = HostDemand()
+    for j in indexes:
+        model = tenant.models[j]
+        total += host_demand(pools[model.gpus.pool], tenant, model)
+    names = ", ".join(tenant.models[j].name for j in indexes)
+    quota = tenant.quota
+    problems = []
+    cpu = parse_quantity(quota.cpu)
+    if total.cpu > cpu:
+        problems.append(f"{path}.quota.cpu: models {names} request {cores(total.cpu)} CPU at their maximum replicas; the quota holds {quota.cpu}, {cores(total.cpu - cpu)} short")
+    memory = parse_quantity(quota.memory)
+    need = max(total.memory, total.memory_limit)
+    if need > memory:
+        problems.append(f"{path}.quota.memory: models {names} take {gib(need)} of memory (requests {gib(total.memory)}, limits {gib(total.memory_limit)}) at their maximum replicas; the quota holds {quota.memory}, {gib(need - memory)} short")
+    if total.pods > quota.pods:
+        problems.append(f"{path}.quota.pods: models {names} run {total.pods} pods at their maximum replicas; the quota holds {quota.pods}, {total.pods - quota.pods} short")
     return problems

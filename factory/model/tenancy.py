@@ -18,6 +18,11 @@ TRUST_DOMAIN_LABEL = f"{LABEL_PREFIX}/trust-domain"
 SERVES_TENANT_LABEL = f"{LABEL_PREFIX}/serves-tenant"
 """On a platform object that exists for one tenant only (its metrics query proxy, ...): the tenant
 does not own it (no `ai-factory.io/tenant`), but it goes with the tenant."""
+DEFAULT_CONTAINER_REQUEST = {"cpu": "100m", "memory": "512Mi", "ephemeral-storage": "1Gi"}
+DEFAULT_CONTAINER_LIMIT = {"memory": "512Mi", "ephemeral-storage": "4Gi"}
+"""The tenant namespace's LimitRange defaults for containers that set none: the memory limit equals
+the request (no overcommit of memory); no default CPU limit (throttling hurts data loaders more
+than it protects). Serving counts them for the containers KServe's presets leave unset."""
 OIDC_PREFIX = "oidc:"
 """API servers run with `--oidc-username-prefix=oidc:` and `--oidc-groups-prefix=oidc:`, so no
 identity-provider group can ever be taken for a Kubernetes group such as `system:masters`."""

@@ -27,11 +27,11 @@ stack run on its own rebuilds exactly the queues the platform run would. The rul
 from __future__ import annotations
 
 from dataclasses import dataclass
-from decimal import Decimal
 from typing import Iterable, Mapping, TypeVar
 
 from ai_factory.factory.model.config import FactoryConfig, Tenant
 from ai_factory.factory.model.gpus import GPU_MODELS
+from ai_factory.factory.model.quantity import parse_quantity
 from ai_factory.factory.planning.model import HAMI_CORES, HAMI_MEMORY, WHOLE_GPU, Plan
 from ai_factory.factory.planning.placement import Offering, advertised_resources, allocations, offerings
 from ai_factory.factory.model.tenancy import tenant_names
@@ -343,21 +343,6 @@ def millicores(quantity: str) -> int:
 
 def megabytes(quantity: str) -> int:
     return int(parse_quantity(quantity) / 10**6)
-
-
-_SUFFIXES = {
-    "m": Decimal(1) / 1000, "k": Decimal(10) ** 3, "M": Decimal(10) ** 6, "G": Decimal(10) ** 9,
-    "T": Decimal(10) ** 12, "P": Decimal(10) ** 15, "E": Decimal(10) ** 18,
-    "Ki": Decimal(2) ** 10, "Mi": Decimal(2) ** 20, "Gi": Decimal(2) ** 30, "Ti": Decimal(2) ** 40,
-    "Pi": Decimal(2) ** 50, "Ei": Decimal(2) ** 60,
-}
-
-
-def parse_quantity(quantity: str) -> Decimal:
-    """A Kubernetes quantity as the config accepts it (`ai_factory.factory.model.config.Quantity`), in base units."""
-    number = quantity.rstrip("kMGTPEimi")
-    suffix = quantity[len(number):]
-    return Decimal(number) * _SUFFIXES.get(suffix, Decimal(1))
 
 
 def _kai_queues(

@@ -15,7 +15,8 @@ from rich.table import Table
 
 from ai_factory.factory.model.config import FactoryConfig
 from ai_factory.factory.model.gpus import GPU_MODELS
-from ai_factory.factory.model.serving import replica_shape, replicas_at_max, serving_kind, weights_gib
+from ai_factory.factory.model.quantity import cores, gib
+from ai_factory.factory.model.serving import host_demand, replica_shape, replicas_at_max, serving_kind, weights_gib
 from ai_factory.factory.planning.figures import gpu_share
 from ai_factory.factory.planning.model import Figures, GpuAssignment, Plan
 from ai_factory.factory.planning.placement import allocations, offerings
@@ -60,6 +61,7 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("replicas", "min-max replicas (decode replicas, plus prefill replicas when disaggregated)"),
     ("at max", "units of the tenant's grant the model holds at its maximum replicas; every model of a tenant fits its grant"),
     ("memory", "weights + KV-cache headroom / usable memory of one replica (its GPUs times gpu_memory_utilization)"),
+    ("cpu/memory at max", "CPU requests and memory (the larger of requests and limits) of the model's pods at its maximum replicas, endpoint picker included; every model of a tenant fits its quota"),
 )
 """Every column of the printed plan, with its one definition."""
 
@@ -219,7 +221,7 @@ def tenant_table(plan: Plan, cfg: FactoryConfig) -> Table:
 
 def model_table(cfg: FactoryConfig) -> Table:
     """One row per served model: its shape, replicas and what it holds of its tenant's grant."""
-    table = _table("Models", ("tenant", "model", "served as", "pool", "per replica", "replicas", "at max", "memory"))
+    table = _table("Models", ("tenant", "model", "served as", "pool", "per replica", "replicas", "at max", "memory", "cpu/memory at max"))
     for tenant in sorted(cfg.tenants, key=lambda t: t.name):
         for i, model in enumerate(tenant.models):
             pool = cfg.pool(model.gpus.pool)
@@ -232,6 +234,7 @@ def model_table(cfg: FactoryConfig) -> Table:
                 per_replica = f"{shape.units} GPU" + ("s" if shape.units > 1 else "") + (f" on {shape.nodes} nodes" if shape.nodes > 1 else "")
             prefill = f" +{model.disaggregation.prefill_replicas} prefill" if model.disaggregation else ""
             need = weights_gib(model) + model.memory.kv_cache_gib
+            host = host_demand(pool, tenant, model)
             table.add_row(
                 tenant.name if i == 0 else "",
                 model.name,
@@ -241,6 +244,7 @@ def model_table(cfg: FactoryConfig) -> Table:
                 f"{model.replicas.min}-{model.replicas.max}{prefill}",
                 str(shape.units * replicas_at_max(model)),
                 f"{need:.1f}/{shape.memory_gib * model.gpu_memory_utilization:.1f} GiB",
+                f"{cores(host.cpu)} CPU / {gib(max(host.memory, host.memory_limit))}",
             )
     return table
 
