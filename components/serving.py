@@ -693,7 +693,7 @@ LAYER = Layer(
     requires=("fleet", "kueue"),
     tenant_hook=ServingTenantHook.from_config,
     config_checks=(models_fit, images_allowed),
-    checks=(serving_checks.model_pods, serving_checks.shared_model_caches),
+    checks=(serving_checks.model_pods, serving_checks.shared_model_caches, serving_checks.model_quota),
     # cert-manager issues KServe's webhook certificates (the charts render its Issuer and
     # Certificates, with no way around it); KEDA actuates the autoscaling.
     external_crds=("cert-manager.io", "keda.sh"),

@@ -3,6 +3,7 @@ breaks the dev render one way and names what the check must report ("accepts dev
 
 from __future__ import annotations
 
+import copy
 from typing import Callable
 
 import pytest
@@ -97,5 +98,89 @@ SHARED_CACHES = [
 @pytest.mark.parametrize("change, expected", [r[1:] for r in SHARED_CACHES], ids=[r[0] for r in SHARED_CACHES])
 def test_shared_model_caches(dev, change, expected):
     found = [str(f) for f in serving_checks.shared_model_caches(change(dev), None)]
+    assert len(found) == len(expected), found
+    assert all(any(e in f for f in found) for e in expected), found
+
+
+def _quota(namespace: str, change: Callable[[dict], None]) -> Callable[[Rendered], Rendered]:
+    """The dev render with the ResourceQuota of one tenant namespace changed."""
+
+    def edit(rendered: Rendered) -> Rendered:
+        clone = Rendered(rendered.config, rendered.kubernetes_version, copy.deepcopy(rendered.manifests), rendered.inventory)
+        for m in clone.manifests:
+            if m.kind == "ResourceQuota" and m.namespace == namespace:
+                change(m.obj["spec"]["hard"])
+        return clone
+
+    return edit
+
+
+def _then(*edits: Callable[[Rendered], Rendered]) -> Callable[[Rendered], Rendered]:
+    def edit(rendered: Rendered) -> Rendered:
+        for e in edits:
+            rendered = e(rendered)
+        return rendered
+
+    return edit
+
+
+def _model(kind: str, name: str, change: Callable[[dict], None]) -> Callable[[Rendered], Rendered]:
+    return lambda r: broken(r, kind, name, change)
+
+
+LARGE = "LLMInferenceService", "llama-70b"
+MODEL_QUOTA = [
+    ("accepts dev", lambda r: r, []),
+    ("flags a predictor's maximum replicas over the CPU quota",
+     _model("InferenceService", "qwen-1-5b", _predictor(lambda p: p.update(maxReplicas=20))),
+     ["ResourceQuota/tenant-assistant/tenant-quota: the models of tenant assistant (InferenceService/tenant-assistant/qwen-1-5b) at their maximum replicas take requests.cpu 80 over the quota's 64 (16 short)"]),
+    ("flags a quota lowered under the models' CPU",
+     _quota("tenant-assistant", lambda h: h.update({"requests.cpu": "10"})),
+     ["take requests.cpu 12 over the quota's 10 (2 short)"]),
+    ("flags memory limits over the quota (the picker's limit counted)",
+     _quota("tenant-search", lambda h: h.update({"limits.memory": "90Gi"})),
+     ["ResourceQuota/tenant-search/tenant-quota: the models of tenant search (InferenceService/tenant-search/llama-8b, LLMInferenceService/tenant-search/llama-70b) at their maximum replicas take limits.memory 97.5Gi over the quota's 90Gi (7.5Gi short)"]),
+    ("flags memory requests over the quota",
+     _quota("tenant-partner-acme", lambda h: h.update({"requests.memory": "20Gi"})),
+     ["take requests.memory 32Gi over the quota's 20Gi (12Gi short)"]),
+    ("flags pods over the quota",
+     _quota("tenant-partner-acme", lambda h: h.update({"count/pods": "1"})),
+     ["take 2 pods over the quota's 1 (1 short)"]),
+    ("flags pods over the quota's core-group line",
+     _quota("tenant-partner-acme", lambda h: (h.pop("count/pods"), h.update(pods=1))),
+     ["take 2 pods over the quota's 1 (1 short)"]),
+    ("flags prefill replicas over the quota",
+     _model(*LARGE, lambda o: o["spec"]["prefill"].update(replicas=100)),
+     ["take requests.cpu 417.456 over the quota's 320 (97.456 short)"]),
+    ("flags decode replicas scaled over the quota",
+     _model(*LARGE, lambda o: o["spec"].setdefault("scaling", {}).update(maxReplicas=100)),
+     ["take requests.cpu 423.256 over the quota's 320 (103.256 short)"]),
+    ("flags every pipeline stage of a multi-node replica",
+     _then(_quota("tenant-search", lambda h: h.update({"requests.cpu": "29"})),
+           _model(*LARGE, lambda o: o["spec"].update(worker={"containers": []}, parallelism={"tensor": 4, "pipeline": 2}))),
+     ["take requests.cpu 29.656 over the quota's 29 (0.656 short)"]),
+    ("flags a container without resources at the LimitRange's defaults",
+     _then(_quota("tenant-search", lambda h: h.update({"requests.cpu": "13"})),
+           _model(*LARGE, lambda o: o["spec"]["template"]["containers"][0].pop("resources"))),
+     ["take requests.cpu 13.656 over the quota's 13 (0.656 short)"]),
+    ("flags a predictor container whose request is its limit",
+     _then(_quota("tenant-assistant", lambda h: h.update({"requests.cpu": "14"})),
+           _model("InferenceService", "qwen-1-5b", _predictor(lambda p: (p["model"]["resources"]["requests"].pop("cpu"), p["model"]["resources"]["limits"].update(cpu="5"))))),
+     ["take requests.cpu 15 over the quota's 14 (1 short)"]),
+    ("accepts a quota without a CPU line",
+     _then(_quota("tenant-assistant", lambda h: h.pop("requests.cpu")), _model("InferenceService", "qwen-1-5b", _predictor(lambda p: p.update(maxReplicas=20)))),
+     []),
+    ("accepts malformed replicas and resources (the schema check reports them)",
+     _model("InferenceService", "qwen-1-5b", _predictor(lambda p: (p.update(maxReplicas="many", minReplicas=True), p["model"]["resources"]["requests"].update(cpu="lots", memory=[])))),
+     []),
+    ("accepts a model outside a tenant namespace (model_pods reports it)",
+     _then(_quota("tenant-partner-acme", lambda h: h.update({"count/pods": "1"})), _model("InferenceService", "mistral-7b", _moved)),
+     []),
+]
+
+
+@pytest.mark.parametrize("change, expected", [r[1:] for r in MODEL_QUOTA], ids=[r[0] for r in MODEL_QUOTA])
+def test_model_quota(dev, change, expected):
+    found = [str(f) for f in serving_checks.model_quota(change(dev), None)]
     assert len(found) == len(expected), found
     assert all(any(e in f for f in found) for e in expected), found

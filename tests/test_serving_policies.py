@@ -68,3 +68,54 @@ def test_gateway_listeners_isolate_tenants(listeners, expected):
 def test_tenant_routes_own_hostnames(routes, expected):
     found = [m for ms in violations(environment([listener("a-0", "a")], routes), "tenant-routes-own-hostnames").values() for m in ms]
     assert [any(e in m for m in found) for e in expected] == [True] * len(expected) and len(found) == len(expected)
+
+
+# --------------------------------------------------------------------------- models within the quota
+
+KSERVE = "serving.kserve.io"
+
+
+def predictor(max_replicas: int, cpu: str = "4", memory: str = "16Gi") -> dict[str, Any]:
+    resources = {"requests": {"cpu": cpu, "memory": memory, "nvidia.com/gpu": "1"}, "limits": {"memory": memory, "nvidia.com/gpu": "1"}}
+    return {"predictor": {"minReplicas": 1, "maxReplicas": max_replicas, "model": {"modelFormat": {"name": "vllm"}, "resources": resources}}}
+
+
+def large(replicas: int, prefill: int | None = None) -> dict[str, Any]:
+    pod = {"containers": [{"name": "main", "resources": {"requests": {"cpu": "4", "memory": "16Gi"}, "limits": {"memory": "16Gi"}}}]}
+    spec: dict[str, Any] = {"model": {"uri": "hf://m/m"}, "replicas": replicas, "template": pod, "router": {"scheduler": {}}}
+    if prefill:
+        spec["prefill"] = {"replicas": prefill, "template": pod}
+    return spec
+
+
+def serving_world(hard: dict[str, str], models: list[tuple[str, str, str, dict[str, Any]]]):
+    def program() -> None:
+        namespace("kserve")
+        namespace("tenant-a", tenant="a")
+        custom("quota", "ResourceQuota", {"hard": hard}, namespace_name="tenant-a", api_version="v1")
+        for name, kind, ns, spec in models:
+            version = f"{KSERVE}/v1beta1" if kind == "InferenceService" else f"{KSERVE}/v1alpha2"
+            custom(name, kind, spec, namespace_name=ns, api_version=version)
+
+    return stack(program)
+
+
+QUOTA = {"requests.cpu": "16", "requests.memory": "64Gi", "limits.memory": "64Gi", "count/pods": "10"}
+
+
+@pytest.mark.parametrize(
+    "hard, models, expected",
+    [
+        pytest.param(QUOTA, [("m", "InferenceService", "tenant-a", predictor(4))], [], id="accepts-models-that-fit-at-max"),
+        pytest.param(QUOTA, [("m", "InferenceService", "tenant-a", predictor(5))], ["take requests.cpu 20 over the quota's 16 (4 short)", "requests.memory 80Gi over the quota's 64Gi (16Gi short)", "limits.memory 80Gi over the quota's 64Gi (16Gi short)"], id="flags-replicas-at-max-over-cpu-and-memory"),
+        pytest.param(QUOTA, [("m", "InferenceService", "tenant-a", predictor(2)), ("n", "InferenceService", "tenant-a", predictor(2, cpu="5"))], ["its models (m, n) at their maximum replicas take requests.cpu 18 over the quota's 16 (2 short)"], id="flags-models-together-over-cpu"),
+        pytest.param({**QUOTA, "count/pods": "3"}, [("m", "InferenceService", "tenant-a", predictor(4, cpu="1", memory="1Gi"))], ["take 4 pods over the quota's 3 (1 short)"], id="flags-pods-over-the-quota"),
+        pytest.param(QUOTA, [("big", "LLMInferenceService", "tenant-a", large(2, prefill=1))], ["limits.memory 65.5Gi over the quota's 64Gi (1.5Gi short)"], id="flags-the-picker-and-sidecars-of-a-large-model"),
+        pytest.param(QUOTA, [("big", "LLMInferenceService", "tenant-a", large(2))], [], id="accepts-a-large-model-with-its-picker"),
+        pytest.param({"requests.memory": "64Gi"}, [("m", "InferenceService", "tenant-a", predictor(8, memory="8Gi"))], [], id="accepts-lines-the-quota-does-not-set"),
+        pytest.param(QUOTA, [("m", "InferenceService", "kserve", predictor(50))], [], id="accepts-models-outside-tenant-namespaces"),
+    ],
+)
+def test_models_fit_tenant_quota(hard, models, expected):
+    found = [m for ms in violations(serving_world(hard, models), "models-fit-tenant-quota").values() for m in ms]
+    assert [any(e in m for m in found) for e in expected] == [True] * len(expected) and len(found) == len(expected), found

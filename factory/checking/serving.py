@@ -1,5 +1,6 @@
 """Offline checks of served models (`components/serving.py`): a model's pods stay inside their
-tenant's GPUs and quota, and no model cache is shared between tenants.
+tenant's GPUs and quota (its CPU and memory at the model's maximum replicas too), and no model
+cache is shared between tenants.
 
 The generic pod checks (`isolation.tenant_pods`) look for pod specs by their `containers`; an
 `InferenceService` predictor keeps its container under `model`, so the model objects get their own
@@ -7,11 +8,16 @@ check here."""
 
 from __future__ import annotations
 
+import re
+from decimal import Decimal
 from typing import Any, Iterable, Iterator, Mapping
 
 from ai_factory.factory.checking.findings import Finding
 from ai_factory.factory.checking.isolation import View
 from ai_factory.factory.checking.oracles import Oracles
+from ai_factory.factory.model.quantity import cores, gib, parse_quantity
+from ai_factory.factory.model.serving import PICKER_POD, ROUTING_SIDECAR, HostDemand
+from ai_factory.factory.model.tenancy import DEFAULT_CONTAINER_LIMIT, DEFAULT_CONTAINER_REQUEST
 from ai_factory.factory.model.tenancy import TRUST_DOMAIN_LABEL
 from ai_factory.factory.planning.placement import DEDICATED_LABEL
 from ai_factory.factory.rendering.bundle import Manifest, Rendered
@@ -94,3 +100,113 @@ def shared_model_caches(rendered: Rendered, oracles: Oracles) -> Iterable[Findin
         localmodel = _mapping(_mapping(values.get("kserve")).get("localmodel"))
         if localmodel.get("enabled") is True:
             yield Finding("shared-model-cache", m.ref, "enables KServe's node-local model cache (kserve.localmodel.enabled), shared by every namespace")
+
+
+# --------------------------------------------------------------------------- CPU and memory
+
+_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
+
+
+def _amount(value: Any) -> Decimal | None:
+    """A quantity as rendered (string or number); None when unreadable (the schema check reports it)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return Decimal(str(value))
+    if isinstance(value, str) and _QUANTITY.match(value):
+        return parse_quantity(value)
+    return None
+
+
+def _count(value: Any, default: int) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else default
+
+
+def _container(container: Any) -> HostDemand:
+    """One container as the tenant namespace's quota counts it: an unset request is its limit or
+    the LimitRange's default, an unset memory limit the LimitRange's."""
+    resources = _mapping(_mapping(container).get("resources"))
+    requests, limits = _mapping(resources.get("requests")), _mapping(resources.get("limits"))
+
+    def request(name: str) -> Decimal:
+        given = _amount(requests.get(name, limits.get(name, DEFAULT_CONTAINER_REQUEST[name])))
+        return given if given is not None else Decimal(0)
+
+    limit = _amount(limits.get("memory", DEFAULT_CONTAINER_LIMIT["memory"]))
+    return HostDemand(0, request("cpu"), request("memory"), limit if limit is not None else Decimal(0))
+
+
+def _pod(pod: Mapping[str, Any]) -> HostDemand:
+    total = HostDemand(1)
+    for container in pod.get("containers") or []:
+        total += _container(container)
+    return total
+
+
+def model_demand(kind: str, spec: Any) -> HostDemand:
+    """Every pod a rendered model object runs at its maximum replicas, as its namespace's quota
+    counts them: an InferenceService's predictor at `maxReplicas`; an LLMInferenceService's decode
+    (at `scaling.maxReplicas`) and prefill replicas of one pod per pipeline stage when it has
+    workers, its endpoint picker (`router.scheduler`) and, with prefill, the decode pods' routing
+    sidecars (KServe's presets, `factory.model.serving`)."""
+    spec = _mapping(spec)
+    if kind == "InferenceService":
+        predictor = _mapping(spec.get("predictor"))
+        replicas = _count(predictor.get("maxReplicas"), _count(predictor.get("minReplicas"), 1))
+        return (HostDemand(1) + _container(predictor.get("model"))).times(max(replicas, 1))
+    scaling = _mapping(spec.get("scaling"))
+    decode = _pods(spec, spec, _count(scaling.get("maxReplicas"), _count(spec.get("replicas"), 1)))
+    total = _pod(_mapping(spec.get("template"))).times(decode)
+    prefill = spec.get("prefill")
+    if isinstance(prefill, Mapping):
+        total += _pod(_mapping(prefill.get("template"))).times(_pods(spec, prefill, _count(prefill.get("replicas"), 1)))
+        total += ROUTING_SIDECAR.times(decode)
+    if "scheduler" in _mapping(spec.get("router")):
+        total += PICKER_POD
+    return total
+
+
+def _pods(spec: Mapping[str, Any], part: Mapping[str, Any], replicas: int) -> int:
+    """Pods of `replicas` replicas of a part: one per pipeline stage when it has workers
+    (LeaderWorkerSet groups), else one."""
+    if not isinstance(part.get("worker"), Mapping):
+        return replicas
+    parallelism = _mapping(part.get("parallelism", spec.get("parallelism")))
+    return replicas * max(_count(parallelism.get("pipeline"), 1), 1)
+
+
+def quota_shortfalls(hard: Mapping[str, Any], demand: HostDemand) -> list[str]:
+    """What a demand takes beyond a ResourceQuota's `hard` CPU, memory and pod lines (a line the
+    quota does not set limits nothing)."""
+    problems = []
+    for key, need, show in (
+        ("requests.cpu", demand.cpu, cores),
+        ("requests.memory", demand.memory, gib),
+        ("limits.memory", demand.memory_limit, gib),
+    ):
+        have = _amount(hard.get(key))
+        if have is not None and need > have:
+            problems.append(f"{key} {show(need)} over the quota's {hard[key]} ({show(need - have)} short)")
+    pods = _amount(hard.get("count/pods", hard.get("pods")))
+    if pods is not None and demand.pods > pods:
+        problems.append(f"{demand.pods} pods over the quota's {pods:f} ({demand.pods - pods:f} short)")
+    return problems
+
+
+def model_quota(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
+    """The pods of a tenant namespace's models at their maximum replicas fit its ResourceQuota's
+    CPU, memory and pods: a model that cannot scale to its maximum would stall below it, and
+    its tenant's other pods would be refused meanwhile."""
+    view = View(rendered)
+    demands: dict[str, tuple[HostDemand, list[str]]] = {}
+    for m in view.of_kind(*MODEL_KINDS):
+        if view.tenant_at(m.namespace) is None:
+            continue  # model_pods reports it
+        total, names = demands.get(m.namespace or "", (HostDemand(), []))
+        demands[m.namespace or ""] = (total + model_demand(m.kind, m.obj.get("spec")), [*names, m.ref])
+    for ns, (demand, refs) in sorted(demands.items()):
+        owner = view.tenant_at(ns)
+        for quota in view.in_namespace("ResourceQuota", ns):
+            hard = _mapping(_mapping(quota.obj.get("spec")).get("hard"))
+            for problem in quota_shortfalls(hard, demand):
+                yield Finding("model-quota", quota.ref, f"the models of tenant {owner.tenant} ({', '.join(refs)}) at their maximum replicas take {problem}", (owner.tenant,))

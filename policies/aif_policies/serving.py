@@ -1,4 +1,5 @@
-"""The serving path: no tenant's route can capture another tenant's traffic.
+"""The serving path: no tenant's route can capture another tenant's traffic, and a tenant's models
+at their maximum replicas fit its quota.
 
 A Gateway listener that admits tenants' routes admits one tenant's namespaces only, under a
 hostname (a listener without one takes every hostname) that no listener admitting another tenant
@@ -6,7 +7,11 @@ holds; a tenant's route names only hostnames no other tenant's route claims, and
 own namespaces. Gateway API resolves two routes claiming one hostname by age, so the first tenant
 to claim a hostname would take the other's traffic.
 
-References: Gateway API `allowedRoutes` and `ReferenceGrant` (GEP-709); issue 13 item 4.
+A model's pods at its maximum replicas (decode, prefill, pipeline stages, KServe's endpoint
+picker) must fit its tenant namespace's ResourceQuota CPU, memory and pods, or it stalls below its
+maximum while its tenant's other pods are refused (`factory.checking.serving.model_demand`).
+
+References: Gateway API `allowedRoutes` and `ReferenceGrant` (GEP-709); issue 13 items 1 and 4.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from typing import Any, Iterator
 
 from pulumi_policy import PolicyResource
 
+from ai_factory.factory.checking.serving import MODEL_KINDS, model_demand, quota_shortfalls
+from ai_factory.factory.model.serving import HostDemand
 from ai_factory.policies.aif_policies.core import Violation, stack_policy
 from ai_factory.policies.aif_policies.kube import Cluster, Obj, as_list, as_map, selects
 
@@ -73,6 +80,22 @@ def check_tenant_routes_own_hostnames(resources: Sequence[PolicyResource], confi
                     yield route.resource, f"{route.describe()} of tenant {tenant.name} sends traffic to tenant {target.name}'s namespace {as_map(ref).get('namespace')}."
 
 
+def check_models_fit_tenant_quota(resources: Sequence[PolicyResource], config: Mapping[str, Any]) -> Iterator[Violation]:
+    cluster = Cluster(resources)
+    demands: dict[str, tuple[HostDemand, list[str]]] = {}
+    for model in cluster.of(*MODEL_KINDS):
+        if cluster.tenant_of_namespace(model.namespace) is None:
+            continue
+        total, names = demands.get(model.namespace or "", (HostDemand(), []))
+        demands[model.namespace or ""] = (total + model_demand(model.kind, model.spec), [*names, model.name])
+    for quota in cluster.of("ResourceQuota"):
+        if quota.namespace not in demands:
+            continue
+        demand, names = demands[quota.namespace]
+        for problem in quota_shortfalls(as_map(quota.spec.get("hard")), demand):
+            yield quota.resource, f"{quota.describe()} of tenant {cluster.namespace_tenant[quota.namespace]}: its models ({', '.join(names)}) at their maximum replicas take {problem}."
+
+
 POLICIES = [
     stack_policy(
         "gateway-listeners-isolate-tenants",
@@ -83,5 +106,10 @@ POLICIES = [
         "tenant-routes-own-hostnames",
         "A tenant's route claims no hostname another tenant's route claims, and sends only to its own namespaces.",
         check_tenant_routes_own_hostnames,
+    ),
+    stack_policy(
+        "models-fit-tenant-quota",
+        "A tenant's models at their maximum replicas fit its namespace's ResourceQuota CPU, memory and pods.",
+        check_models_fit_tenant_quota,
     ),
 ]
