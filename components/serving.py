@@ -100,6 +100,9 @@ LLM_D_IMAGE = "ghcr.io/llm-d/llm-d-cuda:v0.8.0"
 """The model server of llm-d's v0.20.0 presets (vLLM with NIXL for prefill/decode KV transfer),
 stated on the container so admission sees it; the scheduler, sidecar and tokenizer images come
 from the same registry."""
+STORAGE_SECRET_ANNOTATION = f"{KSERVE}/secretName"
+"""The model object's annotation naming the Secret KServe's storage initializer takes its
+credentials from (`kserve.storage.storageSecretNameAnnotation` of the kserve-resources chart)."""
 STORAGE_INITIALIZER = "docker.io/kserve/storage-initializer:v0.20.0"
 """KServe's downloader, run in a model's pod for s3:// and LLMInferenceService sources."""
 
@@ -269,8 +272,11 @@ def vllm_env(plan: ModelPlan) -> list[dict[str, Any]]:
     ]
     if plan.shape.sharing == "mig":
         env.append({"name": "CUDA_VISIBLE_DEVICES", "value": "0"})
-    for variable, prop in sorted(credential_properties(plan.model).items()):
-        env.append({"name": variable, "valueFrom": {"secretKeyRef": {"name": source_secret(plan.model), "key": variable}}})
+    if not kserve_downloads(plan):
+        # vLLM downloads a Hub model of an InferenceService itself; where KServe's storage
+        # initializer downloads, the credentials stay in that init container alone.
+        for variable in sorted(credential_properties(plan.model)):
+            env.append({"name": variable, "valueFrom": {"secretKeyRef": {"name": source_secret(plan.model), "key": variable}}})
     return env
 
 
@@ -285,9 +291,45 @@ def credential_properties(model: ServedModel) -> dict[str, str]:
     return {"HF_TOKEN": "token"}
 
 
-def downloads_with_kserve(model: ServedModel) -> bool:
-    """An s3:// source with credentials: KServe's storage initializer downloads it, not vLLM."""
-    return model.credentials is not None and model.source.startswith("s3://")
+def kserve_downloads(plan: ModelPlan) -> bool:
+    """KServe's storage initializer downloads the weights (an s3:// source, or any hf:// or s3://
+    source of an LLMInferenceService); vLLM downloads a Hub model of an InferenceService itself,
+    and a pvc:// source is mounted."""
+    source = plan.model.source
+    if source.startswith("pvc://"):
+        return False
+    return source.startswith("s3://") or plan.endpoint.kind == "LLMInferenceService"
+
+
+def kserve_uri(source: str) -> str:
+    """The source as KServe's storage initializer reads it: a Hub revision after `:`
+    (`hf://owner/model:revision`), not the config's `@`."""
+    if source.startswith("hf://"):
+        repo, at, revision = source.partition("@")
+        return f"{repo}:{revision}" if at else repo
+    return source
+
+
+def source_annotations(plan: ModelPlan) -> dict[str, str]:
+    """The model object's annotations naming its credential Secret to KServe's storage initializer
+    (`kserve.storage.storageSecretNameAnnotation`, the kserve-resources chart's default), which
+    then reads the Secret's keys and `s3-*` annotations instead of the service account's secrets."""
+    if plan.model.credentials is None or not kserve_downloads(plan):
+        return {}
+    return {STORAGE_SECRET_ANNOTATION: source_secret(plan.model)}
+
+
+def secret_annotations(model: ServedModel) -> dict[str, str]:
+    """KServe's `serving.kserve.io/s3-*` annotations of an s3:// source's credential Secret."""
+    s3 = model.s3
+    if s3 is None:
+        return {}
+    found = {f"{KSERVE}/s3-usehttps": "1" if s3.use_https else "0", f"{KSERVE}/s3-verifyssl": "1" if s3.verify_ssl else "0"}
+    if s3.endpoint:
+        found[f"{KSERVE}/s3-endpoint"] = s3.endpoint
+    if s3.region:
+        found[f"{KSERVE}/s3-region"] = s3.region
+    return dict(sorted(found.items()))
 
 
 def source_secret(model: ServedModel) -> str:
@@ -370,9 +412,7 @@ def inference_service(plan: ModelPlan, names: TenantNames, storage_class: str | 
     }
     if dra_claims(plan):
         predictor["resourceClaims"] = dra_claims(plan)
-    if downloads_with_kserve(model):
-        predictor["serviceAccountName"] = source_secret(model)
-    annotations: dict[str, str] = {}
+    annotations: dict[str, str] = source_annotations(plan)
     metric = scaling_metric(plan)
     if metric:
         query, target = metric
@@ -433,7 +473,7 @@ def llm_inference_service(plan: ModelPlan, names: TenantNames) -> dict[str, Any]
         # One LeaderWorkerSet group per replica: the leader's pod and a worker pod per further node.
         workload["worker"] = {k: v for k, v in pod.items()}
     spec: dict[str, Any] = {
-        "model": {"uri": model.source, "name": plan.endpoint.served_name},
+        "model": {"uri": kserve_uri(model.source), "name": plan.endpoint.served_name},
         "replicas": model.replicas.min,
         "labels": pod_labels(plan, names),
         **workload,
@@ -535,7 +575,13 @@ class ServingTenantHook:
                     {
                         "refreshInterval": "1h",
                         "secretStoreRef": {"kind": "SecretStore", "name": STORE_NAME},
-                        "target": {"name": source_secret(model), "creationPolicy": "Owner"},
+                        "target": {
+                            "name": source_secret(model),
+                            "creationPolicy": "Owner",
+                            # No template data: the Secret keeps the fetched keys, with KServe's
+                            # S3 settings as its annotations.
+                            **({"template": {"metadata": {"annotations": secret_annotations(model)}}} if model.s3 else {}),
+                        },
                         # Keys named as the variables they become, which is also what KServe's
                         # storage initializer reads S3 credentials as (`kserve.storage.s3.*Name`).
                         "data": [
@@ -544,21 +590,11 @@ class ServingTenantHook:
                         ],
                     },
                 )
-            if plan.endpoint.kind == "InferenceService" and downloads_with_kserve(model):
-                # KServe's storage initializer finds a source's credentials through the secrets of
-                # the predictor's service account.
-                k8s.core.v1.ServiceAccount(
-                    stack.child_name(f"model-{model.name}-source-account"),
-                    metadata=k8s.meta.v1.ObjectMetaArgs(name=source_secret(model), namespace=names.namespace, labels=own),
-                    secrets=[k8s.core.v1.ObjectReferenceArgs(name=source_secret(model))],
-                    automount_service_account_token=False,
-                    opts=stack.child(),
-                )
             if plan.endpoint.kind == "InferenceService":
                 isvc = inference_service(plan, names, self.storage_class)
                 custom(f"model-{model.name}", f"{KSERVE}/v1beta1", "InferenceService", model.name, isvc["spec"], isvc["metadata_annotations"])
             else:
-                custom(f"model-{model.name}", f"{KSERVE}/v1alpha2", "LLMInferenceService", model.name, llm_inference_service(plan, names))
+                custom(f"model-{model.name}", f"{KSERVE}/v1alpha2", "LLMInferenceService", model.name, llm_inference_service(plan, names), source_annotations(plan))
             if model.source.startswith("hf://"):
                 custom(f"model-{model.name}-hub", "cilium.io/v2", "CiliumNetworkPolicy", f"{model.name}-model-hub", hub_egress_policy(plan))
 

@@ -269,6 +269,24 @@ BAD: list[tuple[str, Callable[[dict], None], str]] = [
     ),
     ("pod-cpu-out-of-bounds", _set(lambda r: model(r, SEARCH), resources={"cpu": "1000"}), "tenants[0].models[0].resources.cpu: 1000 is not between 100m and 512"),
     ("pod-memory-out-of-bounds", _set(lambda r: model(r, SEARCH), resources={"memory": "512Mi"}), "tenants[0].models[0].resources.memory: 512Mi is not between 1Gi and 8Ti"),
+    ("s3-settings-for-a-hub-source", _set(lambda r: model(r, SEARCH), s3={"region": "eu-west-3"}), "tenants[0].models[0].s3: only for an s3:// source"),
+    (
+        "s3-settings-without-credentials",
+        _set(lambda r: model(r, ASSISTANT), source="s3://models/qwen", s3={"endpoint": "minio.storage.svc:9000"}),
+        "tenants[1].models[0].s3: the settings reach KServe's storage initializer as annotations of the source's credential Secret",
+    ),
+    ("s3-endpoint-with-a-scheme", _set(lambda r: model(r, ASSISTANT), source="s3://models/qwen", credentials={"secret": "s3"}, s3={"endpoint": "https://minio:9000"}), "tenants[1].models[0].s3.endpoint: 'https://minio:9000' does not match"),
+    ("s3-endpoint-port-out-of-range", _set(lambda r: model(r, ASSISTANT), source="s3://models/qwen", credentials={"secret": "s3"}, s3={"endpoint": "minio:70000"}), "tenants[1].models[0].s3.endpoint: port 70000 is not between 1 and 65535"),
+    (
+        "credential-variables-kserve-does-not-read",
+        _set(lambda r: model(r, ASSISTANT), source="s3://models/qwen", credentials={"secret": "s3", "properties": {"AWS_ACCESS_KEY_ID": "id", "S3_SECRET": "key"}}),
+        "tenants[1].models[0].credentials.properties: a s3:// source's downloader reads AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY; missing AWS_SECRET_ACCESS_KEY",
+    ),
+    (
+        "hub-token-under-another-variable",
+        _set(lambda r: model(r, SEARCH, 1), credentials={"secret": "hf-token", "properties": {"HUGGING_FACE_TOKEN": "token"}}),
+        "tenants[0].models[1].credentials.properties: a hf:// source's downloader reads HF_TOKEN; missing HF_TOKEN",
+    ),
     ("unknown-engine", _set(lambda r: model(r, SEARCH), engine="tgi"), "tenants[0].models[0].engine: must be one of 'vllm'"),
     (
         "plaintext-credential",
@@ -330,15 +348,47 @@ def test_the_cli_refuses_a_model_over_its_grant_with_exit_2_and_writes_nothing(t
     assert "Traceback" not in result.stderr and not out.exists()
 
 
-def test_an_s3_model_is_downloaded_by_kserve_with_credentials_of_its_service_account(raw):
-    model(raw, ASSISTANT).update(source="s3://models-par1/qwen", credentials={"secret": "s3-models"})
+def test_an_s3_model_is_downloaded_by_kserve_with_its_credential_secret_and_s3_settings(raw, oracles):
+    model(raw, ASSISTANT).update(
+        source="s3://models-par1/qwen",
+        credentials={"secret": "s3-models"},
+        s3={"endpoint": "minio.storage.svc:9000", "region": "eu-par-1", "use_https": False},
+    )
     rendered = render(raw)
-    predictor = one(rendered, "InferenceService", "qwen-1-5b")["spec"]["predictor"]
+    isvc = one(rendered, "InferenceService", "qwen-1-5b")
+    predictor = isvc["spec"]["predictor"]
     assert predictor["model"]["storageUri"] == "s3://models-par1/qwen" and "--model=/mnt/models" in predictor["model"]["args"]
-    assert predictor["serviceAccountName"] == "qwen-1-5b-source" and predictor["automountServiceAccountToken"] is False
-    account = one(rendered, "ServiceAccount", "qwen-1-5b-source")
-    assert account["secrets"] == [{"name": "qwen-1-5b-source"}] and account["automountServiceAccountToken"] is False
+    assert isvc["metadata"]["annotations"]["serving.kserve.io/secretName"] == "qwen-1-5b-source"
+    assert "serviceAccountName" not in predictor and not [a for a in objects(rendered, "ServiceAccount") if a["metadata"]["name"] == "qwen-1-5b-source"]
+    # The keys stay in the initializer: vLLM reads the downloaded files only.
+    assert not {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} & set(env_of(container_of(isvc)))
+    target = one(rendered, "ExternalSecret", "qwen-1-5b-source")["spec"]["target"]
+    assert target["template"] == {"metadata": {"annotations": {
+        "serving.kserve.io/s3-endpoint": "minio.storage.svc:9000",
+        "serving.kserve.io/s3-region": "eu-par-1",
+        "serving.kserve.io/s3-usehttps": "0",
+        "serving.kserve.io/s3-verifyssl": "1",
+    }}} and "data" not in target["template"]
+    for kind, name in (("InferenceService", "qwen-1-5b"), ("ExternalSecret", "qwen-1-5b-source")):
+        assert oracles.validate_custom_object(one(rendered, kind, name)) == [], (kind, name)
     assert not [p for p in objects(rendered, "CiliumNetworkPolicy") if p["metadata"]["name"] == "qwen-1-5b-model-hub"]
+
+
+def test_a_large_hub_models_token_reaches_kserves_storage_initializer_not_vllm(dev):
+    llm = one(dev, "LLMInferenceService", "llama-70b")
+    assert llm["metadata"]["annotations"] == {"serving.kserve.io/secretName": "llama-70b-source"}
+    # KServe's initializer reads `hf://owner/model:revision`.
+    assert llm["spec"]["model"]["uri"] == "hf://meta-llama/Llama-3.3-70B-Instruct:main"
+    for part in (llm["spec"], llm["spec"]["prefill"]):
+        assert "HF_TOKEN" not in {e["name"] for e in part["template"]["containers"][0]["env"]}
+    assert one(dev, "ExternalSecret", "llama-70b-source")["spec"]["data"][0]["secretKey"] == "HF_TOKEN"
+
+
+def test_a_hub_model_of_an_inference_service_is_downloaded_by_vllm_with_its_token(dev):
+    isvc = one(dev, "InferenceService", "llama-8b")
+    assert "serving.kserve.io/secretName" not in (isvc["metadata"].get("annotations") or {})
+    assert "storageUri" not in isvc["spec"]["predictor"]["model"]
+    assert env_of(container_of(isvc))["HF_TOKEN"] == {"secretKeyRef": {"name": "llama-8b-source", "key": "HF_TOKEN"}}
 
 
 def test_a_hub_model_may_reach_the_hub_and_nothing_else(dev):

@@ -1267,6 +1267,35 @@ class ModelCredentials(Model):
     `AWS_SECRET_ACCESS_KEY: secret_access_key` for s3://."""
 
 
+def _port_in_range(value: str) -> str:
+    _, colon, port = value.rpartition(":")
+    if colon and not 1 <= int(port) <= 65535:
+        raise ValueError(f"port {port} is not between 1 and 65535")
+    return value
+
+
+class S3Settings(Model):
+    """Where and how KServe's storage initializer reaches an `s3://` source: written as KServe's
+    `serving.kserve.io/s3-*` annotations on the source's credential Secret, which KServe's
+    credential builder turns into the initializer's `S3_ENDPOINT`, `AWS_ENDPOINT_URL`,
+    `AWS_DEFAULT_REGION`, `S3_USE_HTTPS` and `S3_VERIFY_SSL`. Unset fields keep KServe's defaults
+    (AWS S3, HTTPS, certificates verified)."""
+
+    endpoint: Annotated[
+        str,
+        StringConstraints(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*(:[0-9]{1,5})?$", max_length=253),
+        AfterValidator(_port_in_range),
+    ] | None = None
+    """Host and optional port of an S3-compatible store, without scheme (`use_https` gives it),
+    e.g. `minio.storage.svc:9000` or `s3.eu-par-1.example.com`."""
+    region: Annotated[str, StringConstraints(pattern=r"^[a-z0-9][-a-z0-9]{0,31}$")] | None = None
+    """E.g. `eu-west-3`."""
+    use_https: bool = True
+    """Reach the endpoint over HTTPS (`s3-usehttps`); off only for an in-cluster store on plain HTTP."""
+    verify_ssl: bool = True
+    """Verify the endpoint's certificate (`s3-verifyssl`)."""
+
+
 def _refuse_plain_credentials(value: object) -> object:
     if isinstance(value, str):
         raise ValueError(
@@ -1382,6 +1411,8 @@ class ServedModel(Model):
     """E.g. `hf://Qwen/Qwen3-8B@main`."""
     credentials: Annotated[ModelCredentials | None, BeforeValidator(_refuse_plain_credentials)] = None
     """For a gated or private source; None for a public one."""
+    s3: S3Settings | None = None
+    """Endpoint, region and TLS of an `s3://` source (with `credentials`); None: AWS S3 over HTTPS."""
     engine: Literal["vllm"] = "vllm"
     served_name: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][-A-Za-z0-9_./:]*$", max_length=128)] | None = None
     """The name clients call (OpenAI `model`); default: `<tenant>/<name>`."""

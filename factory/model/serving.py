@@ -237,6 +237,28 @@ def model_problems(path: str, tenant: Tenant, model: ServedModel, pools: dict[st
         )
     if model.credentials is not None and model.source.startswith("pvc://"):
         problems.append(f"{path}.credentials: a pvc:// source is read from the tenant's own volume; it takes no credentials")
+    problems += credential_problems(path, model)
+    return problems
+
+
+CREDENTIAL_VARIABLES = {"hf://": ("HF_TOKEN",), "s3://": ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+"""The keys a source's credential Secret must hold, by scheme: what KServe's credential builder
+recognises a Secret by and hands its storage initializer (`HF_TOKEN`; the `kserve.storage.s3`
+key names of the kserve-resources chart), and what vLLM reads when it downloads itself."""
+
+
+def credential_problems(path: str, model: ServedModel) -> list[str]:
+    problems = []
+    scheme = model.source.split("://", 1)[0] + "://"
+    if model.s3 is not None:
+        if scheme != "s3://":
+            problems.append(f"{path}.s3: only for an s3:// source")
+        elif model.credentials is None:
+            problems.append(f"{path}.s3: the settings reach KServe's storage initializer as annotations of the source's credential Secret; give `credentials`")
+    if model.credentials is not None and model.credentials.properties:
+        missing = [v for v in CREDENTIAL_VARIABLES.get(scheme, ()) if v not in model.credentials.properties]
+        if missing:
+            problems.append(f"{path}.credentials.properties: a {scheme} source's downloader reads {', '.join(CREDENTIAL_VARIABLES[scheme])}; missing {', '.join(missing)}")
     return problems
 
 
