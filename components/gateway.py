@@ -7,9 +7,11 @@ to run, patch and isolate, and the traffic it forwards carries the reserved `ing
 which the model pods' policies admit by name. Cilium does not implement `InferencePool` backends;
 the models that need an endpoint picker (disaggregated or multi-node, `LLMInferenceService`) get
 their `InferencePool` and picker from KServe (`ai_factory.factory.model.serving`), and are reached
-through LiteLLM; the standalone picker chart (`llm-d-router-standalone`) was not used because its
-picker container takes no security context from values, so Pod Security `restricted` refuses it
-in a tenant's namespace (where its pool's pods must be).
+through LiteLLM; the standalone picker chart (`llm-d-router-standalone` v0.10.0) is not used
+because neither its picker container nor its pod takes a security context from any value (the
+templates read only `$proxy.securityContext`, the Envoy sidecar's; see README, "Routing and
+LiteLLM", for the template lines), so Pod Security `restricted` refuses it in a tenant's namespace,
+where the chart must put it (its InferencePool and `--pool-namespace` are the release's namespace).
 
 Isolation of routes: each tenant hostname is a listener of its own whose `allowedRoutes` admit
 only namespaces labelled with that tenant (a label the tenant cannot set: it cannot edit its

@@ -204,3 +204,61 @@ def test_a_backend_in_a_platform_namespace_is_accepted_with_its_grant(served, or
     home = objects(served, "HTTPRoute")[route]["metadata"]["namespace"]
     moved = edit(served, "HTTPRoute", route, lambda o: o["spec"]["rules"][0]["backendRefs"][0].update(namespace="litellm"))
     assert list(gateway_routes(_with(moved, _grant("litellm", home)), oracles)) == []
+
+
+# --------------------------------------------------------------------------- the endpoint picker
+
+STANDALONE_PICKER = "llm-d-router-standalone-v0.10.0.tgz"
+RESTRICTED = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def _helm_template(chart_env, chart: str, namespace: str, values: dict[str, Any]) -> list[dict[str, Any]]:
+    import subprocess
+
+    import yaml
+
+    done = subprocess.run(
+        [chart_env.helm, "template", "picker", str(chart_env.charts_dir / chart), "--namespace", namespace, "--kube-version", "1.34.0", "--values", "-"],
+        input=json.dumps(values), capture_output=True, text=True, check=True,
+    )
+    return [d for d in yaml.safe_load_all(done.stdout) if d]
+
+
+def test_the_standalone_picker_chart_cannot_meet_pod_security_restricted_with_any_value(chart_env):
+    """Why the gateway layer does not install llm-d-router-standalone (components/gateway.py): its
+    picker container and its pod take no security context from values; only the Envoy sidecar
+    does (`router.proxy.securityContext`)."""
+    import tarfile
+
+    from ai_factory.policies.aif_policies.workloads import security_context_problems
+
+    values = {"router": {"modelServers": {"matchLabels": {"ai-factory.io/model": "llama-70b"}}, "proxy": {"securityContext": RESTRICTED}}}
+    (deployment,) = [d for d in _helm_template(chart_env, STANDALONE_PICKER, "tenant-search", values) if d["kind"] == "Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    assert [c["name"] for c in pod["containers"]] == ["envoy-proxy", "epp"] and "securityContext" not in pod
+    assert list(security_context_problems(pod, "restricted", False)) == [
+        "container epp may run as root (runAsNonRoot is None, not true)",
+        "container epp allows privilege escalation (allowPrivilegeEscalation is None, not false)",
+        "container epp runs with seccomp profile unset (RuntimeDefault or Localhost required)",
+        "container epp does not drop ALL capabilities",
+    ]
+    with tarfile.open(chart_env.charts_dir / STANDALONE_PICKER) as chart:
+        templates = {m.name: chart.extractfile(m).read().decode() for m in chart.getmembers() if m.isfile() and "/templates/" in m.name}
+    readers = {(name, line.strip()) for name, text in templates.items() for line in text.splitlines() if "securityContext" in line and "{{" in line}
+    assert readers == {
+        ("llm-d-router-standalone/charts/router/templates/_deployment.yaml", "{{- with $proxy.securityContext }}"),
+        ("llm-d-router-standalone/charts/router/templates/_proxy-deployment.yaml", "{{- with $proxy.securityContext }}"),
+    }
+
+
+def test_kserves_endpoint_picker_meets_pod_security_restricted(chart_env):
+    """The picker LLMInferenceServices get instead (`router.scheduler`): the llm-d preset of the
+    kserve-runtime-configs chart, rendered with the serving layer's values."""
+    from ai_factory.components.serving import LLMISVC_CONFIGS_VALUES
+    from ai_factory.policies.aif_policies.workloads import security_context_problems
+
+    docs = _helm_template(chart_env, "kserve-runtime-configs-v0.20.0.tgz", "kserve", LLMISVC_CONFIGS_VALUES)
+    (scheduler,) = [d for d in docs if d["kind"] == "LLMInferenceServiceConfig" and d["metadata"]["name"] == "kserve-config-llm-scheduler"]
+    pod = scheduler["spec"]["router"]["scheduler"]["template"]
+    assert [c["name"] for c in pod["containers"]] == ["main", "tokenizer"]
+    assert list(security_context_problems(pod, "restricted", False)) == []
