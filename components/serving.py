@@ -664,7 +664,7 @@ def models_fit(raw: dict[str, Any]) -> list[str]:
     """Every model against its pool and its tenant's grant (`factory.model.serving`): a pool the
     tenant holds no grant in, fields of another sharing mode, a slice too small for weights + KV
     cache, tensor parallelism beyond an NVLink domain, replicas at `max` beyond the grant or their
-    pods beyond the tenant's CPU, memory and pod quota. Runs on
+    pods beyond the tenant's CPU, memory and pod quota, credentials KServe could not read. Runs on
     the tenants and pools that are themselves valid (the others' field errors speak for them)."""
     pools: dict[str, Pool] = {}
     declared = set()
