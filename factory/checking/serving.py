@@ -151,9 +151,10 @@ def model_demand(kind: str, spec: Any) -> HostDemand:
     sidecars (KServe's presets, `factory.model.serving`)."""
     spec = _mapping(spec)
     if kind == "InferenceService":
+        # KServe: `minReplicas` defaults to 1, a `maxReplicas` below it (0: unset) is the minimum.
         predictor = _mapping(spec.get("predictor"))
-        replicas = _count(predictor.get("maxReplicas"), _count(predictor.get("minReplicas"), 1))
-        return (HostDemand(1) + _container(predictor.get("model"))).times(max(replicas, 1))
+        minimum = _count(predictor.get("minReplicas"), 1)
+        return (HostDemand(1) + _container(predictor.get("model"))).times(max(minimum, _count(predictor.get("maxReplicas"), minimum)))
     scaling = _mapping(spec.get("scaling"))
     decode = _pods(spec, spec, _count(scaling.get("maxReplicas"), _count(spec.get("replicas"), 1)))
     total = _pod(_mapping(spec.get("template"))).times(decode)
@@ -172,7 +173,7 @@ def _pods(spec: Mapping[str, Any], part: Mapping[str, Any], replicas: int) -> in
     if not isinstance(part.get("worker"), Mapping):
         return replicas
     parallelism = _mapping(part.get("parallelism", spec.get("parallelism")))
-    return replicas * max(_count(parallelism.get("pipeline"), 1), 1)
+    return replicas * (_count(parallelism.get("pipeline"), 1) or 1)
 
 
 def quota_shortfalls(hard: Mapping[str, Any], demand: HostDemand) -> list[str]:
