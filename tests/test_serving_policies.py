@@ -91,7 +91,10 @@ def large(replicas: int, prefill: int | None = None) -> dict[str, Any]:
 def serving_world(hard: dict[str, str], models: list[tuple[str, str, str, dict[str, Any]]]):
     def program() -> None:
         namespace("kserve")
+        namespace("tenant-b", tenant="b")
         namespace("tenant-a", tenant="a")
+        # A quota of a tenant without models comes first: it must not end the reading.
+        custom("a-quota", "ResourceQuota", {"hard": {"requests.cpu": "1"}}, namespace_name="tenant-b", api_version="v1")
         custom("quota", "ResourceQuota", {"hard": hard}, namespace_name="tenant-a", api_version="v1")
         for name, kind, ns, spec in models:
             version = f"{KSERVE}/v1beta1" if kind == "InferenceService" else f"{KSERVE}/v1alpha2"
@@ -114,6 +117,7 @@ QUOTA = {"requests.cpu": "16", "requests.memory": "64Gi", "limits.memory": "64Gi
         pytest.param(QUOTA, [("big", "LLMInferenceService", "tenant-a", large(2))], [], id="accepts-a-large-model-with-its-picker"),
         pytest.param({"requests.memory": "64Gi"}, [("m", "InferenceService", "tenant-a", predictor(8, memory="8Gi"))], [], id="accepts-lines-the-quota-does-not-set"),
         pytest.param(QUOTA, [("m", "InferenceService", "kserve", predictor(50))], [], id="accepts-models-outside-tenant-namespaces"),
+        pytest.param(QUOTA, [("a-platform", "InferenceService", "kserve", predictor(50)), ("m", "InferenceService", "tenant-a", predictor(5))], ["its models (m) at their maximum replicas take requests.cpu 20"] + ["memory 80Gi"] * 2, id="flags-a-tenant-model-after-a-platform-one"),
     ],
 )
 def test_models_fit_tenant_quota(hard, models, expected):
