@@ -30,7 +30,8 @@ POOLS = (("h100-train", "H100-80GB", "exclusive"), ("a100-mig", "A100-80GB", "mi
 
 def stack_file(folder: Path, tenants: int) -> Path:
     document = yaml.safe_load((REPO / "Pulumi.dev.yaml").read_text())
-    document["config"]["ai-factory:tenants"] = [
+    # Added to dev's own tenants, which other sections of dev name (they have no series here).
+    document["config"]["ai-factory:tenants"] += [
         {"name": f"t{i:03d}", "trust": "high", "trust_domain": "internal", "owners": {"groups": [f"t{i:03d}-admins"]}} for i in range(tenants)
     ]
     path = folder / "Pulumi.benchbill.yaml"

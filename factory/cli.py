@@ -108,7 +108,12 @@ def main(argv: list[str] | None = None) -> int:
     source.add_argument(
         "--prometheus", metavar="URL", help="query the series from this Prometheus (bearer token, if needed, in FACTORY_PROMETHEUS_TOKEN)"
     )
-    bill.add_argument("--opencost", type=Path, help="OpenCost's /allocation response for the period (aggregate=namespace), saved as JSON")
+    costs = bill.add_mutually_exclusive_group()
+    costs.add_argument("--opencost", type=Path, help="OpenCost's /allocation response for the period (aggregate=namespace), saved as JSON")
+    costs.add_argument(
+        "--opencost-url", metavar="URL", help="query OpenCost's allocation API at this base URL, e.g. http://opencost.opencost:9003 "
+        "(bearer token, if needed, in FACTORY_OPENCOST_TOKEN)"
+    )
     bill.add_argument("--start", required=True, help="start of the period, ISO 8601 (UTC unless an offset is given), included")
     bill.add_argument("--end", required=True, help="end of the period, ISO 8601, excluded")
     bill.add_argument("--step", type=int, default=None, help="seconds each sample counts for (default: the rules' interval, 60)")
@@ -299,7 +304,7 @@ def _bill(args: argparse.Namespace) -> int:
     out = args.out or Path("build") / stack_name(stack_file(args.env)) / "bill"
     bill = make_bill(
         cfg, stack_name(stack_file(args.env)), args.start, args.end, out,
-        export=args.export, prometheus=args.prometheus, opencost=args.opencost, step=args.step or INTERVAL_SECONDS,
+        export=args.export, prometheus=args.prometheus, opencost=args.opencost, opencost_url=args.opencost_url, step=args.step or INTERVAL_SECONDS,
     )
     print(bill.summary())
     print(f"wrote {out}/bill.csv, totals.csv, gpu-hours.svg" + (", credits.csv" if bill.credits else ""))

@@ -343,7 +343,7 @@ def _fmt(value: float) -> str:
     return f"{value:.6f}"
 
 
-def _instant(moment: datetime) -> str:
+def instant(moment: datetime) -> str:
     return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -374,13 +374,13 @@ class OpenCost:
 OPENCOST_SHAPE = 'not an OpenCost allocation response ({"code": 200, "data": [{"<namespace>": {"cpuCost": ..., "window": {...}}}]})'
 OPENCOST_NUMBERS = ("cpuCoreHours", "cpuCost", "ramByteHours", "ramCost", "pvByteHours", "pvCost", "networkTransferBytes", "networkCost", "totalCost")
 MAX_OPENCOST_BYTES = 256 * 1024**2
+MAX_OPENCOST_MESSAGE = 200
 GIB = 1024.0**3
 
 
 def read_opencost(path: Path, cfg: FactoryConfig, period: Period) -> OpenCost:
     """OpenCost's `/allocation?window=<start>,<end>&aggregate=namespace` response, saved as a file
-    (one set with `accumulate=true`, or one per step: they are added up). A tenant's namespace is
-    its allocation; every allocation's window must lie within the bill's period."""
+    (see `opencost_costs`)."""
     try:
         if path.stat().st_size > MAX_OPENCOST_BYTES:
             raise ConfigError([f"opencost: {path} is larger than {MAX_OPENCOST_BYTES} bytes"], "bill")
@@ -389,9 +389,19 @@ def read_opencost(path: Path, cfg: FactoryConfig, period: Period) -> OpenCost:
         raise ConfigError([f"opencost: cannot read {path}: {err.strerror}"], "bill") from None
     except ValueError:
         raise ConfigError([f"opencost: {path}: {OPENCOST_SHAPE}"], "bill") from None
+    return opencost_costs(document, str(path), cfg, period)
+
+
+def opencost_costs(document: Any, source: str, cfg: FactoryConfig, period: Period) -> OpenCost:
+    """The tenants' costs in an allocation response read from `source` (one set with
+    `accumulate=true`, or one per step: they are added up). A tenant's namespace is its
+    allocation; every allocation's window must lie within the bill's period."""
     sets = document.get("data") if isinstance(document, dict) and document.get("code") == 200 else None
     if not isinstance(sets, list) or not all(isinstance(s, dict) for s in sets):
-        raise ConfigError([f"opencost: {path}: {OPENCOST_SHAPE}"], "bill")
+        # OpenCost wraps an error it hit in a code-500 envelope with a message.
+        said = document.get("message") if isinstance(document, dict) else None
+        reason = f" (OpenCost says: {said[:MAX_OPENCOST_MESSAGE]})" if isinstance(said, str) and said else ""
+        raise ConfigError([f"opencost: {source}: {OPENCOST_SHAPE}{reason}"], "bill")
     tenant_of = {tenant_names(t).namespace: t.name for t in cfg.tenants}
     start, end = period.bounds
     tenants: dict[str, OpenCostCosts] = {}
@@ -460,7 +470,7 @@ class Bill:
 
 def _line(env: str, period: Period, tenant: str, **fields: str) -> dict[str, str]:
     """A FOCUS row of the tenant's with the period's columns; every column present."""
-    begin, finish = _instant(period.start), _instant(period.end)
+    begin, finish = instant(period.start), instant(period.end)
     row = dict.fromkeys(FOCUS_COLUMNS, "")
     row.update(
         BillingAccountId=env, BillingPeriodStart=begin, BillingPeriodEnd=finish, ChargePeriodStart=begin, ChargePeriodEnd=finish,
@@ -666,14 +676,18 @@ def make_bill(
     export: Path | None = None,
     prometheus: str | None = None,
     opencost: Path | None = None,
+    opencost_url: str | None = None,
     step: int = INTERVAL_SECONDS,
     jobs: int = 2,
 ) -> Bill:
     """Check everything, compute, then write; a problem anywhere writes nothing (ConfigError). The
-    series come from an offline `export` or a live `prometheus` URL (exactly one)."""
+    series come from an offline `export` or a live `prometheus` URL (exactly one); OpenCost's costs,
+    if wanted, from a saved response (`opencost`) or its live API (`opencost_url`, at most one)."""
     problems = price_problems(cfg)
     if (export is None) == (prometheus is None):
         problems.append("source: give exactly one of an export file or a Prometheus URL")
+    if opencost is not None and opencost_url is not None:
+        problems.append("opencost: give a saved response or OpenCost's URL, not both")
     if not MIN_STEP <= step <= MAX_STEP:
         problems.append(f"step: {step} s is outside {MIN_STEP}..{MAX_STEP}")
     instants = []
@@ -687,13 +701,19 @@ def make_bill(
         problems += period_problems(period)
     if problems or period is None:
         raise ConfigError(problems, "bill")
+    # OpenCost first: a wrong URL or file fails before the series' long read.
+    if opencost_url is not None:
+        from ai_factory.factory.metering.opencost import query_opencost
+
+        costs: OpenCost | None = query_opencost(opencost_url, cfg, period)
+    else:
+        costs = read_opencost(opencost, cfg, period) if opencost is not None else None
     if export is not None:
         sums = read_export(export, cfg, period, jobs)
     else:
         from ai_factory.factory.metering.prometheus import read_prometheus
 
         sums = read_prometheus(str(prometheus), cfg, period, step)
-    costs = read_opencost(opencost, cfg, period) if opencost is not None else None
     bill = compute(cfg, env, period, sums, step, costs)
     problems = unreconciled(bill)
     if problems:
