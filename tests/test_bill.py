@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -145,6 +146,22 @@ def test_a_malformed_export_line_is_named(tmp_path, capsys):
     assert f"export line {len(path.read_text().splitlines())}: not a range-query series" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ({"metric": {"__name__": TENANT_USED, "tenant": "search", **pool_labels("h100-train")}, "values": [[START, "lots"]]}, 'values must be [unix time, "number"] pairs'),
+        ({"metric": {"__name__": TENANT_USED}, "values": [[START, "1", "2"]]}, 'values must be [unix time, "number"] pairs'),
+        ({"metric": {"tenant": "search"}, "values": [[START, "1"]]}, "not a range-query series"),
+        ({"metric": {"__name__": POOL_GPUS, "pool": 7}, "values": [[START, "1"]]}, "not a range-query series"),
+    ],
+)
+def test_a_line_that_is_not_a_series_of_numbers_is_named_by_its_number(tmp_path, capsys, line, message):
+    code, out = bill(tmp_path, extra=[line])
+    assert code == 2
+    assert f"export line {len((tmp_path / 'export.jsonl').read_text().splitlines())}: {message}" in capsys.readouterr().err
+    assert not out.exists()
+
+
 def counter(name: str, labels: dict[str, str], points: list[tuple[int, float]]) -> dict:
     """A counter sampled at the given minutes of the period."""
     return {"metric": {"__name__": name, **labels}, "values": [[START + 60 * m, repr(v)] for m, v in points]}
@@ -252,3 +269,59 @@ def test_a_sample_that_is_not_a_finite_number_is_refused(tmp_path, capsys):
     code, out = bill(tmp_path, extra=[nan])
     assert code == 2 and "not a finite number" in capsys.readouterr().err
     assert not out.exists()
+
+
+EXPECTED = REPO / "tests" / "expected" / "bill-dev"
+
+
+def rich_export_lines() -> list[dict | str]:
+    """Every kind of line an export holds: tenants' and pools' series, samples outside the period,
+    LiteLLM's counters (with a reset), availability, a series the bill does not read (with samples
+    that are no numbers), blank lines."""
+    return [
+        counter(LITELLM_SPEND, {"team_alias": "assistant", "model": "llama-3-8b"}, [(m, 0.5 * m if m < 40 else 0.1 * (m - 40)) for m in range(61)]),
+        counter(LITELLM_TOKENS, {"team_alias": "assistant", "model": "llama-3-8b"}, [(m, 100.0 * m) for m in range(61)]),
+        series(TENANT_ENTITLED, {"tenant": "search"}, 16.75),
+        {"metric": {"__name__": TENANT_UNAVAILABLE, "tenant": "search"}, "values": [[START + 60 * i, "8" if i < 30 else "0"] for i in range(60)]},
+        {"metric": {"__name__": "node_info", "node": "gpu-1"}, "values": [[START, "up"], [START + 60, None]]},
+        "",
+        "   ",
+    ]
+
+
+def test_the_bill_of_a_rich_export_is_byte_for_byte_the_recorded_one(tmp_path):
+    """The recorded files were written before the export reader was made cheaper (one decoding
+    pass, no cyclic GC, the file mapped): the same bytes prove it reads the same. Rewrite them
+    (FACTORY_WRITE_EXPECTED=1) only when the bill's format changes on purpose."""
+    lines = rich_export_lines()
+    path = export(tmp_path, [line for line in lines if isinstance(line, dict)])
+    path.write_text(path.read_text() + "".join(line + "\n" for line in lines if isinstance(line, str)))
+    out = tmp_path / "bill"
+    answer = REPO / "tests" / "contracts" / "opencost-1.120" / "allocation-namespace.json"
+    argv = ["bill", str(stack(tmp_path)), "--export", str(path), "--opencost", str(answer), "--start", "2025-12-01T00:00:00Z", "--end", "2025-12-01T01:00:00Z"]
+    assert main([*argv, "--out", str(out)]) == 0
+    files = sorted(p.name for p in out.iterdir())
+    if os.environ.get("FACTORY_WRITE_EXPECTED"):
+        EXPECTED.mkdir(parents=True, exist_ok=True)
+        for name in files:
+            (EXPECTED / name).write_bytes((out / name).read_bytes())
+    assert files == sorted(p.name for p in EXPECTED.iterdir()) == ["bill.csv", "credits.csv", "gpu-hours.svg", "totals.csv"]
+    for name in files:
+        assert (out / name).read_bytes() == (EXPECTED / name).read_bytes(), name
+
+
+def test_an_export_read_in_parts_sums_and_numbers_its_lines_as_read_whole(tmp_path, monkeypatch):
+    from ai_factory.factory.metering import bill as metering
+    from ai_factory.factory.model.loading import load_stack_file
+
+    cfg = load_stack_file(str(stack(tmp_path)))
+    period = metering.Period(metering.parse_time("2025-12-01T00:00:00Z", "start"), metering.parse_time("2025-12-01T01:00:00Z", "end"))
+    path = export(tmp_path, [line for line in rich_export_lines() if isinstance(line, dict)])
+    monkeypatch.setattr(metering, "MIN_PART_BYTES", 1)
+    whole, parts = metering.read_export(path, cfg, period, jobs=1), metering.read_export(path, cfg, period, jobs=3)
+    for name in metering.SUM_FIELDS:
+        assert getattr(parts, name) == pytest.approx(getattr(whole, name)), name
+    path.write_text(path.read_text() + "{}\n")
+    with pytest.raises(metering.ConfigError) as refused:
+        metering.read_export(path, cfg, period, jobs=3)
+    assert refused.value.problems == [f"export line {len(path.read_text().splitlines())}: {metering.SERIES_SHAPE}"]

@@ -23,9 +23,11 @@ one step, so GPU-hours = Σ samples × step / 3600.
 from __future__ import annotations
 
 import csv
+import gc
 import io
 import json
 import math
+import mmap
 import os
 import shutil
 import tempfile
@@ -175,10 +177,18 @@ class _Series(msgspec.Struct):
     """Decoded only for the series the bill reads."""
 
 
+class _Decoded(msgspec.Struct):
+    metric: dict[str, str]
+    values: Samples
+
+
 _SERIES = msgspec.json.Decoder(_Series)
 # strict=False reads Prometheus' quoted sample values ("0.25") as floats, in C: parsing the values
-# is most of a bill's time.
+# is most of a bill's time. (Label values stay strict: lax mode turns nothing into a string.)
 _VALUES = msgspec.json.Decoder(list[tuple[float, float]], strict=False)
+_LINE = msgspec.json.Decoder(_Decoded, strict=False)
+"""A whole line in one pass, which is what an export of the bill's own series holds; a line it
+refuses is read again in two steps to say which part is wrong (`_line_problem`)."""
 SERIES_SHAPE = 'not a range-query series ({"metric": {"__name__": ..., label: "value"}, "values": [[t, v], ...]})'
 VALUES_SHAPE = 'values must be [unix time, "number"] pairs'
 
@@ -260,30 +270,59 @@ def _read_part(path: Path, begin: int, stop: int, ctx: Context):
     sums = Sums.empty()
     problems: list[tuple[int, str]] = []
     number = 0
-    with path.open("rb") as f:
-        f.seek(begin)
-        while f.tell() < stop:
-            raw = f.readline()
-            number += 1
-            if not raw.strip():
-                continue
+    collecting = gc.isenabled()
+    # The decoded samples are millions of tuples of floats and no cycle: the cyclic collector's
+    # passes over them would be a fifth of the reading's time, for nothing.
+    gc.disable()
+    try:
+        with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            view = memoryview(mapped)
             try:
-                series = _SERIES.decode(raw)
-                name = series.metric["__name__"]
-            except (msgspec.DecodeError, KeyError):
-                problems.append((number, SERIES_SHAPE))
-                continue
-            if name not in READ:
-                continue
-            try:
-                values = _VALUES.decode(series.values)
-            except msgspec.DecodeError:
-                problems.append((number, VALUES_SHAPE))
-                continue
-            problem = add_series(sums, ctx, series.metric, values)
-            if problem:
-                problems.append((number, problem))
+                position = begin
+                while position < stop:
+                    newline = mapped.find(b"\n", position, stop)
+                    finish = stop if newline < 0 else newline
+                    number += 1
+                    problem = _add_line(sums, ctx, view[position:finish])
+                    position = finish + 1
+                    if problem:
+                        problems.append((number, problem))
+            finally:
+                view.release()
+    finally:
+        if collecting:
+            gc.enable()
     return sums, problems, number
+
+
+def _add_line(sums: Sums, ctx: Context, line: memoryview) -> str | None:
+    try:
+        series = _LINE.decode(line)
+    except msgspec.DecodeError:
+        return _line_problem(sums, ctx, line)
+    name = series.metric.get("__name__")
+    if name is None:
+        return SERIES_SHAPE
+    return add_series(sums, ctx, series.metric, series.values) if name in READ else None
+
+
+def _line_problem(sums: Sums, ctx: Context, line: memoryview) -> str | None:
+    """A line the one-pass decoder refused: blank (skipped), not a series, a series the bill does
+    not read (whatever its samples), or a read series whose samples are not numbers."""
+    if not bytes(line).strip():
+        return None
+    try:
+        series = _SERIES.decode(line)
+        name = series.metric["__name__"]
+    except (msgspec.DecodeError, KeyError):
+        return SERIES_SHAPE
+    if name not in READ:
+        return None
+    try:
+        values = _VALUES.decode(series.values)
+    except msgspec.DecodeError:
+        return VALUES_SHAPE
+    return add_series(sums, ctx, series.metric, values)
 
 
 def _parts(path: Path, size: int, jobs: int) -> list[tuple[int, int]]:
@@ -519,14 +558,15 @@ def compute(cfg: FactoryConfig, env: str, period: Period, sums: Sums, step: int,
             x_UsedGpuHours=_fmt(used) if key in sums.used else "",
             x_Utilisation=_fmt(used / allocated) if key in sums.used and allocated else "",
         ))
+    namespaces = {t.name: tenant_names(t).namespace for t in cfg.tenants}
     for tenant, costs in (opencost.tenants if opencost else {}).items():
         for what, category, unit, quantity, cost in OPENCOST_LINES:
             amount, count = getattr(costs, cost), getattr(costs, quantity)
             if amount or count:
                 rows.append(_line(
-                    env, period, tenant, ChargeDescription=f"{what} of namespace {tenant_namespace(cfg, tenant)} (OpenCost)",
-                    **_priced(amount, prices.currency, count, unit), ResourceId=f"{env}/{tenant_namespace(cfg, tenant)}",
-                    ResourceName=tenant_namespace(cfg, tenant), ResourceType="Namespace", ServiceCategory=category,
+                    env, period, tenant, ChargeDescription=f"{what} of namespace {namespaces[tenant]} (OpenCost)",
+                    **_priced(amount, prices.currency, count, unit), ResourceId=f"{env}/{namespaces[tenant]}",
+                    ResourceName=namespaces[tenant], ResourceType="Namespace", ServiceCategory=category,
                     ServiceName="ai-factory compute (OpenCost)", SkuId=f"opencost/{what}",
                 ))
     for tenant, model in sorted(set(sums.spend) | set(sums.tokens)):
@@ -550,10 +590,15 @@ def compute(cfg: FactoryConfig, env: str, period: Period, sums: Sums, step: int,
             **_priced(-hours * price, prices.currency, hours, "GPU-Hours", price), ResourceType="GPU", ServiceCategory="Compute",
             ServiceName="ai-factory GPU", SkuId="slo-credit",
         ))
+    # Each pool's tenant lines in one pass over them, added up in the same order as ever (so the
+    # same figures to the last bit), not one pass per pool.
+    billed_by_pool: dict[PoolKey, list[float]] = defaultdict(list)
+    for key, samples in sums.allocated.items():
+        billed_by_pool[key[1:]].append(_hours(samples, step))
     totals = []
-    for pool_key in sorted(set(sums.physical) | set(sums.idle) | {k[1:] for k in sums.allocated}):
+    for pool_key in sorted(set(sums.physical) | set(sums.idle) | set(billed_by_pool)):
         pool, model, mode = pool_key
-        billed = sum(_hours(v, step) for k, v in sums.allocated.items() if k[1:] == pool_key)
+        billed = sum(billed_by_pool.get(pool_key, ()))
         physical, idle = _hours(sums.physical.get(pool_key, 0.0), step), _hours(sums.idle.get(pool_key, 0.0), step)
         totals.append(
             {
@@ -573,10 +618,6 @@ def compute(cfg: FactoryConfig, env: str, period: Period, sums: Sums, step: int,
         by_tenant_mode[(tenant, mode)] += _hours(samples, step)
     idle_by_pool = {pool: _hours(v, step) for (pool, _, _), v in sorted(sums.idle.items())}
     return Bill(rows, totals, dict(by_tenant_mode), idle_by_pool, credit_rows, opencost.unattributed if opencost else 0.0)
-
-
-def tenant_namespace(cfg: FactoryConfig, tenant: str) -> str:
-    return next(tenant_names(t).namespace for t in cfg.tenants if t.name == tenant)
 
 
 CREDIT_COLUMNS = ("tenant", "trust", "target", "entitled_gpu_hours", "lost_gpu_hours", "availability", "credit_gpu_hours", "credit_cost", "currency")
