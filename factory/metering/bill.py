@@ -54,6 +54,8 @@ RECONCILE_TOLERANCE_HOURS = 1e-6
 MIN_STEP, MAX_STEP = 1, 3600
 MIN_PART_BYTES = 32 * 1024**2
 """An export is read in parallel parts of at least this size (smaller ones in one process)."""
+RELEASE_BYTES = 64 * 1024**2
+"""How much of the mapped export a reader holds before handing the pages read back."""
 LITELLM_SPEND = "litellm_spend_metric_total"
 LITELLM_TOKENS = "litellm_total_tokens_metric_total"
 LITELLM = frozenset({LITELLM_SPEND, LITELLM_TOKENS})
@@ -275,10 +277,12 @@ def _read_part(path: Path, begin: int, stop: int, ctx: Context):
     # passes over them would be a fifth of the reading's time, for nothing.
     gc.disable()
     try:
+        # Lines are decoded where the file is mapped, not copied out of it; the pages read are
+        # handed back as the reading goes, so the process holds at most RELEASE_BYTES of them.
         with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
             view = memoryview(mapped)
             try:
-                position = begin
+                position, released = begin, begin - begin % mmap.PAGESIZE
                 while position < stop:
                     newline = mapped.find(b"\n", position, stop)
                     finish = stop if newline < 0 else newline
@@ -287,6 +291,10 @@ def _read_part(path: Path, begin: int, stop: int, ctx: Context):
                     position = finish + 1
                     if problem:
                         problems.append((number, problem))
+                    if position - released >= RELEASE_BYTES:
+                        done = position - position % mmap.PAGESIZE
+                        mapped.madvise(mmap.MADV_DONTNEED, released, done - released)
+                        released = done
             finally:
                 view.release()
     finally:
