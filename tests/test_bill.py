@@ -4,6 +4,7 @@ with exit 2 and nothing written."""
 from __future__ import annotations
 
 import csv
+import gc
 import json
 import os
 from pathlib import Path
@@ -12,8 +13,10 @@ import pytest
 import yaml
 
 from ai_factory.factory.cli import main
+from ai_factory.factory.metering import bill as metering
 from ai_factory.factory.metering.bill import FOCUS_COLUMNS, LITELLM_SPEND, LITELLM_TOKENS, counter_increase
 from ai_factory.factory.metering.rules import POOL_GPUS, POOL_IDLE, TENANT_ALLOCATED, TENANT_USED
+from ai_factory.factory.model.loading import load_stack_file
 from ai_factory.factory.planning.credits import TENANT_ENTITLED, TENANT_UNAVAILABLE
 from tests.conftest import REPO
 
@@ -311,9 +314,6 @@ def test_the_bill_of_a_rich_export_is_byte_for_byte_the_recorded_one(tmp_path):
 
 
 def test_an_export_read_in_parts_sums_and_numbers_its_lines_as_read_whole(tmp_path, monkeypatch):
-    from ai_factory.factory.metering import bill as metering
-    from ai_factory.factory.model.loading import load_stack_file
-
     cfg = load_stack_file(str(stack(tmp_path)))
     period = metering.Period(metering.parse_time("2025-12-01T00:00:00Z", "start"), metering.parse_time("2025-12-01T01:00:00Z", "end"))
     path = export(tmp_path, [line for line in rich_export_lines() if isinstance(line, dict)])
@@ -325,3 +325,16 @@ def test_an_export_read_in_parts_sums_and_numbers_its_lines_as_read_whole(tmp_pa
     with pytest.raises(metering.ConfigError) as refused:
         metering.read_export(path, cfg, period, jobs=3)
     assert refused.value.problems == [f"export line {len(path.read_text().splitlines())}: {metering.SERIES_SHAPE}"]
+
+
+@pytest.mark.parametrize("collecting", [True, False])
+def test_reading_an_export_leaves_the_cyclic_collector_as_it_found_it(tmp_path, collecting):
+    cfg = load_stack_file(str(stack(tmp_path)))
+    period = metering.Period(metering.parse_time("2025-12-01T00:00:00Z", "start"), metering.parse_time("2025-12-01T01:00:00Z", "end"))
+    was = gc.isenabled()
+    (gc.enable if collecting else gc.disable)()
+    try:
+        metering.read_export(export(tmp_path), cfg, period)
+        assert gc.isenabled() is collecting
+    finally:
+        (gc.enable if was else gc.disable)()
