@@ -2,9 +2,10 @@
 
     python benchmarks/bill.py [TENANTS] [DAYS]      (from the repository root)
 
-Writes a synthetic export (each tenant: allocated and used series on one of the dev pools; per
-pool: idle and physical series that reconcile) to a temporary folder, then times the CLI on it in
-a process of its own and prints its wall time and peak memory.
+Writes a synthetic export (each tenant, added to dev's own: allocated and used series on one of
+the dev pools; per pool: idle and physical series that reconcile) to a temporary folder, then times
+the CLI on it in a process of its own and prints its wall time, its CPU time (user + system, all its
+processes: the figure to compare on a shared machine) and its peak memory per process.
 """
 
 from __future__ import annotations

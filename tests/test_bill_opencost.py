@@ -25,11 +25,11 @@ PERIOD = ("2025-12-01T00:00:00Z", "2025-12-01T01:00:00Z")
 
 
 class OpenCostServer:
-    """OpenCost's API on loopback: answers `status` with `body` (after `delay` seconds) and keeps
-    each request's path, query and headers."""
+    """OpenCost's API on loopback: answers `status` with `body` (after `delay` seconds, and the
+    body `drip` seconds after the headers) and keeps each request's path, query and headers."""
 
     def __init__(self) -> None:
-        self.status, self.body, self.delay, self.headers = 200, ANSWER.read_bytes(), 0.0, {}
+        self.status, self.body, self.delay, self.drip, self.headers = 200, ANSWER.read_bytes(), 0.0, 0.0, {}
         self.requests: list[tuple[str, dict[str, list[str]], dict[str, str]]] = []
         server = self
 
@@ -46,6 +46,8 @@ class OpenCostServer:
                     self.send_header("Content-Length", str(len(server.body)))
                 self.end_headers()
                 try:
+                    self.wfile.flush()
+                    time.sleep(server.drip)
                     self.wfile.write(server.body)
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the client gave up, as it should on a too-large or too-slow answer
@@ -173,6 +175,15 @@ def test_an_opencost_slower_than_the_read_timeout_exits_2(opencost, tmp_path, ca
     opencost.delay = 1.0
     code, out = run_bill(tmp_path, ["--opencost-url", opencost.url])
     assert code == 2 and "/allocation: no answer (ReadTimeout" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_an_answer_still_arriving_at_the_deadline_exits_2(opencost, tmp_path, capsys, monkeypatch):
+    # Each read is within the read timeout; the whole answer is not within the deadline.
+    monkeypatch.setattr(live, "DEADLINE_SECONDS", 0.3)
+    opencost.drip = 1.0
+    code, out = run_bill(tmp_path, ["--opencost-url", opencost.url])
+    assert code == 2 and "/allocation: the answer took longer than 0.3 s" in capsys.readouterr().err
     assert not out.exists()
 
 
