@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     costs = bill.add_mutually_exclusive_group()
     costs.add_argument("--opencost", type=Path, help="OpenCost's /allocation response for the period (aggregate=namespace), saved as JSON")
     costs.add_argument(
-        "--opencost-url", metavar="URL", help="query OpenCost's allocation API at this base URL, e.g. http://opencost.opencost:9003 "
+        "--opencost-url", metavar="URL", help="query OpenCost's allocation API at this base URL, e.g. http://opencost.monitoring:9003 "
         "(bearer token, if needed, in FACTORY_OPENCOST_TOKEN)"
     )
     bill.add_argument("--start", required=True, help="start of the period, ISO 8601 (UTC unless an offset is given), included")
