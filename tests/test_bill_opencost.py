@@ -170,6 +170,30 @@ def test_an_answer_growing_past_the_bound_is_cut_off(opencost, tmp_path, capsys,
     assert not out.exists()
 
 
+@pytest.mark.parametrize("announced", [True, False])
+def test_an_answer_of_exactly_the_bound_is_read_and_one_byte_more_is_not(opencost, tmp_path, capsys, monkeypatch, announced):
+    if not announced:
+        opencost.headers = {"Content-Length": ""}
+    monkeypatch.setattr(live, "MAX_OPENCOST_BYTES", len(opencost.body))
+    assert run_bill(tmp_path, ["--opencost-url", opencost.url], "exact")[0] == 0
+    monkeypatch.setattr(live, "MAX_OPENCOST_BYTES", len(opencost.body) - 1)
+    code, out = run_bill(tmp_path, ["--opencost-url", opencost.url], "over")
+    assert code == 2 and f"the answer is larger than {len(opencost.body) - 1} bytes" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_a_url_of_exactly_the_length_bound_is_asked(opencost, tmp_path):
+    url = opencost.url + "/" + "a" * (live.MAX_URL_LENGTH - len(opencost.url) - 1)
+    assert len(url) == live.MAX_URL_LENGTH
+    assert run_bill(tmp_path, ["--opencost-url", url])[0] == 0
+    assert opencost.requests[0][0] == url.removeprefix(opencost.url) + "/allocation"
+
+
+@pytest.mark.parametrize("url", ["http://opencost.monitoring:9003", "https://opencost.example.com", "http://127.0.0.1:9003/opencost/"])
+def test_opencosts_base_url_over_http_or_https_has_no_problem(url):
+    assert live.url_problems(url) == []
+
+
 def test_an_opencost_slower_than_the_read_timeout_exits_2(opencost, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(live, "READ_TIMEOUT_SECONDS", 0.2)
     opencost.delay = 1.0
@@ -204,6 +228,7 @@ def test_an_unreachable_opencost_exits_2(tmp_path, capsys):
         ("http://:9003", "is not an http(s) URL with a host"),
         ("http://opencost:99999", "is not a URL"),
         ("http://admin:pw@opencost:9003", "the URL carries credentials; give a bearer token in FACTORY_OPENCOST_TOKEN"),
+        ("http://admin@opencost:9003", "the URL carries credentials"),
         ("http://opencost:9003/?window=7d", "has a query or fragment"),
         ("http://opencost/" + "a" * 2048, "more than 2048"),
     ],
