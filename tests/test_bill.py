@@ -317,8 +317,11 @@ def test_an_export_read_in_parts_sums_and_numbers_its_lines_as_read_whole(tmp_pa
     cfg = load_stack_file(str(stack(tmp_path)))
     period = metering.Period(metering.parse_time("2025-12-01T00:00:00Z", "start"), metering.parse_time("2025-12-01T01:00:00Z", "end"))
     path = export(tmp_path, [line for line in rich_export_lines() if isinstance(line, dict)])
+    whole = metering.read_export(path, cfg, period, jobs=1)
+    # Parts as small as can be, each handing its pages back after every line.
     monkeypatch.setattr(metering, "MIN_PART_BYTES", 1)
-    whole, parts = metering.read_export(path, cfg, period, jobs=1), metering.read_export(path, cfg, period, jobs=3)
+    monkeypatch.setattr(metering, "RELEASE_BYTES", 1)
+    parts = metering.read_export(path, cfg, period, jobs=3)
     for name in metering.SUM_FIELDS:
         assert getattr(parts, name) == pytest.approx(getattr(whole, name)), name
     path.write_text(path.read_text() + "{}\n")
@@ -338,3 +341,15 @@ def test_reading_an_export_leaves_the_cyclic_collector_as_it_found_it(tmp_path, 
         assert gc.isenabled() is collecting
     finally:
         (gc.enable if was else gc.disable)()
+
+
+def test_an_export_without_a_final_newline_bills_the_same(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    code, out = bill(tmp_path / "a")
+    path = export(tmp_path / "b")
+    path.write_text(path.read_text().removesuffix("\n"))
+    again = tmp_path / "b" / "bill"
+    argv = ["bill", str(stack(tmp_path / "b")), "--export", str(path), "--start", "2025-12-01T00:00:00Z", "--end", "2025-12-01T01:00:00Z", "--out", str(again)]
+    assert (code, main(argv)) == (0, 0)
+    assert (again / "bill.csv").read_bytes() == (out / "bill.csv").read_bytes()
