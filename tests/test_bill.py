@@ -343,12 +343,13 @@ def test_reading_an_export_leaves_the_cyclic_collector_as_it_found_it(tmp_path, 
         (gc.enable if was else gc.disable)()
 
 
-def test_an_export_without_a_final_newline_bills_the_same(tmp_path):
+@pytest.mark.parametrize("edit", [lambda text: text.removesuffix("\n"), lambda text: "\n" + text], ids=["no-final-newline", "blank-first-line"])
+def test_an_export_without_a_final_newline_or_with_a_blank_first_line_bills_the_same(tmp_path, edit):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     code, out = bill(tmp_path / "a")
     path = export(tmp_path / "b")
-    path.write_text(path.read_text().removesuffix("\n"))
+    path.write_text(edit(path.read_text()))
     again = tmp_path / "b" / "bill"
     argv = ["bill", str(stack(tmp_path / "b")), "--export", str(path), "--start", "2025-12-01T00:00:00Z", "--end", "2025-12-01T01:00:00Z", "--out", str(again)]
     assert (code, main(argv)) == (0, 0)
