@@ -371,11 +371,8 @@ LAYER = Layer(
     section="kubevirt",
     component=KubeVirt,
     args=KubeVirtArgs.from_config,
-    requires=("fleet", "gpu-operator"),
+    requires=("fleet",),
     tenant_hook=KubeVirtTenantHook.from_config,
     checks=(vm_checks.vm_devices_permitted, vm_checks.vm_resources_quotaed),
-    # The GitOps bundle carries no copy of the release manifests (they are never downloaded at
-    # render): for Flux they are a prerequisite the cluster gets from the pinned URLs.
-    external_crds=tuple(group for pin in MANIFESTS.values() for group in pin.crd_groups),
     config_checks=(vm_requests,),
 )
