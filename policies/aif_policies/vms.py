@@ -33,7 +33,7 @@ def check_vm_devices_permitted(resources: Sequence[PolicyResource], config: Mapp
             yield vm.resource, f"{vm.describe()}: {problem}"
 
 
-def check_vm_resources_quotaed(resources: Sequence[PolicyResource], config: Mapping[str, Any]) -> Iterator[Violation]:
+def check_vm_gpus_quotaed(resources: Sequence[PolicyResource], config: Mapping[str, Any]) -> Iterator[Violation]:
     cluster = Cluster(resources)
     permitted = _permitted(cluster)
     if not permitted:
@@ -57,6 +57,6 @@ POLICIES = [
     stack_policy(
         "vm-gpus-quotaed",
         "Every GPU resource name KubeVirt permits (what virt-launcher pods request) is capped in every tenant's ResourceQuota.",
-        check_vm_resources_quotaed,
+        check_vm_gpus_quotaed,
     ),
 ]
