@@ -239,9 +239,9 @@ def test_kustomize_builds_each_stage_into_exactly_its_objects(dev, tmp_path):
         path = k["spec"]["path"].removeprefix("./")
         built = subprocess.run(["kubectl", "kustomize", str(tmp_path / path)], capture_output=True, text=True, check=True, timeout=60)
         objects = sorted(
-            (o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]) for o in yaml.safe_load_all(built.stdout) if o
+            (o["kind"], o["metadata"].get("namespace") or "", o["metadata"]["name"]) for o in yaml.safe_load_all(built.stdout) if o
         )
-        expected = [("ConfigMap", None, m.name) if m.is_remote else (m.kind, m.namespace, m.name) for m in dev.manifests if m.path.startswith(path + "/")]
+        expected = [("ConfigMap", "", m.name) if m.is_remote else (m.kind, m.namespace or "", m.name) for m in dev.manifests if m.path.startswith(path + "/")]
         assert objects == sorted(expected), path
 
 
