@@ -195,9 +195,11 @@ def tenant_spec(cfg: FactoryConfig, plan: Plan, tenant: Tenant, storage_class: s
     for pool_name, settings in sorted(cfg.layers.kubevirt.pools.items()):
         resource = plan.pool(pool_name).vm_resource or ""
         granted = min(grants.get((pool_name, resource), 0), cfg.pool(pool_name).gpu.per_node)
+        # The usual sizes, and every size one of the tenant's VMs asks for (validation bounds it by the grant).
+        counts = set(GPU_COUNTS) | {r.gpus for r in requests if r.pool == pool_name}
         types += [
             InstanceType(instancetype_name(pool_name, n), resource, n, n * settings.cpus_per_gpu, n * settings.memory_gib_per_gpu)
-            for n in GPU_COUNTS
+            for n in sorted(counts)
             if n <= granted
         ]
     vms = []
@@ -325,9 +327,10 @@ def vm_requests(raw: dict[str, Any]) -> list[str]:
         vm_names: set[str] = set()
         for j, vm in enumerate(map(as_dict, as_list(entry.get("vms")))):
             vm_path, pool_name, gpus = f"{path}.vms[{j}]", vm.get("pool"), vm.get("gpus", 1)
-            if vm.get("name") in vm_names:
-                problems.append(f"{vm_path}.name: VM {vm.get('name')!r} is defined twice")
-            vm_names.add(vm.get("name"))
+            if isinstance(vm.get("name"), str):  # another type has its field error
+                if vm["name"] in vm_names:
+                    problems.append(f"{vm_path}.name: VM {vm['name']!r} is defined twice")
+                vm_names.add(vm["name"])
             if not isinstance(pool_name, str):
                 continue
             if pool_name not in marked:

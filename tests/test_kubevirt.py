@@ -82,6 +82,18 @@ def test_a_low_trust_tenants_vm_lands_on_its_dedicated_node(dev_raw):
     assert {"key": "ai-factory.io/dedicated", "operator": "Equal", "value": "partner-acme", "effect": "NoSchedule"} in template["tolerations"]
 
 
+def test_a_vm_of_an_unusual_size_gets_an_instance_type_of_its_size(raw):
+    from ai_factory.factory.model.loading import validate
+    from ai_factory.factory.planning.from_config import plan_for
+
+    raw["tenants"][0]["gpus"][-1]["count"] = 3
+    _vm(raw).update(gpus=3)
+    cfg = validate(raw)
+    hook = kubevirt.KubeVirtTenantHook.from_config(cfg, plan_for(cfg))
+    assert [t.name for t in hook.tenants[0].instancetypes] == ["h100-vm-1gpu", "h100-vm-2gpu", "h100-vm-3gpu"]
+    assert hook.tenants[0].vms[0].instancetype == "h100-vm-3gpu"
+
+
 def test_offline_checks_accept_the_dev_render(dev):
     assert list(vm_checks.vm_devices_permitted(dev, None)) == [] and list(vm_checks.vm_resources_quotaed(dev, None)) == []
 
@@ -109,6 +121,7 @@ BAD_REQUESTS = [
     ("device-of-another-model", lambda r: r["layers"]["kubevirt"]["pools"]["h100-vm"].update(pci_device_id="0x232110DE"), "layers.kubevirt.pools.h100-vm.pci_device_id: '0x232110DE' is not a H100-80GB"),
     ("unknown-tenant", lambda r: r["layers"]["kubevirt"]["tenants"][0].update(tenant="serch"), "layers.kubevirt.tenants[0].tenant: unknown tenant 'serch' (did you mean 'search'?)"),
     ("layer-off", lambda r: r["layers"]["kubevirt"].update(enabled=False), "layers.kubevirt: pools or tenants given"),
+    ("vm-twice", lambda r: r["layers"]["kubevirt"]["tenants"][0]["vms"].append(copy.deepcopy(_vm(r))), "layers.kubevirt.tenants[0].vms[1].name: VM 'workstation' is defined twice"),
 ]
 
 
@@ -161,6 +174,24 @@ VM_ROWS = [
 def test_vm_problems(spec, expected):
     found = vm_checks.vm_problems(spec, TYPES, PERMITTED)
     assert found == [] if expected is None else any(expected in p for p in found), found
+
+
+def test_a_vm_is_refused_every_device_when_nothing_is_permitted():
+    assert vm_checks.vm_problems(_vm_spec(), TYPES, set()) == [f"requests host device '{H100}', which the KubeVirt CR does not permit (none)"]
+
+
+PERMITTED_ROWS = [
+    ("pci", {"pciHostDevices": [{"pciVendorSelector": "10DE:2330", "resourceName": H100}]}, {H100}),
+    ("mediated", {"mediatedDevices": [{"mdevNameSelector": "GRID A100-1-5C", "resourceName": "nvidia.com/GRID_A100-1-5C"}]}, {"nvidia.com/GRID_A100-1-5C"}),
+    ("usb", {"usb": [{"resourceName": "kubevirt.io/token", "selectors": [{"vendor": "1050", "product": "0407"}]}]}, {"kubevirt.io/token"}),
+    ("entry-without-a-name", {"pciHostDevices": [{"pciVendorSelector": "10DE:2330"}]}, set()),
+    ("nothing", {}, set()),
+]
+
+
+@pytest.mark.parametrize(("permitted", "expected"), [(p, e) for _, p, e in PERMITTED_ROWS], ids=[i for i, _, _ in PERMITTED_ROWS])
+def test_permitted_devices(permitted, expected):
+    assert vm_checks.permitted_devices([{"configuration": {"permittedHostDevices": permitted}}]) == expected
 
 
 def _kubevirt_cr() -> None:
