@@ -247,5 +247,12 @@ OFFLINE_BREAKAGES = [
 def test_offline_checks_flag_a_broken_render(dev, change, check, expected):
     broken = copy.deepcopy(dev)
     change(broken)
-    messages = [f.message for f in check(broken, None)]
-    assert any(expected in m for m in messages), messages
+    findings = [f for f in check(broken, None) if expected in f.message]
+    assert findings, [f.message for f in check(broken, None)]
+    assert all(len(f.tenants) == 1 for f in findings), findings  # attributed to the tenant whose object it is
+
+
+def test_without_queues_no_vm_is_held_to_a_cluster_queue(dev):
+    queueless = copy.deepcopy(dev)
+    queueless.manifests = [m for m in queueless.manifests if m.kind != "ClusterQueue"]
+    assert list(vm_checks.vm_resources_quotaed(queueless, None)) == []
