@@ -92,6 +92,10 @@ class GpuOperatorArgs:
     """Replica counts of the time-sliced pools (one device-plugin config each); empty without any."""
     dcgm_exporter: bool
     registry: RegistryCredentials | None = None
+    vm_passthrough: bool = False
+    """Some pool is marked for VMs (`layers.kubevirt.pools`): sandbox workloads on, so the nodes the
+    fleet layer labels `vm-passthrough` get the VFIO manager and the sandbox device plugin instead
+    of the driver and the container device plugin; every other node stays `container`."""
 
     @classmethod
     def from_config(cls, cfg: FactoryConfig, plan: Plan) -> GpuOperatorArgs:
@@ -105,6 +109,7 @@ class GpuOperatorArgs:
             time_slicing_replicas=tuple(sorted({p.time_slicing_replicas for p in plan.pools if p.sharing == "time-slicing"})),
             dcgm_exporter=layer.dcgm_exporter,
             registry=layer.registry,
+            vm_passthrough=any(p.vm_resource for p in plan.pools),
         )
 
     @property
@@ -137,6 +142,8 @@ def chart_values(args: GpuOperatorArgs, pull_secret: str | None) -> dict:
         "mig": {"strategy": "mixed" if args.mig else "single"},
         "node-feature-discovery": {"worker": {"tolerations": tolerations()}},
     }
+    if args.vm_passthrough:
+        values["sandboxWorkloads"] = {"enabled": True, "defaultWorkload": "container", "mode": "kubevirt"}
     if args.mig:
         values["migManager"]["config"] = {
             "create": True,

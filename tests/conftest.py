@@ -39,9 +39,9 @@ def without_models(raw: dict[str, Any]) -> dict[str, Any]:
 
 def without_dev_tenants_settings(raw: dict[str, Any]) -> dict[str, Any]:
     """The config without the layer settings that name dev's own tenants and hosts (Slurm clusters,
-    Pod Security exceptions, Metal3 hosts): for tests that replace dev's tenants or pools."""
+    Pod Security exceptions, Metal3 hosts, VMs): for tests that replace dev's tenants or pools."""
     layers = raw.get("layers", {})
-    for section in ("slinky", "provisioning"):
+    for section in ("slinky", "provisioning", "kubevirt"):
         layers.pop(section, None)
     layers.get("tenancy", {}).pop("pod_security_exceptions", None)
     return without_models(raw)

@@ -29,6 +29,7 @@ def fleet_document() -> dict[str, Any]:
     pools[0]["cluster"] = "par1-a"
     pools[1]["cluster"] = "par1-b"
     pools[2]["site"] = "fra1"
+    pools[3]["cluster"] = "par1-a"  # the VM pool
     pools.append({"name": "h100-ams", "site": "ams1", "gpu": {"model": "H100-80GB", "per_node": 8}, "sharing": "exclusive", "nodes": 2,
                   "topology": {"fabric": "infiniband"}, "driver": {"version": "595.91.07"}})
     tenants = config["ai-factory:tenants"]

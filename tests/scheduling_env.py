@@ -53,6 +53,7 @@ def bigger_environment(dev: dict[str, Any]) -> dict[str, Any]:
     dev["tenants"] = tenants
     dev.pop("self_service", None)  # dev's rules name dev's pools
     dev.get("layers", {}).pop("provisioning", None)  # so do dev's bare-metal hosts
+    dev.get("layers", {}).pop("kubevirt", None)  # and its VM pool
     # Slurm for two research tenants (dev's cluster names dev's pools), on multi-node NVLink too.
     exception = {"level": "baseline", "reason": "Slurm cluster: slurmd runs as root to start job steps", "approved_by": "platform-security"}
     dev["layers"]["tenancy"]["pod_security_exceptions"] = [{"tenant": t, **exception} for t in ("vision", "speech")]

@@ -33,6 +33,7 @@ def many_tenants(dev: dict[str, Any], count: int = 30) -> dict[str, Any]:
     }
     dev["tenants"] = tenants
     dev.get("layers", {}).pop("provisioning", None)  # dev's bare-metal hosts name dev's pools
+    dev.get("layers", {}).pop("kubevirt", None)  # so does its VM pool
     # Two Slurm tenants of different trust domains (the dev config's cluster names its own tenant).
     slurm_tenants = [t["name"] for t in tenants if t["name"] in ("team-02", "team-08")]
     exception = {"level": "baseline", "reason": "Slurm cluster: slurmd runs as root to start job steps", "approved_by": "platform-security"}

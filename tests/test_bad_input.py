@@ -144,7 +144,7 @@ def _dev_pool(raw, name):
     [
         (lambda r: _dev_pool(r, "l40s-infer").update(nodes=1_000_000), [f"fleet.pools[2].nodes: must be <= {MAX_FLEET_NODES}"]),
         (lambda r: [_dev_pool(r, n).update(nodes=MAX_FLEET_NODES // 2) for n in ("a100-mig", "l40s-infer")],
-         [f"fleet.pools: {MAX_FLEET_NODES + 4} nodes in all; a fleet is one Kubernetes cluster, at most {MAX_FLEET_NODES} nodes"]),
+         [f"fleet.pools: {MAX_FLEET_NODES + 5} nodes in all; a fleet is one Kubernetes cluster, at most {MAX_FLEET_NODES} nodes"]),
         (lambda r: r["tenants"][2]["gpus"][0].update(count=10**18), ["tenants[2].gpus[0].count: must be <= 5120000"]),
         (lambda r: r["tenants"][2]["gpus"][0].update(count=33),
          ["tenants[2].gpus[0].count: 33 is more than pool 'h100-train' could ever supply (32 GPUs); the demand cannot be planned"]),
@@ -337,8 +337,8 @@ def test_pulumi_up_refuses_a_key_outside_the_known_namespaces(dev_raw):
     from ai_factory.factory.model.loading import load_pulumi_config
     from ai_factory.factory.rendering.harness import run_program
 
-    # Layers naming dev's tenants (its Slurm cluster, its Pod Security exception) would report them unknown.
-    layers = {**dev_raw[0]["layers"], "slinky": {}, "tenancy": {k: v for k, v in dev_raw[0]["layers"]["tenancy"].items() if k != "pod_security_exceptions"}}
+    # Layers naming dev's tenants (its Slurm cluster, its VMs, its Pod Security exception) would report them unknown.
+    layers = {**dev_raw[0]["layers"], "slinky": {}, "kubevirt": {}, "tenancy": {k: v for k, v in dev_raw[0]["layers"]["tenancy"].items() if k != "pod_security_exceptions"}}
     config = {f"ai-factory:{k}": json.dumps(v, default=lambda s: s.reveal()) for k, v in {**dev_raw[0], "layers": layers}.items() if k != "tenants"}
     config["ai-factroy:tenants"] = json.dumps(dev_raw[0]["tenants"])
     with pytest.raises(ConfigError) as err:

@@ -21,12 +21,14 @@ from ai_factory.factory.rendering.bundle import (
     KUSTOMIZE_FILE,
     NOT_IN_BUNDLE,
     PATCH_ANNOTATIONS,
+    REMOTE_DIR,
     Manifest,
     Rendered,
     ReferenceDumper,
     dump_yaml,
     from_graph,
     load_rendered,
+    manifest_pin,
 )
 from ai_factory.factory.rendering.harness import run_program
 # The scheduling tests' bigger environments with KAI (every kind of custom resource the library
@@ -219,19 +221,28 @@ def test_every_directory_lists_exactly_its_files_in_a_kustomization(dev, tmp_pat
     for directory in directories:
         listed = yaml.safe_load((directory / KUSTOMIZE_FILE).read_text())
         assert listed["apiVersion"] == "kustomize.config.k8s.io/v1beta1" and listed["kind"] == "Kustomization"
+        if directory.parent.name == REMOTE_DIR:  # a pinned release manifest: its one resource is the pinned URL
+            assert [manifest_pin(url).url for url in listed["resources"]] == listed["resources"] and len(listed["resources"]) == 1, directory
+            assert [p.name for p in directory.iterdir()] == [KUSTOMIZE_FILE], directory
+            continue
         assert sorted(listed["resources"]) == sorted(p.name for p in directory.iterdir() if p.name != KUSTOMIZE_FILE), directory
 
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (its built-in kustomize) is not on PATH")
 def test_kustomize_builds_each_stage_into_exactly_its_objects(dev, tmp_path):
     dev.write(tmp_path)
+    # Offline, a pinned release manifest's URL is replaced by one stand-in object named after it.
+    for remote in tmp_path.rglob(f"{REMOTE_DIR}/*/{KUSTOMIZE_FILE}"):
+        (remote.parent / "stand-in.yaml").write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": remote.parent.name}}))
+        remote.write_text(yaml.safe_dump({**yaml.safe_load(remote.read_text()), "resources": ["stand-in.yaml"]}))
     for k in [*dev.kustomizations, {"spec": {"path": "./manifests"}}]:
         path = k["spec"]["path"].removeprefix("./")
         built = subprocess.run(["kubectl", "kustomize", str(tmp_path / path)], capture_output=True, text=True, check=True, timeout=60)
         objects = sorted(
-            (o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]) for o in yaml.safe_load_all(built.stdout) if o
+            (o["kind"], o["metadata"].get("namespace") or "", o["metadata"]["name"]) for o in yaml.safe_load_all(built.stdout) if o
         )
-        assert objects == sorted((m.kind, m.namespace, m.name) for m in dev.manifests if m.path.startswith(path + "/")), path
+        expected = [("ConfigMap", "", m.name) if m.is_remote else (m.kind, m.namespace or "", m.name) for m in dev.manifests if m.path.startswith(path + "/")]
+        assert objects == sorted(expected), path
 
 
 def test_each_kustomization_applies_a_directory_of_the_bundle(dev, tmp_path):

@@ -201,7 +201,7 @@ def test_removing_a_domains_only_user_of_a_pool_changes_only_what_follows_its_of
     path = tmp_path / "Pulumi.peers.yaml"
     document = yaml.safe_load(dev[: dev.index("  ai-factory:tenants:\n")] + ONE_POOL_USER)
     layers = document["config"]["ai-factory:layers"]
-    del layers["slinky"]["clusters"], layers["tenancy"]["pod_security_exceptions"]  # they name dev's tenants
+    del layers["slinky"]["clusters"], layers["tenancy"]["pod_security_exceptions"], layers["kubevirt"]["tenants"]  # they name dev's tenants
     path.write_text(yaml.safe_dump(document, sort_keys=False))
     assert main(["diff", str(path), "--without-tenant", "alpha"]) == 0
     out = capsys.readouterr().out

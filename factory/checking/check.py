@@ -29,7 +29,7 @@ def schema(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
     certificates KServe's chart renders) when the oracle directory has no CRD for them."""
     external = external_crds({m.layer for m in rendered.manifests})
     for m in rendered.manifests:
-        if _unchecked_kind(m, oracles, external):
+        if m.is_remote or _unchecked_kind(m, oracles, external):  # a remote manifest is a URL, checked as a pin (bundle-order)
             continue
         for error in oracles.validate_object(m.obj, rendered.kubernetes_version):
             # The oracle's message names the object too; the finding names it once.

@@ -452,6 +452,57 @@ def _crd_object_schema(openapi: Mapping[str, Any]) -> dict[str, Any]:
     return schema
 
 
+_OPENAPI_FILE_PATTERN = "*/openapi/swagger.json"
+"""OpenAPI v2 specs of kinds whose CRDs an operator generates at run time (KubeVirt's VirtualMachine,
+instance types): `<group>/<version>` and kind are read off the spec's create (POST) paths."""
+
+
+def _inline(definitions: Mapping[str, Any], node: Any, seen: frozenset[str] = frozenset()) -> Any:
+    """A swagger schema with its `$ref`s replaced by their definitions, as one structural schema; a
+    recursive reference accepts anything (no KubeVirt field the library writes recurses)."""
+    if isinstance(node, list):
+        return [_inline(definitions, item, seen) for item in node]
+    if not isinstance(node, Mapping):
+        return node
+    ref = node.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/definitions/"):
+        name = ref.removeprefix("#/definitions/")
+        if name in seen:
+            return {"x-kubernetes-preserve-unknown-fields": True}
+        return _inline(definitions, definitions.get(name, {}), seen | {name})
+    out = {key: _inline(definitions, value, seen) for key, value in node.items() if key != "default"}
+    if out.get("format") == "int-or-string":
+        out["x-kubernetes-int-or-string"] = True
+    return out
+
+
+def _openapi_kinds(spec: Mapping[str, Any]) -> dict[tuple[str, str, str], str]:
+    """(group, version, kind) -> definition name, for every namespaced or cluster create path."""
+    found = {}
+    for path, operations in (spec.get("paths") or {}).items():
+        parts = str(path).strip("/").split("/")
+        if len(parts) < 4 or parts[0] != "apis" or not isinstance(operations, Mapping) or "post" not in operations:
+            continue
+        for parameter in operations["post"].get("parameters") or []:
+            ref = (parameter.get("schema") or {}).get("$ref", "") if parameter.get("in") == "body" else ""
+            if ref.startswith("#/definitions/"):
+                name = ref.removeprefix("#/definitions/")
+                found[(parts[1], parts[2], name.rsplit(".", 1)[-1])] = name
+    return found
+
+
+class _LazyValidator:
+    """The validator of one OpenAPI definition, built on first use (inlining is not free)."""
+
+    def __init__(self, definitions: Mapping[str, Any], name: str):
+        self._definitions, self._name, self._validator = definitions, name, None
+
+    def get(self) -> Validator:
+        if self._validator is None:
+            self._validator = jsonschema.Draft202012Validator(_crd_object_schema(_inline(self._definitions, {"$ref": f"#/definitions/{self._name}"})))
+        return self._validator
+
+
 _CRD_FILE_PATTERNS = ("*/crds/*", "*/chart*/crds/*", "*/charts/*/crds/*", "*/chart*/charts/*/crds/*")
 
 
@@ -612,6 +663,7 @@ class Oracles:
         self._crd_validators: dict[tuple[str, str, str], list[Validator]] = {}
         self._charts: dict[str, _Chart] = {}
         self._chart_names: dict[pathlib.Path, str | None] = {}
+        self._openapi: dict[tuple[str, str, str], Validator] | None = None
 
     # ---- what the charts ship ---------------------------------------------------------------
 
@@ -635,8 +687,21 @@ class Oracles:
         return chart_dir in self._chart_folders or (self.root is not None and (self.root / chart_dir / "values.yaml").is_file())
 
     def knows_kind(self, api_version: str, kind: str) -> bool:
-        """Some CRD (shipped by a chart or in the oracle directory) defines group/kind."""
-        return bool(self._crd_index(_split_api_version(api_version)[0], kind))
+        """Some CRD (shipped by a chart or in the oracle directory) defines group/kind, or an
+        upstream OpenAPI spec does (`_OPENAPI_FILE_PATTERN`)."""
+        group, version = _split_api_version(api_version)
+        return bool(self._crd_index(group, kind)) or (group, version, kind) in self._openapi_validators()
+
+    def _openapi_validators(self) -> dict[tuple[str, str, str], Validator]:
+        if self._openapi is None:
+            self._openapi = {}
+            for path in sorted(self.root.glob(_OPENAPI_FILE_PATTERN)) if self.root is not None else ():
+                spec = json.loads(path.read_text())
+                definitions = spec.get("definitions") or {}
+                for key, name in sorted(_openapi_kinds(spec).items()):
+                    if key not in self._openapi:
+                        self._openapi[key] = _LazyValidator(definitions, name)
+        return self._openapi
 
     # ---- custom resources -------------------------------------------------------------------
 
@@ -662,6 +727,8 @@ class Oracles:
             return [f"{identity}: apiVersion and kind must be set"]
         group, version = _split_api_version(api_version)
         validators = self._custom_validators(group, version, kind)
+        if not validators and (group, version, kind) in self._openapi_validators():
+            validators = [self._openapi_validators()[(group, version, kind)].get()]
         if not validators:
             served_elsewhere = self._served_versions(group, kind)
             hint = f" (served versions: {', '.join(served_elsewhere)})" if served_elsewhere else ""

@@ -2,7 +2,8 @@
 
 * `bundle-order`: every object is applied by one of the bundle's Flux Kustomizations, and every
   custom resource by a Kustomization that depends (transitively) on the one applying the
-  release whose chart installs its CRD group (`catalog.ChartSource.crd_groups`);
+  release whose chart installs its CRD group (`catalog.ChartSource.crd_groups`), or the pinned
+  release manifest that does (`catalog.ManifestSource.crd_groups`); a remote manifest is a pin;
 * `bundle-patches`: what the program only patches (the `patches` stages) is never pruned, never
   deleted with its Kustomization, and merged into the live object rather than taking it over.
 
@@ -17,7 +18,7 @@ from typing import Any, Iterable, Mapping
 from ai_factory.components.registry import external_crds
 from ai_factory.factory.checking.findings import Finding
 from ai_factory.factory.checking.oracles import Oracles, is_core_api
-from ai_factory.factory.rendering.bundle import PATCH_ANNOTATIONS, Manifest, Rendered
+from ai_factory.factory.rendering.bundle import PATCH_ANNOTATIONS, Manifest, Rendered, manifest_pin
 from ai_factory.factory.rendering.charts import releases_of
 
 FLUX_GROUP_SUFFIX = ".toolkit.fluxcd.io"
@@ -58,6 +59,10 @@ def _crd_owners(rendered: Rendered) -> dict[str, list[Manifest]]:
     for release in releases_of(rendered)[0]:
         for group in release.pin.crd_groups:
             owners.setdefault(group, []).append(release.manifest)
+    for m in rendered.manifests:
+        for url in m.obj.get("resources") or [] if m.is_remote else ():
+            for group in pin.crd_groups if (pin := manifest_pin(url)) else ():
+                owners.setdefault(group, []).append(m)
     return owners
 
 
@@ -71,6 +76,11 @@ def bundle_order(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
         applier = bundle.applier(m)
         if applier is None:
             yield Finding("bundle-order", m.ref, f"no Flux Kustomization of the bundle applies {m.path}", _tenants(m))
+            continue
+        if m.is_remote:
+            for url in m.obj.get("resources") or []:
+                if manifest_pin(url) is None:
+                    yield Finding("bundle-order", m.ref, f"applies {url}, which is not a release manifest of the catalog (catalog.MANIFESTS)", _tenants(m))
             continue
         api_version = m.obj.get("apiVersion", "")
         group = api_version.rpartition("/")[0]

@@ -265,6 +265,54 @@ CHARTS: dict[str, ChartSource] = {
 }
 
 
+@dataclass(frozen=True)
+class ManifestSource:
+    """A product without a Helm chart, installed from the manifest its release publishes.
+
+    `url` is the release asset at `version`; `digest` is the pin the render can verify offline:
+    the upstream commit of the release tag as `../shared/upstream/<product>/SOURCE.yaml` records it
+    (this machine has no network, so the asset's own sha256 has never been computed here and is not
+    invented). Pulumi applies the URL at deployment (`kubernetes:yaml/v2:ConfigFile`, read by the
+    provider, never by the render) and the GitOps bundle lists it as a remote resource of its
+    stage (`factory/rendering/bundle.py`); `tests/test_catalog.py` keeps `version` and `digest`
+    equal to SOURCE.yaml."""
+
+    name: str
+    url: str
+    version: str
+    digest: str
+    """`git:<commit>` of the release tag the asset was built from."""
+    oracle_dir: str
+    """Folder (relative to the oracle root) holding SOURCE.yaml and the CRDs of this version."""
+    crd_groups: tuple[str, ...] = ()
+    """API groups whose CRDs applying the manifest installs (as `ChartSource.crd_groups`)."""
+
+
+MANIFESTS: dict[str, ManifestSource] = {
+    # kubevirt/kubevirt release v1.9.0 (tag commit in SOURCE.yaml): virt-operator and the KubeVirt CRD.
+    # virt-operator registers the VirtualMachine/instance type CRDs (kubevirt.io, instancetype.kubevirt.io)
+    # itself once a KubeVirt CR exists.
+    "kubevirt-operator": ManifestSource(
+        name="kubevirt-operator",
+        url="https://github.com/kubevirt/kubevirt/releases/download/v1.9.0/kubevirt-operator.yaml",
+        version="v1.9.0",
+        digest="git:79d34c1762169e5b0370ec491cef5ca12e6b504c",
+        oracle_dir="kubevirt",
+        crd_groups=("kubevirt.io", "instancetype.kubevirt.io"),
+    ),
+    # CDI v1.66.0, the version KubeVirt v1.9.0 is released with (SOURCE.yaml, HCO hack/config). Its tag
+    # commit is not recorded upstream-side here; the pin is the HCO commit that bundles it.
+    "cdi-operator": ManifestSource(
+        name="cdi-operator",
+        url="https://github.com/kubevirt/containerized-data-importer/releases/download/v1.66.0/cdi-operator.yaml",
+        version="v1.66.0",
+        digest="git:03da3cff7325b28b4a7361a90bc921e184f875ef",
+        oracle_dir="kubevirt",
+        crd_groups=("cdi.kubevirt.io",),
+    ),
+}
+
+
 def crd_groups(chart: str) -> tuple[str, ...]:
     """The CRD groups the pinned chart named `chart` installs (`chart` as a release names it: the
     chart's name, or its `oci://` reference); none for a chart outside the catalog."""

@@ -105,6 +105,14 @@ def cluster_view(cfg: FactoryConfig, name: str) -> FactoryConfig:
         if c.tenant in tenant_names and set(c.pools) & pool_names
     ]
     slinky = layers.slinky.model_copy(update={"clusters": slurm_clusters})
+    kubevirt = layers.kubevirt.model_copy(
+        update={
+            "pools": {k: v for k, v in layers.kubevirt.pools.items() if k in pool_names},
+            "tenants": [
+                t.model_copy(update={"vms": [vm for vm in t.vms if vm.pool in pool_names]}) for t in layers.kubevirt.tenants if t.tenant in tenant_names
+            ],
+        }
+    )
     provisioning = layers.provisioning.model_copy(update={"pools": {k: v for k, v in layers.provisioning.pools.items() if k in pool_names}})
     tenancy = layers.tenancy.model_copy(
         update={"pod_security_exceptions": [e for e in layers.tenancy.pod_security_exceptions if e.tenant in tenant_names]}
@@ -113,6 +121,7 @@ def cluster_view(cfg: FactoryConfig, name: str) -> FactoryConfig:
         update={
             "health": health,
             "slinky": slinky,
+            "kubevirt": kubevirt,
             "provisioning": provisioning,
             "tenancy": tenancy,
             **({} if is_manager else {"keycloak": layers.keycloak.model_copy(update={"enabled": False})}),

@@ -1091,6 +1091,56 @@ class SlinkyLayer(Model):
     clusters: list[SlurmCluster] = Field(default=[], max_length=MAX_TENANTS)
 
 
+class VmPool(Model):
+    """A pool whose nodes run VMs: the GPU Operator's sandbox workloads put every node of it in
+    `vm-passthrough` (the VFIO manager binds all its GPUs to vfio-pci, the sandbox device plugin
+    advertises them by PCI device name), so its GPUs serve VMs only, whole."""
+
+    pci_device_id: Annotated[str, StringConstraints(pattern=r"^0x[0-9A-F]{4}10DE$")] | None = None
+    """The nodes' GPU, in the catalog's form (`0x233010DE`); one of the model's PCI IDs, default its first."""
+    resource_name: Annotated[str, StringConstraints(pattern=r"^nvidia\.com/[A-Za-z0-9_]{1,100}$")] | None = None
+    """What the sandbox device plugin advertises the GPU as; default from the PCI ID
+    (`components.kubevirt.VM_RESOURCE_NAMES`), required for a device not listed there."""
+    cpus_per_gpu: int = Field(default=16, ge=1, le=512)
+    """Guest vCPUs an instance type gives per GPU."""
+    memory_gib_per_gpu: int = Field(default=128, ge=1, le=8192)
+    """Guest memory an instance type gives per GPU."""
+
+
+class VmDisk(Model):
+    """The VM's root disk: a DataVolume CDI imports from a registry image (a containerDisk)."""
+
+    image: Annotated[str, StringConstraints(pattern=r"^docker://[^\s]+$", max_length=MAX_TEXT)]
+    size_gib: int = Field(default=100, ge=1, le=65536)
+
+
+class VirtualMachineRequest(Model):
+    """One VM of the tenant, on `gpus` whole GPUs of a pool marked for VMs (`layers.kubevirt.pools`)."""
+
+    name: DnsLabel
+    pool: DnsLabel
+    gpus: int = Field(default=1, ge=1, le=MAX_GPUS_PER_NODE)
+    disk: VmDisk
+    running: bool = True
+
+
+class VmTenant(Model):
+    """A tenant that runs VMs: its instance types, its VMs, and the storage class of their disks."""
+
+    tenant: DnsLabel
+    storage_class: DnsLabel
+    vms: list[VirtualMachineRequest] = Field(default=[], max_length=MAX_ITEMS)
+
+
+class KubeVirtLayer(Model):
+    """KubeVirt and CDI from their release manifests (`catalog.MANIFESTS`), GPU passthrough on the
+    pools marked for VMs, and per tenant in `tenants` its instance types and VMs (components/kubevirt.py)."""
+
+    enabled: bool = False
+    pools: dict[DnsLabel, VmPool] = Field(default={}, max_length=MAX_POOLS)
+    tenants: list[VmTenant] = Field(default=[], max_length=MAX_TENANTS)
+
+
 class Layers(Model):
     gpu_operator: GpuOperatorLayer = GpuOperatorLayer()
     kueue: KueueLayer = KueueLayer()
@@ -1114,6 +1164,7 @@ class Layers(Model):
     litellm: LiteLLMLayer = LiteLLMLayer()
     provisioning: ProvisioningLayer = ProvisioningLayer()
     slinky: SlinkyLayer = SlinkyLayer()
+    kubevirt: KubeVirtLayer = KubeVirtLayer()
 
 
 # --------------------------------------------------------------------------- identity

@@ -204,3 +204,24 @@ _CATALOG = (
 )
 
 GPU_MODELS: dict[str, GpuModel] = {model.name: model for model in _CATALOG}
+
+VM_RESOURCE_NAMES: dict[str, str] = {
+    "0x20B210DE": "nvidia.com/GA100_A100_SXM4_80GB",
+    "0x20B510DE": "nvidia.com/GA100_A100_PCIE_80GB",
+    "0x233010DE": "nvidia.com/GH100_H100_SXM5_80GB",
+    "0x26B910DE": "nvidia.com/AD102GL_L40S",
+}
+"""What the GPU Operator's sandbox device plugin (kubevirt-gpu-device-plugin) advertises a GPU bound
+to vfio-pci as: `nvidia.com/` and its pci.ids device name, brackets dropped, spaces to `_`
+(pci.ids: `20b2 GA100 [A100 SXM4 80GB]`). Only names seen advertised are listed; another device's
+name is given in its pool's settings (`layers.kubevirt.pools.<pool>.resource_name`)."""
+
+
+def vm_resource_name(pci_device_id: str, override: str | None = None) -> str | None:
+    """The resource VMs request for a GPU of this PCI ID, None when it is not known."""
+    return override or VM_RESOURCE_NAMES.get(pci_device_id)
+
+
+def pci_vendor_selector(pci_device_id: str) -> str:
+    """`0x233010DE` (mig-parted's form) as KubeVirt's `pciVendorSelector`, `10DE:2330`."""
+    return f"{pci_device_id[6:10]}:{pci_device_id[2:6]}"

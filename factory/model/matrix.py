@@ -20,7 +20,7 @@ from typing import Annotated, Any, Iterator
 import yaml
 from pydantic import BaseModel, Field, StringConstraints, ValidationError, model_validator
 
-from ai_factory.factory.model.catalog import CHARTS
+from ai_factory.factory.model.catalog import CHARTS, MANIFESTS
 from ai_factory.factory.model.config import Chart, FactoryConfig, Model, Sharing
 
 MATRIX_FILE = Path(__file__).with_name("matrix.yaml")
@@ -48,6 +48,8 @@ class MatrixVersion(Model):
     drivers: list[str] = Field(min_length=1)
     toolkit: str
     charts: dict[str, str]
+    manifests: dict[str, str]
+    """Release manifests of products without a chart (`catalog.MANIFESTS`), by version."""
     images: dict[str, str]
     tested: list[Tested] = Field(min_length=1)
 
@@ -56,6 +58,9 @@ class MatrixVersion(Model):
         if set(self.charts) != set(CHARTS):
             missing, extra = sorted(set(CHARTS) - set(self.charts)), sorted(set(self.charts) - set(CHARTS))
             raise ValueError(f"charts must be those of the catalog (missing {missing}, unknown {extra})")
+        if set(self.manifests) != set(MANIFESTS):
+            missing, extra = sorted(set(MANIFESTS) - set(self.manifests)), sorted(set(self.manifests) - set(MANIFESTS))
+            raise ValueError(f"manifests must be those of the catalog (missing {missing}, unknown {extra})")
         for combo in self.tested:
             if not (set(combo.kubernetes) <= set(self.kubernetes) and set(combo.drivers) <= set(self.drivers)):
                 raise ValueError("a tested combination names a Kubernetes minor or driver the version does not pin")
@@ -241,6 +246,10 @@ def diff(old: MatrixVersion, new: MatrixVersion) -> list[Change]:
         before, after = old.charts.get(key, ""), new.charts.get(key, "")
         if before != after:
             changes.append(Change("chart", key, before, after, *_chart_scope(key)))
+    for key in sorted(set(old.manifests) | set(new.manifests)):
+        before, after = old.manifests.get(key, ""), new.manifests.get(key, "")
+        if before != after:
+            changes.append(Change("manifest", key, before, after, False, f"installs CRDs ({', '.join(MANIFESTS[key].crd_groups)}): one version for every tenant"))
     for key in sorted(set(old.images) | set(new.images)):
         before, after = old.images.get(key, ""), new.images.get(key, "")
         if before != after:

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from pydantic import TypeAdapter, ValidationError
 
-from ai_factory.factory.model.config import FactoryConfig, GpuDemand, Pool, Tenant
-from ai_factory.factory.model.gpus import GPU_MODELS
+from ai_factory.factory.model.config import FactoryConfig, GpuDemand, Pool, Tenant, VmPool
+from ai_factory.factory.model.gpus import GPU_MODELS, vm_resource_name
 from ai_factory.factory.model.loading import ConfigError, project_dir
 from ai_factory.factory.planning.fabric import INFINIBAND, FabricError, FabricWant, allocate, roce_fabric
 from ai_factory.factory.planning.model import Demand, HamiSlice, Plan, PlanError, PoolSpec, TenantSpec, gpu_grants
@@ -23,7 +23,8 @@ from ai_factory.factory.planning.planner import plan
 PLANS_DIR = "plans"
 
 
-def pool_spec(pool: Pool) -> PoolSpec:
+def pool_spec(pool: Pool, cfg: FactoryConfig) -> PoolSpec:
+    vm_pool = cfg.layers.kubevirt.pools.get(pool.name) if cfg.layers.kubevirt.enabled else None
     return PoolSpec(
         name=pool.name,
         gpu_model=pool.gpu.model,
@@ -32,7 +33,13 @@ def pool_spec(pool: Pool) -> PoolSpec:
         sharing=pool.sharing,
         time_slicing_replicas=pool.time_slicing.replicas,
         hami_split_count=pool.hami.split_count,
+        vm_resource=vm_resource(pool, vm_pool) if vm_pool else None,
     )
+
+
+def vm_resource(pool: Pool, vm_pool: VmPool) -> str | None:
+    """The resource name a VM pool's GPUs are advertised as (None: unknown, refused at validation)."""
+    return vm_resource_name(vm_pool.pci_device_id or GPU_MODELS[pool.gpu.model].pci_device_ids[0], vm_pool.resource_name)
 
 
 def demand(d: GpuDemand, pool: Pool) -> Demand:
@@ -94,7 +101,7 @@ def plan_for(cfg: FactoryConfig, previous: Plan | None = None) -> Plan:
     and keys that cannot be given are configuration errors."""
     try:
         planned = plan(
-            [pool_spec(p) for p in cfg.fleet.pools],
+            [pool_spec(p, cfg) for p in cfg.fleet.pools],
             [tenant_spec(t, cfg) for t in cfg.tenants],
             previous=previous,
         )

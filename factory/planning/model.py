@@ -41,6 +41,9 @@ class PoolSpec:
     sharing: Sharing
     time_slicing_replicas: int = 4
     hami_split_count: int = 10
+    vm_resource: str | None = None
+    """Marked for VMs (`layers.kubevirt.pools`): its whole GPUs are advertised, requested and
+    quota'd under this name (the sandbox device plugin's), never as `nvidia.com/gpu`."""
 
 
 @dataclass(frozen=True)
@@ -143,6 +146,8 @@ class PoolPlan:
     time_slicing_replicas: int
     hami_split_count: int
     nodes: tuple[NodePlan, ...]
+    vm_resource: str | None = None
+    """As `PoolSpec.vm_resource`."""
 
 
 @dataclass(frozen=True)
@@ -306,6 +311,7 @@ def _pool_from_dict(data: dict[str, Any]) -> PoolPlan:
         gpus_per_node=data["gpus_per_node"],
         time_slicing_replicas=data["time_slicing_replicas"],
         hami_split_count=data["hami_split_count"],
+        vm_resource=data.get("vm_resource"),
         nodes=tuple(
             NodePlan(
                 name=node["name"],

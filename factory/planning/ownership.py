@@ -140,6 +140,7 @@ def plan_pool(pool: PoolSpec, request: PoolRequests, before: PoolPlan | None, pr
         time_slicing_replicas=pool.time_slicing_replicas,
         hami_split_count=pool.hami_split_count,
         nodes=tuple(nodes),
+        vm_resource=pool.vm_resource,
     )
 
 

@@ -37,6 +37,10 @@ MIG_CONFIG_LABEL = "nvidia.com/mig.config"
 """MIG Manager applies the mig-parted config this label names."""
 DEVICE_PLUGIN_CONFIG_LABEL = "nvidia.com/device-plugin.config"
 """The NVIDIA device plugin picks its per-node config (time-slicing) by this label."""
+WORKLOAD_CONFIG_LABEL = "nvidia.com/gpu.workload.config"
+"""GPU Operator sandbox workloads: `vm-passthrough` binds every GPU of the node to vfio-pci for VMs
+(the granularity is the node, never one GPU)."""
+VM_PASSTHROUGH = "vm-passthrough"
 DEVICE_PLUGIN_DEPLOY_LABEL = "nvidia.com/gpu.deploy.device-plugin"
 """GPU Operator: `false` keeps the NVIDIA device plugin off a node (HAMi's plugin or the DRA
 driver serves its GPUs; two allocators on one GPU would hand it out twice)."""
@@ -158,6 +162,8 @@ def node_placements(plan: Plan) -> list[NodePlacement]:
             elif shared:
                 labels[TRUST_DOMAIN_LABEL] = UNASSIGNED
                 taints.append(Taint(TRUST_DOMAIN_LABEL, UNASSIGNED))
+            if pool.vm_resource:
+                labels[WORKLOAD_CONFIG_LABEL] = VM_PASSTHROUGH
             if pool.sharing == "mig":
                 labels[MIG_CONFIG_LABEL] = node.mig_config or MIG_DISABLED_CONFIG
             elif pool.sharing == "hami":
@@ -258,7 +264,9 @@ def advertised_resources(plan: Plan) -> tuple[str, ...]:
     every MIG pool's model, every name HAMi registers, time-sliced replicas): what tenant quotas must cover."""
     names = {WHOLE_GPU}
     for pool in plan.pools:
-        if pool.sharing == "mig":
+        if pool.vm_resource:
+            names.add(pool.vm_resource)
+        elif pool.sharing == "mig":
             names |= {p.resource_name for p in GPU_MODELS[pool.gpu_model].mig_profiles}
         elif pool.sharing == "hami":
             names |= set(HAMI_RESOURCES.values())
@@ -268,6 +276,9 @@ def advertised_resources(plan: Plan) -> tuple[str, ...]:
 
 
 def advertised_name(pool: PoolPlan, resource: str) -> str:
-    """The name nodes advertise a planned resource under: the plan counts time-sliced replicas as
-    `nvidia.com/gpu`, the device plugin renames them."""
-    return SHARED_GPU if pool.sharing == "time-slicing" and resource == "nvidia.com/gpu" else resource
+    """The name nodes advertise a planned resource under: the plan counts time-sliced replicas and a
+    VM pool's GPUs as `nvidia.com/gpu`; the device plugin renames replicas, the sandbox device
+    plugin advertises passthrough GPUs by device name."""
+    if resource != WHOLE_GPU:
+        return resource
+    return pool.vm_resource or (SHARED_GPU if pool.sharing == "time-slicing" else resource)

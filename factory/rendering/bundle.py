@@ -16,7 +16,11 @@ stages it depends on are ready; what depends on what comes from the program's de
 and from which chart installs which CRD group (`catalog.ChartSource.crd_groups`), not from lists.
 
 Every Helm release becomes a Flux `HelmRelease` plus its source (`HelmRepository`, or
-`OCIRepository` for OCI charts) in the release's namespace. Secret values never reach the files:
+`OCIRepository` for OCI charts) in the release's namespace. A pinned release manifest Pulumi
+applies from its URL (`kubernetes:yaml/v2:ConfigFile`, `catalog.MANIFESTS`) becomes a kustomize
+directory of its own, `<stage>/<layer>/_remote/<name>/kustomization.yaml`, whose one resource is
+that URL (kustomize-controller fetches it when it builds the stage; the render never does), its
+version and digest annotated; it installs its product's CRDs like a chart release. Secret values never reach the files:
 the harness has already replaced them by `[secret]`.
 """
 
@@ -37,7 +41,7 @@ from typing import Any, Callable, Mapping
 
 import yaml
 
-from ai_factory.factory.model.catalog import crd_groups
+from ai_factory.factory.model.catalog import MANIFESTS, ManifestSource, crd_groups
 from ai_factory.factory.model.config import FactoryConfig
 from ai_factory.factory.rendering.harness import DuplicateResourceError, Graph, RecordingMocks, RecordingMonitor, Resource, run_program
 from ai_factory.factory.model.tenancy import TENANT_LABEL
@@ -52,6 +56,11 @@ FLUX_TIMEOUT = "15m"
 HELM_RELEASE_TYPES = ("kubernetes:helm.sh/v3:Release", "kubernetes:helm.sh/v4:Chart")
 NON_OBJECT_TYPES = ("pulumi:providers:", "kubernetes:yaml/", "kubernetes:helm.sh/")
 FLUX_SOURCE_KINDS = ("HelmRepository", "OCIRepository")
+CONFIG_FILE_TYPE = "kubernetes:yaml/v2:ConfigFile"
+KUSTOMIZE_API = "kustomize.config.k8s.io/v1beta1"
+REMOTE_DIR = "_remote"
+PIN_VERSION_ANNOTATION = "ai-factory.io/pinned-version"
+PIN_DIGEST_ANNOTATION = "ai-factory.io/pinned-digest"
 
 STAGES = ("sources", "crds", "controllers", "resources", "tenants")
 """Stages in the order an empty cluster needs them; every tenant is a stage of its own."""
@@ -108,7 +117,14 @@ class Manifest:
         return (self.obj.get("metadata") or {}).get("namespace")
 
     @property
+    def is_remote(self) -> bool:
+        """A pinned release manifest, referenced by URL (a kustomization of its own, not an object)."""
+        return self.obj.get("apiVersion") == KUSTOMIZE_API
+
+    @property
     def path(self) -> str:
+        if self.is_remote:
+            return f"{self.directory}/{REMOTE_DIR}/{self.name}/{KUSTOMIZE_FILE}"
         return f"{self.directory}/{self.namespace or '_cluster'}/{self.kind.lower()}-{self.name}.yaml"
 
     @property
@@ -185,13 +201,17 @@ class Rendered:
 def kustomize_files(files: Mapping[str, str]) -> dict[str, str]:
     """A `kustomization.yaml` in every directory of `flux/` and `manifests/`, listing exactly its
     files and subdirectories, so `kubectl apply -k` and Argo CD read the same tree as Flux."""
+    own = {path.rpartition("/")[0] for path in files if path.endswith(f"/{KUSTOMIZE_FILE}")}
+    """Directories with a kustomization of their own (a pinned release manifest's): listed by their parent, kept as they are."""
     entries: dict[str, set[str]] = {}
     for path in files:
         parts = path.split("/")
         if parts[0] not in ("flux", "manifests"):
             continue
         for depth in range(1, len(parts)):
-            entries.setdefault("/".join(parts[:depth]), set()).add(parts[depth])
+            directory = "/".join(parts[:depth])
+            if directory not in own:
+                entries.setdefault(directory, set()).add(parts[depth])
     return {
         f"{directory}/{KUSTOMIZE_FILE}": dump_yaml(
             {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", "resources": sorted(children)}
@@ -414,6 +434,9 @@ def from_graph(graph: Graph, cfg: FactoryConfig) -> Rendered:
         if resource.type in HELM_RELEASE_TYPES:
             made = helm_release_manifests(resource)
             owned[resource.key] = crd_groups(resource.inputs["chart"])
+        elif resource.type == CONFIG_FILE_TYPE and (pin := manifest_pin(resource.inputs.get("file"))) is not None:
+            made = [Manifest(remote_manifest(pin), resource.layer, resource.tenant, resource.key)]
+            owned[resource.key] = pin.crd_groups
         elif resource.type.startswith("kubernetes:") and not resource.type.startswith(NON_OBJECT_TYPES):
             obj = kubernetes_object(resource)
             if resource.secret_paths:
@@ -475,7 +498,7 @@ class Staging:
             self.by_origin.setdefault(m.origin, []).append(i)
         self.owners: dict[str, int] = {}
         for i, m in enumerate(manifests):
-            for group in owned.get(m.origin, ()) if m.kind == "HelmRelease" else ():
+            for group in owned.get(m.origin, ()) if m.kind == "HelmRelease" or m.is_remote else ():
                 if group in self.owners:
                     raise ValueError(f"{manifests[self.owners[group]].ref} and {m.ref} both install the CRDs of {group}")
                 self.owners[group] = i
@@ -544,7 +567,7 @@ class Staging:
             return STAGES.index("tenants")
         if m.kind in (*FLUX_SOURCE_KINDS, "Namespace"):
             return STAGES.index("sources")
-        if m.kind == "HelmRelease":
+        if m.kind == "HelmRelease" or m.is_remote:
             return STAGES.index("crds") if i in self.owners.values() else STAGES.index("controllers")
         if self.owner(i) is not None:
             return STAGES.index("resources")
@@ -757,6 +780,20 @@ def helm_release_manifests(resource: Resource) -> list[Manifest]:
     ]
 
 
+def manifest_pin(url: Any) -> ManifestSource | None:
+    """The catalog pin of a release manifest's URL, None for any other file."""
+    return next((pin for pin in MANIFESTS.values() if pin.url == url), None)
+
+
+def remote_manifest(pin: ManifestSource) -> dict[str, Any]:
+    return {
+        "apiVersion": KUSTOMIZE_API,
+        "kind": "Kustomization",
+        "metadata": {"name": pin.name, "annotations": {PIN_VERSION_ANNOTATION: pin.version, PIN_DIGEST_ANNOTATION: pin.digest}},
+        "resources": [pin.url],
+    }
+
+
 def _repository_name(url: str) -> str:
     host = re.sub(r"^https?://", "", url).strip("/")
     return re.sub(r"[^a-z0-9]+", "-", host.lower()).strip("-")[:63]
@@ -813,10 +850,12 @@ def load_rendered(directory: Path) -> Rendered:
         inventory, resources = {}, []
     manifests = []
     for path in sorted((directory / "manifests").rglob("*.yaml")):
-        if path.name == KUSTOMIZE_FILE:
-            continue
         relative = str(path.relative_to(directory))
         parts = path.relative_to(directory / "manifests").parts
+        if path.name == KUSTOMIZE_FILE:
+            if len(parts) == 5 and parts[2] == REMOTE_DIR:
+                manifests += [Manifest(obj, parts[1], None, relative, parts[0]) for obj in _objects_in(path, relative, unreadable)]
+            continue
         if len(parts) != 4:
             unreadable.append((relative, "is not at manifests/<stage>/<layer>/<namespace or _cluster>/<kind>-<name>.yaml"))
             continue

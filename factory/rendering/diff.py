@@ -425,7 +425,7 @@ def without_tenant(env: str, tenant: str) -> TenantRemoval:
     return result
 
 
-TENANT_KEYED = (("tenancy", "pod_security_exceptions"), ("slinky", "clusters"))
+TENANT_KEYED = (("tenancy", "pod_security_exceptions"), ("slinky", "clusters"), ("kubevirt", "tenants"))
 """Lists of `layers` whose entries name a tenant in `tenant`: they go with it."""
 
 
