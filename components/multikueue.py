@@ -110,7 +110,9 @@ def on_manager(cfg: FactoryConfig) -> bool:
 
 
 def needed(cfg: FactoryConfig) -> bool:
-    return is_multi_cluster(cfg) and cfg.kubernetes.cluster is not None and bool(multi_cluster_tenants(cfg))
+    """On every cluster of a multi-cluster environment, whether or not it has multi-cluster tenants
+    yet (empty then): a tenant's arrival or removal never adds or removes the layer."""
+    return is_multi_cluster(cfg) and cfg.kubernetes.cluster is not None
 
 
 def dispatches(cfg: FactoryConfig) -> tuple[Dispatch, ...]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+from pathlib import Path
 
 import pytest
 
@@ -33,7 +34,7 @@ def self_service_fleet() -> dict:
 
 @functools.cache
 def contracts(project: str) -> dict[str, tuple[str, str]]:
-    cfg = load_stack_file("fleet", __import__("pathlib").Path(project))
+    cfg = load_stack_file("fleet", Path(project))
     found = {}
     for cluster in ("par1-a", "par1-b", "fra1-a", "ams1-a"):
         view = cluster_view(cfg, cluster)
