@@ -9,8 +9,8 @@ touch another tenant or the platform.
 Stacks are `<org>/ai-factory-tenant/<env>.<tenant>`; in a multi-cluster environment a tenant has
 one stack per cluster it is on, `<env>-<cluster>.<tenant>`, built against that cluster's platform
 stack `<env>-<cluster>` and its provider settings (`kubernetes:context`), each operation running
-on every one of them in the sites' order (one result per cluster, `StackResult.clusters`). Their program (`tenant_program`, inline) reads
-the tenant from the stack's config and the platform contract through a `StackReference`, then
+on every one of them in the sites' order (one result per cluster, `StackResult.clusters`).
+Their program (`tenant_program`, inline) reads the tenant from the stack's config and the platform contract through a `StackReference`, then
 builds one `TenantStack`. Before anything runs, the tenant is validated (every problem, with its
 path) and checked against the contract: the platform registers its tenants and decides
 everything about them but their owners (`stacks.contract`). Operations on one tenant run one at a time (in order), on different

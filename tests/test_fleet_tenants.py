@@ -56,13 +56,13 @@ def fleet(tmp_path):
     return cli, TenantStacks(platforms.backend, platforms=platforms, project_dir=tmp_path, pulumi_command=cli)
 
 
-def assistant(_=None) -> dict:
+def assistant() -> dict:
     return next(t for t in self_service_fleet()["config"]["ai-factory:tenants"] if t["name"] == "assistant")
 
 
 def test_a_tenant_on_several_clusters_gets_a_stack_per_cluster_against_its_platform_and_provider(fleet, tmp_path):
     cli, tenants = fleet
-    result = tenants.create("fleet", assistant(tmp_path))
+    result = tenants.create("fleet", assistant())
     assert list(result.clusters) == ["par1-a", "par1-b", "fra1-a"]
     assert result.stack == ", ".join(f"{ORG}/ai-factory-tenant/fleet-{c}.assistant" for c in ("par1-a", "par1-b", "fra1-a"))
     assert result.changes == {"create": 12}  # 4 resources of the fake tenant program on each
@@ -78,7 +78,7 @@ def test_a_tenant_on_several_clusters_gets_a_stack_per_cluster_against_its_platf
 
 def test_deleting_a_tenant_on_several_clusters_deletes_its_stack_on_each_and_only_those(fleet, tmp_path):
     cli, tenants = fleet
-    tenants.create("fleet", assistant(tmp_path))
+    tenants.create("fleet", assistant())
     tenants.create("fleet", next(t for t in self_service_fleet()["config"]["ai-factory:tenants"] if t["name"] == "partner-acme"))
     result = tenants.delete("fleet", "assistant")
     assert list(result.clusters) == ["par1-a", "par1-b", "fra1-a"]
@@ -103,7 +103,7 @@ def test_a_tenant_the_platform_changed_is_refused_on_every_cluster_before_any_st
     cli, tenants = fleet
     before = len(cli.calls)
     with pytest.raises(ConfigError) as err:
-        tenants.create("fleet", {**assistant(tmp_path), "trust": "low"})
+        tenants.create("fleet", {**assistant(), "trust": "low"})
     assert sorted(p for p in err.value.problems if p.startswith("tenant.trust")) == [
         f"tenant.trust: \"low\" differs from the platform's registration of 'assistant' in fleet-{c}: \"medium\"" for c in ("fra1-a", "par1-a", "par1-b")
     ]
