@@ -33,10 +33,12 @@ import yaml
 from pulumi import automation as auto
 from pydantic import BaseModel, ConfigDict
 
-from ai_factory.factory.model.config import Tenant
+from ai_factory.factory.model.config import FactoryConfig, Tenant
+from ai_factory.factory.model import bounded_yaml
+from ai_factory.factory.model.raw import as_dict, as_list
 from ai_factory.factory.model.loading import project_dir as current_project
 from ai_factory.factory.model.clusters import clusters, is_multi_cluster, manager, tenant_clusters
-from ai_factory.factory.model.loading import ConfigError, load_stack_file, read_stack_file, stack_file, validate, validate_tenant, with_registered_tenants
+from ai_factory.factory.model.loading import ConfigError, load_stack_file, project_name, read_stack_file, stack_file, validate, validate_tenant, with_registered_tenants
 from ai_factory.factory.model.onboarding import REGISTRY_DIR, is_registered, register, self_service_problems, unregister
 from ai_factory.factory.planning.from_config import plan_for, previous_plan
 from ai_factory.components.registry import tenant_hooks
@@ -183,8 +185,8 @@ class TenantStacks:
         """The clusters whose stacks build the tenant, in the sites' order; `[None]` (its one
         stack) in an environment without clusters. A tenant the environment does not register
         is looked up on the manager, whose contract then says so."""
-        cfg = load_stack_file(env, self.project_dir)
-        if not is_multi_cluster(cfg):
+        cfg = self._fleet(env)
+        if cfg is None:
             return [None]
         registered = next((t for t in cfg.tenants if t.name == name), None)
         head = manager(cfg)
@@ -331,8 +333,8 @@ class TenantStacks:
         check_name("environment", env)
         self.backend.check()
         workspace = self._project_workspace()
-        cfg = load_stack_file(env, self.project_dir)
-        prefixes = {f"{cluster_stack(env, c.name)}.": c.name for c in clusters(cfg)} or {f"{env}.": None}
+        cfg = self._fleet(env)
+        prefixes = {f"{cluster_stack(env, c.name)}.": c.name for c in clusters(cfg)} if cfg is not None else {f"{env}.": None}
         summaries = []
         for stack in workspace.list_stacks():
             short = stack.name.rsplit("/", 1)[-1]
@@ -399,6 +401,17 @@ class TenantStacks:
         for deployed in self.list(env):
             owners.setdefault(deployed.name, set()).update(deployed.owners)
         return owners
+
+    def _fleet(self, env: str) -> FactoryConfig | None:
+        """The environment, validated, when it declares clusters; None when it is one cluster,
+        told from the stack file read as plain YAML (nothing decrypted or validated: every
+        operation asks, on its way to the CLI)."""
+        config = as_dict((bounded_yaml.read(stack_file(env, self.project_dir)) or {}).get("config"))
+        fleet = as_dict(config.get(f"{project_name(self.project_dir)}:fleet"))
+        if not any(as_dict(site).get("clusters") for site in as_list(fleet.get("sites"))):
+            return None
+        cfg = load_stack_file(env, self.project_dir)
+        return cfg if is_multi_cluster(cfg) else None
 
     def _on_each_cluster(self, env: str, name: str, run: Callable[[str | None], StackResult]) -> StackResult:
         """`run` on the tenant's stack of each of its clusters in turn (the first failure stops it)."""
