@@ -25,12 +25,13 @@ import pulumi_kubernetes as k8s
 import pulumi_vault as vault
 
 from ai_factory.components._common import FactoryComponent, helm_release, labels, namespace
-from ai_factory.components.openbao import KUBERNETES_AUTH_PATH, OpenBaoArgs, service_address
+from ai_factory.components.openbao import OpenBaoArgs, auth_mount, policy_name, service_address
 from ai_factory.factory.model.catalog import ChartSource
 from ai_factory.factory.model.config import FactoryConfig, Tenant
 from ai_factory.factory.model.secrets import SecretValue
 from ai_factory.factory.model.tenancy import TenantNames
 from ai_factory.components.registry import Layer
+from ai_factory.factory.checking import secrets as secret_checks
 from ai_factory.factory.model.raw import as_dict
 
 TOKEN = "ai-factory:secrets:ExternalSecrets"
@@ -100,15 +101,16 @@ def tenant_policy(kv_mount: str, names: TenantNames) -> str:
 
 def store_role(
     owner: FactoryComponent, prefix: str, role: str, namespace: pulumi.Input[str], policy: str, opts: pulumi.ResourceOptions,
-    account: str = STORE_SERVICE_ACCOUNT,
+    account: str = STORE_SERVICE_ACCOUNT, cluster: str | None = None,
 ) -> vault.kubernetes.AuthBackendRole:
     """The OpenBao policy `policy` and the Kubernetes-auth role `role` a namespaced store logs in
     with: bound to the store's service account `account` in `namespace`, OpenBao's audience only,
-    short-lived tokens. `prefix` starts the children's names (`<prefix>policy`, `<prefix>role`)."""
-    granted = vault.Policy(owner.child_name(f"{prefix}policy"), name=role, policy=policy, opts=opts)
+    short-lived tokens; on `cluster`'s own auth mount (`openbao.auth_mount`). `prefix` starts the
+    children's names (`<prefix>policy`, `<prefix>role`)."""
+    granted = vault.Policy(owner.child_name(f"{prefix}policy"), name=policy_name(cluster, role), policy=policy, opts=opts)
     return vault.kubernetes.AuthBackendRole(
         owner.child_name(f"{prefix}role"),
-        backend=KUBERNETES_AUTH_PATH,
+        backend=auth_mount(cluster),
         role_name=role,
         bound_service_account_names=[account],
         bound_service_account_namespaces=[namespace],
@@ -119,8 +121,8 @@ def store_role(
     )
 
 
-def secret_store_spec(server: str, kv_mount: str, role: str) -> dict[str, Any]:
-    """A store logging in to OpenBao as `role` with the store's service account."""
+def secret_store_spec(server: str, kv_mount: str, role: str, cluster: str | None = None, account: str = STORE_SERVICE_ACCOUNT) -> dict[str, Any]:
+    """A store logging in to OpenBao as `role` (of `cluster`'s auth mount) with the store's service account."""
     return {
         "provider": {
             "vault": {
@@ -129,9 +131,9 @@ def secret_store_spec(server: str, kv_mount: str, role: str) -> dict[str, Any]:
                 "version": "v2",
                 "auth": {
                     "kubernetes": {
-                        "mountPath": KUBERNETES_AUTH_PATH,
+                        "mountPath": auth_mount(cluster),
                         "role": role,
-                        "serviceAccountRef": {"name": STORE_SERVICE_ACCOUNT, "audiences": [OPENBAO_AUDIENCE]},
+                        "serviceAccountRef": {"name": account, "audiences": [OPENBAO_AUDIENCE]},
                     }
                 },
             }
@@ -149,6 +151,7 @@ class TenantSecretsHook:
     """OpenBao's address as Pulumi reaches it."""
     admin_token: SecretValue
     kv_mount: str
+    cluster: str | None = None
     layer: str = "external-secrets"
 
     @classmethod
@@ -162,6 +165,7 @@ class TenantSecretsHook:
             api_address=openbao.pulumi_address,
             admin_token=openbao.admin_token,
             kv_mount=openbao.kv_mount,
+            cluster=openbao.cluster,
         )
 
     def attach(self, stack: FactoryComponent, tenant: Tenant, names: TenantNames) -> None:
@@ -173,7 +177,7 @@ class TenantSecretsHook:
             opts=stack.child(),
         )
         on_openbao = stack.child(provider=provider)
-        store_role(stack, "secrets-", names.namespace, names.namespace, tenant_policy(self.kv_mount, names), on_openbao)
+        store_role(stack, "secrets-", names.namespace, names.namespace, tenant_policy(self.kv_mount, names), on_openbao, cluster=self.cluster)
         object_labels = labels(stack.layer, tenant=names.tenant, extra=names.labels)
         account = k8s.core.v1.ServiceAccount(
             stack.child_name("secret-store-account"),
@@ -186,7 +190,7 @@ class TenantSecretsHook:
             api_version="external-secrets.io/v1",
             kind="SecretStore",
             metadata=k8s.meta.v1.ObjectMetaArgs(name=STORE_NAME, namespace=names.namespace, labels=object_labels),
-            spec=secret_store_spec(self.server, self.kv_mount, names.namespace),
+            spec=secret_store_spec(self.server, self.kv_mount, names.namespace, self.cluster),
             opts=stack.child(depends_on=[account]),
         )
 
@@ -207,5 +211,6 @@ LAYER = Layer(
     args=lambda cfg, plan: ExternalSecretsArgs.from_config(cfg),
     requires=("fleet", "openbao"),
     tenant_hook=lambda cfg, plan: TenantSecretsHook.from_config(cfg),
+    checks=(secret_checks.openbao_role_scope,),
     config_checks=(openbao_enabled,),
 )

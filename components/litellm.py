@@ -216,8 +216,9 @@ class LiteLLM(FactoryComponent):
         data = pulumi.Output.json_dumps(
             {"username": args.database.username, "password": args.database.password.output(), "master-key": args.master_key.output()}
         )
-        stored = vault.kv.SecretV2(self.child_name("stored"), mount=args.openbao.kv_mount, name=PLATFORM_PATH, data_json=pulumi.Output.secret(data), opts=on_openbao)
-        store_role(self, "", args.namespace, args.namespace, read_policy(args.openbao.kv_mount, PLATFORM_PATH, "LiteLLM"), on_openbao)
+        path = args.openbao.platform_path(PLATFORM_PATH)
+        stored = vault.kv.SecretV2(self.child_name("stored"), mount=args.openbao.kv_mount, name=path, data_json=pulumi.Output.secret(data), opts=on_openbao)
+        store_role(self, "", args.namespace, args.namespace, read_policy(args.openbao.kv_mount, path, "LiteLLM"), on_openbao, cluster=args.openbao.cluster)
         meta = lambda name: {"name": name, "namespace": args.namespace, "labels": object_labels}  # noqa: E731
         account = k8s.core.v1.ServiceAccount(self.child_name("store-account"), metadata=meta(STORE_SERVICE_ACCOUNT), automount_service_account_token=False, opts=self.child(depends_on=[ns]))
         store = k8s.apiextensions.CustomResource(
@@ -225,7 +226,7 @@ class LiteLLM(FactoryComponent):
             api_version="external-secrets.io/v1",
             kind="SecretStore",
             metadata=meta(STORE_NAME),
-            spec=secret_store_spec(service_address(args.openbao.namespace), args.openbao.kv_mount, args.namespace),
+            spec=secret_store_spec(service_address(args.openbao.namespace), args.openbao.kv_mount, args.namespace, args.openbao.cluster),
             opts=self.child(depends_on=[account]),
         )
         pulled = k8s.apiextensions.CustomResource(
@@ -233,7 +234,7 @@ class LiteLLM(FactoryComponent):
             api_version="external-secrets.io/v1",
             kind="ExternalSecret",
             metadata=meta(SECRETS),
-            spec=external_secret_spec(SECRETS, PLATFORM_PATH, ["username", "password", "master-key"]),
+            spec=external_secret_spec(SECRETS, path, ["username", "password", "master-key"]),
             opts=self.child(depends_on=[store, stored]),
         )
         return [pulled]

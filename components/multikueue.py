@@ -3,9 +3,13 @@ cluster to the worker clusters where it has quota (Kueue 0.19, `kueue.x-k8s.io/v
 
 On the manager cluster:
 - one `MultiKueueCluster` per worker cluster, connecting with a kubeconfig kept in OpenBao
-  (`<kv>/platform/multikueue/<worker>`, key `kubeconfig`), which an `ExternalSecret` copies into
-  a Secret of Kueue's namespace through a namespaced `SecretStore` whose OpenBao role reads that
-  prefix only (no cluster-wide store exists: `components/external_secrets.py`);
+  (`<kv>/clusters/<manager>/platform/multikueue/<worker>`, key `kubeconfig`), which an
+  `ExternalSecret` copies into a Secret of Kueue's namespace through a namespaced `SecretStore`
+  whose OpenBao role reads that prefix only (no cluster-wide store exists:
+  `components/external_secrets.py`). The role is on the manager's own Kubernetes auth mount
+  (`kubernetes-<manager>`), and every cluster's roles are on its own mount reading its own
+  prefix (`components.openbao.auth_mount`, `platform_path`): no other cluster can read these
+  kubeconfigs (`factory check` verifies it: `openbao_role_findings`);
 - per multi-cluster tenant (its stack): a `MultiKueueConfig` listing its worker clusters, the
   `AdmissionCheck` naming it, a dispatch `ClusterQueue` `tenant-<name>-multicluster` whose
   quota is the sum of the tenant's quotas on those workers (a workload is admitted here only
@@ -26,8 +30,8 @@ import pulumi_kubernetes as k8s
 import pulumi_vault as vault
 
 from ai_factory.components._common import FactoryComponent, labels
-from ai_factory.components.external_secrets import OPENBAO_AUDIENCE, store_role
-from ai_factory.components.openbao import KUBERNETES_AUTH_PATH, OpenBaoArgs, service_address
+from ai_factory.components.external_secrets import secret_store_spec, store_role
+from ai_factory.components.openbao import OpenBaoArgs, platform_path, service_address
 from ai_factory.components.registry import Layer
 from ai_factory.factory.checking.isolation import MULTIKUEUE_CONTROLLER
 from ai_factory.factory.model.clusters import cluster_view, environment, is_multi_cluster, manager, tenant_clusters
@@ -110,7 +114,9 @@ def on_manager(cfg: FactoryConfig) -> bool:
 
 
 def needed(cfg: FactoryConfig) -> bool:
-    return is_multi_cluster(cfg) and cfg.kubernetes.cluster is not None and bool(multi_cluster_tenants(cfg))
+    """On every cluster of a multi-cluster environment, whether or not it has multi-cluster tenants
+    yet (empty then): a tenant's arrival or removal never adds or removes the layer."""
+    return is_multi_cluster(cfg) and cfg.kubernetes.cluster is not None
 
 
 def dispatches(cfg: FactoryConfig) -> tuple[Dispatch, ...]:
@@ -139,6 +145,7 @@ class MultiKueueArgs:
     openbao_api: str
     admin_token: SecretValue | None
     kv_mount: str
+    cluster: str | None = None
 
     @classmethod
     def from_config(cls, cfg: FactoryConfig, plan: Plan) -> MultiKueueArgs:
@@ -150,13 +157,20 @@ class MultiKueueArgs:
             openbao_api=openbao.pulumi_address,
             admin_token=openbao.admin_token,
             kv_mount=openbao.kv_mount,
+            cluster=openbao.cluster,
         )
 
+    @property
+    def secret_prefix(self) -> str:
+        """Where the manager's kubeconfigs of its workers live: under the manager's own prefix,
+        which no other cluster's role reads."""
+        return platform_path(self.cluster, SECRET_PREFIX)
 
-def store_policy(kv_mount: str) -> str:
+
+def store_policy(kv_mount: str, prefix: str = SECRET_PREFIX) -> str:
     return (
         "# MultiKueue: the worker clusters' kubeconfigs, read-only.\n"
-        f'path "{kv_mount}/data/{SECRET_PREFIX}/*" {{\n  capabilities = ["read"]\n}}\n'
+        f'path "{kv_mount}/data/{prefix}/*" {{\n  capabilities = ["read"]\n}}\n'
     )
 
 
@@ -172,7 +186,7 @@ class MultiKueue(FactoryComponent):
         if args.admin_token is not None:
             provider = vault.Provider(self.child_name("openbao"), address=args.openbao_api, token=args.admin_token.output(), skip_child_token=True, opts=self.child())
             on_openbao = self.child(provider=provider)
-            store_role(self, "", ROLE, args.kueue_namespace, store_policy(args.kv_mount), on_openbao, account=STORE_ACCOUNT)
+            store_role(self, "", ROLE, args.kueue_namespace, store_policy(args.kv_mount, args.secret_prefix), on_openbao, account=STORE_ACCOUNT, cluster=args.cluster)
         account = k8s.core.v1.ServiceAccount(
             self.child_name("store-account"),
             metadata=k8s.meta.v1.ObjectMetaArgs(name=STORE_ACCOUNT, namespace=args.kueue_namespace, labels=object_labels),
@@ -184,16 +198,7 @@ class MultiKueue(FactoryComponent):
             api_version="external-secrets.io/v1",
             kind="SecretStore",
             metadata={"name": STORE, "namespace": args.kueue_namespace, "labels": object_labels},
-            spec={
-                "provider": {
-                    "vault": {
-                        "server": args.openbao_server,
-                        "path": args.kv_mount,
-                        "version": "v2",
-                        "auth": {"kubernetes": {"mountPath": KUBERNETES_AUTH_PATH, "role": ROLE, "serviceAccountRef": {"name": STORE_ACCOUNT, "audiences": [OPENBAO_AUDIENCE]}}},
-                    }
-                }
-            },
+            spec=secret_store_spec(args.openbao_server, args.kv_mount, ROLE, args.cluster, account=STORE_ACCOUNT),
             opts=self.child(depends_on=[account]),
         )
         k8s.apiextensions.CustomResource(
@@ -209,7 +214,7 @@ class MultiKueue(FactoryComponent):
                     "refreshInterval": "1h",
                     "secretStoreRef": {"kind": "SecretStore", "name": STORE},
                     "target": {"name": secret_name(worker), "creationPolicy": "Owner"},
-                    "data": [{"secretKey": "kubeconfig", "remoteRef": {"key": f"{SECRET_PREFIX}/{worker}", "property": "kubeconfig"}}],
+                    "data": [{"secretKey": "kubeconfig", "remoteRef": {"key": f"{args.secret_prefix}/{worker}", "property": "kubeconfig"}}],
                 },
                 opts=self.child(depends_on=[store]),
             )

@@ -34,6 +34,8 @@ RELEASE = "openbao"
 STORAGE_CLASS = "openbao-raft"
 API_PORT = 8200
 KUBERNETES_AUTH_PATH = "kubernetes"
+CLUSTERS_PREFIX = "clusters/"
+"""Platform secrets of one cluster of a multi-cluster environment live under `clusters/<cluster>/`."""
 STATEFUL = {"protect": True, "retain_on_delete": True}
 UID, GID = 100, 1000
 """The chart's defaults for the server's user and group."""
@@ -51,6 +53,9 @@ class OpenBaoArgs:
     api_address: str | None
     """Where Pulumi reaches the API; None: the in-cluster service."""
     admin_token: SecretValue | None
+    cluster: str | None = None
+    """The cluster deploying it, in a multi-cluster environment: its stores log in at a mount of
+    their own (`auth_mount`) and its platform secrets live under its own prefix (`platform_path`)."""
 
     @classmethod
     def from_config(cls, cfg: FactoryConfig) -> OpenBaoArgs:
@@ -65,11 +70,37 @@ class OpenBaoArgs:
             kv_mount=layer.kv_mount,
             api_address=layer.api_address,
             admin_token=layer.admin_token,
+            cluster=cfg.kubernetes.cluster,
         )
 
     @property
     def pulumi_address(self) -> str:
         return self.api_address or service_address(self.namespace)
+
+    @property
+    def auth_mount(self) -> str:
+        return auth_mount(self.cluster)
+
+    def platform_path(self, path: str) -> str:
+        return platform_path(self.cluster, path)
+
+
+def auth_mount(cluster: str | None) -> str:
+    """The Kubernetes auth mount a cluster's stores log in at. In a multi-cluster environment each
+    cluster has its own, which accepts only that cluster's service-account tokens and holds only
+    that cluster's roles: a token of one cluster never logs in as a role of another."""
+    return KUBERNETES_AUTH_PATH if cluster is None else f"{KUBERNETES_AUTH_PATH}-{cluster}"
+
+
+def platform_path(cluster: str | None, path: str) -> str:
+    """A platform secret's KV path: under `clusters/<cluster>/` in a multi-cluster environment,
+    which only that cluster's platform roles read (`policy_name`)."""
+    return path if cluster is None else f"{CLUSTERS_PREFIX}{cluster}/{path}"
+
+
+def policy_name(cluster: str | None, role: str) -> str:
+    """Policies are global in OpenBao, roles are per mount: a cluster's policies carry its name."""
+    return role if cluster is None else f"{cluster}-{role}"
 
 
 def service_address(namespace_name: str) -> str:
@@ -175,7 +206,7 @@ class OpenBao(FactoryComponent):
             description="Tenants' secrets, each tenant under tenants/<name>/",
             opts=self.child(**on_openbao, **STATEFUL),
         )
-        auth = vault.AuthBackend(self.child_name("kubernetes-auth"), type="kubernetes", path=KUBERNETES_AUTH_PATH, opts=self.child(**on_openbao))
+        auth = vault.AuthBackend(self.child_name("kubernetes-auth"), type="kubernetes", path=args.auth_mount, opts=self.child(**on_openbao))
         # OpenBao runs in the cluster: it reviews tokens with its own service account (the chart's
         # auth-delegator binding) against the in-cluster API server.
         vault.kubernetes.AuthBackendConfig(

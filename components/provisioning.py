@@ -43,7 +43,7 @@ import pulumi_vault as vault
 from ai_factory.components._common import POOL_LABEL, FactoryComponent, labels, namespace
 from ai_factory.components.external_secrets import STORE_NAME, STORE_SERVICE_ACCOUNT, secret_store_spec, store_role
 from ai_factory.components.gpu_operator import tolerations as gpu_node_tolerations
-from ai_factory.components.openbao import service_address
+from ai_factory.components.openbao import platform_path, service_address
 from ai_factory.components.registry import Layer
 from ai_factory.factory.acceptance import gates, thresholds
 from ai_factory.factory.model.config import DriverSettings, FactoryConfig, NodeSpec, Pool, PoolProvisioning
@@ -152,13 +152,14 @@ class ProvisioningArgs:
     openbao_api: str
     openbao_token: SecretValue | None
     """None until OpenBao is initialised: the store's role is then created by a later `pulumi up`."""
+    cluster: str | None = None
 
     @classmethod
     def from_config(cls, cfg: FactoryConfig, plan: Plan) -> ProvisioningArgs:
         prov = cfg.layers.provisioning
         hosts = tuple(
             Host(node=node, pool=pool, setup=prov.pools[pool.name],
-                 credentials_key=f"{prov.credentials_prefix}/{node.bmc.credentials or node.name}")
+                 credentials_key=f"{platform_path(cfg.kubernetes.cluster, prov.credentials_prefix)}/{node.bmc.credentials or node.name}")
             for pool in cfg.fleet.pools for node in (pool.node_list or []) if node.bmc is not None
         )
         openbao = cfg.layers.openbao
@@ -168,7 +169,8 @@ class ProvisioningArgs:
             hosts=hosts,
             jobs=tuple(gate_jobs(cfg)),
             kv_mount=openbao.kv_mount,
-            credentials_prefix=prov.credentials_prefix,
+            credentials_prefix=platform_path(cfg.kubernetes.cluster, prov.credentials_prefix),
+            cluster=cfg.kubernetes.cluster,
             openbao_server=service_address(openbao.namespace),
             openbao_api=openbao.api_address or service_address(openbao.namespace),
             openbao_token=openbao.admin_token,
@@ -320,13 +322,13 @@ class Provisioning(FactoryComponent):
             provider = vault.Provider(self.child_name("openbao"), address=args.openbao_api, token=args.openbao_token.output(),
                                       skip_child_token=True, opts=self.child())
             on_openbao = self.child(provider=provider)
-            role = store_role(self, "bmc-", STORE_ROLE, args.namespace, store_policy(args.kv_mount, args.credentials_prefix), on_openbao)
+            role = store_role(self, "bmc-", STORE_ROLE, args.namespace, store_policy(args.kv_mount, args.credentials_prefix), on_openbao, cluster=args.cluster)
             store = k8s.apiextensions.CustomResource(
                 self.child_name("store"),
                 api_version=ESO_API,
                 kind="SecretStore",
                 metadata={"name": STORE_NAME, "namespace": args.namespace, "labels": object_labels},
-                spec=secret_store_spec(args.openbao_server, args.kv_mount, STORE_ROLE),
+                spec=secret_store_spec(args.openbao_server, args.kv_mount, STORE_ROLE, args.cluster),
                 opts=self.child(depends_on=[account, role]),
             )
         for host in args.hosts:

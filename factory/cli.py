@@ -256,41 +256,57 @@ def _render(env: str, out: Path, quiet: bool) -> int:
 
 def _plan(args: argparse.Namespace, out: Path) -> int:
     """Plan from the locked plan when there is one (as `pulumi up` does), so re-planning keeps
-    existing tenants' GPUs; the output is a function of the config and the lock only."""
+    existing tenants' GPUs; the output is a function of the config and the lock only. A
+    multi-cluster environment is planned cluster by cluster, as each cluster's stack plans it
+    (`build/<env>/<cluster>/plan.json`, locked as `plans/<env>-<cluster>.json`)."""
+    import json
+
     from rich.console import Console
 
+    from ai_factory.factory.model.clusters import cluster_view, clusters
     from ai_factory.factory.model.loading import load_stack_file
     from ai_factory.factory.planning.from_config import plan_for, plan_path, previous_plan
     from ai_factory.factory.planning.report import print_report, report_text
     from ai_factory.factory.progress import Steps
+    from ai_factory.factory.rendering.bundle import cluster_stack
 
     path = stack_file(args.env)
     project_dir, stack = path.resolve().parent, stack_name(path)
+    cfg = load_stack_file(args.env)
+    targets = [(c.name, cluster_stack(stack, c.name), cluster_view(cfg, c.name), out.parent / c.name / out.name) for c in clusters(cfg)]
+    targets = targets or [(None, stack, cfg, out)]
+    written: list[Path] = []
+    texts: dict[str | None, str] = {}
     with Steps(args.quiet) as steps:
         steps.step("planning")
-        cfg = load_stack_file(args.env)
-        plan = plan_for(cfg, previous_plan(stack, project_dir))
-        if args.map is not None:
-            from ai_factory.factory.planning.gpumap import draw_map
+        planned = [(cluster, view, plan_for(view, previous_plan(target_stack, project_dir)), target_stack, target) for cluster, target_stack, view, target in targets]
+        for cluster, view, plan, target_stack, target in planned:
+            if args.map is not None:
+                from ai_factory.factory.planning.gpumap import draw_map
 
-            steps.step("drawing the map")
-            args.map.parent.mkdir(parents=True, exist_ok=True)
-            draw_map(plan, args.map)
-    text = plan.to_json() + "\n"
-    written = [out, plan_path(stack, project_dir)] if args.lock else [out]
-    for target in written:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text)
+                steps.step("drawing the map")
+                drawn = args.map if cluster is None else args.map.with_name(f"{args.map.stem}-{cluster}{args.map.suffix}")
+                drawn.parent.mkdir(parents=True, exist_ok=True)
+                draw_map(plan, drawn)
+            texts[cluster] = plan.to_json() + "\n"
+            for file in [target, plan_path(target_stack, project_dir)] if args.lock else [target]:
+                file.parent.mkdir(parents=True, exist_ok=True)
+                file.write_text(texts[cluster])
+                written.append(file)
     if args.format == "json":
-        sys.stdout.write(text)
+        sys.stdout.write(texts[None] if None in texts else json.dumps({c: json.loads(t) for c, t in texts.items()}, indent=2) + "\n")
     else:
         console = Console(highlight=False)
-        if console.is_terminal:
-            print_report(console, plan, cfg, gpus=args.gpus)
-        else:
-            sys.stdout.write(report_text(plan, cfg, gpus=args.gpus, width=REPORT_WIDTH))
+        for cluster, view, plan, _, _ in planned:
+            if cluster is not None:
+                print(f"cluster {cluster}:")
+            if console.is_terminal:
+                print_report(console, plan, view, gpus=args.gpus)
+            else:
+                sys.stdout.write(report_text(plan, view, gpus=args.gpus, width=REPORT_WIDTH))
     messages = sys.stderr if args.format == "json" else sys.stdout
-    for target in written + ([args.map] if args.map is not None else []):
+    maps = [] if args.map is None else [args.map] if None in texts else [args.map.with_name(f"{args.map.stem}-{c}{args.map.suffix}") for c in texts]
+    for target in written + maps:
         print(f"wrote {target}", file=messages)
     return 0
 

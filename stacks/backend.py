@@ -140,6 +140,29 @@ class StackResult(BaseModel):
     """Destroy: what is still there, and why."""
     removed: bool = False
     """Destroy: the stack itself was removed (nothing was kept in it)."""
+    clusters: dict[str, StackResult] = {}
+    """A tenant on several clusters: each cluster's stack's own result, in the sites' order (the
+    fields above then sum them; `outputs` are the first cluster's, the names being the same on each)."""
+
+
+def combined(results: dict[str, StackResult]) -> StackResult:
+    """One result for an operation run on the stacks of several clusters."""
+    if len(results) == 1:
+        return next(iter(results.values()))
+    first = next(iter(results.values()))
+    changes: dict[str, int] = {}
+    for result in results.values():
+        for op, n in result.changes.items():
+            changes[op] = changes.get(op, 0) + n
+    return StackResult(
+        stack=", ".join(r.stack for r in results.values()),
+        operation=first.operation,
+        changes=dict(sorted(changes.items())),
+        outputs=first.outputs,
+        kept=[k for r in results.values() for k in r.kept],
+        removed=all(r.removed for r in results.values()),
+        clusters=results,
+    )
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,12 @@ see the platform's resources:
 - what a tenant program needs to rebuild the platform's tenant hooks on its own: the platform
   configuration and the plan, both plain data.
 
+A multi-cluster environment has a platform stack per cluster (`<env>-<cluster>`): its contract
+names the cluster, and its configuration is the whole environment's with `kubernetes.cluster`
+set, which validates back to the cluster's view (`ai_factory.factory.model.clusters`) while
+keeping what a tenant hook needs of the other clusters (MultiKueue's dispatch sums the tenant's
+quotas on its workers). Its tenant-facing names, allocations and plan are the cluster's own.
+
 Nothing in `contract` is secret: the configuration is in it with every `SecretValue` as
 `[secret]` (its serialised form), so anyone who may read the platform's outputs reads it in
 clear. The secret values themselves go to a second output, `contract_secrets`, exported as a
@@ -31,6 +37,7 @@ from typing import Any, Iterable, Iterator, Mapping
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ai_factory.components.registry import enabled_layers, layers
+from ai_factory.factory.model import clusters
 from ai_factory.factory.model.config import SECTIONS, FactoryConfig, Identity, Tenant
 from ai_factory.factory.model.loading import ConfigError, validate
 from ai_factory.factory.planning.model import Plan
@@ -39,7 +46,7 @@ from ai_factory.factory.planning.quotas import queue_plan
 from ai_factory.factory.model.secrets import SecretValue
 from ai_factory.factory.model.tenancy import TenantNames, tenant_names
 
-CONTRACT_VERSION = 2
+CONTRACT_VERSION = 3
 CONTRACT_OUTPUT = "contract"
 """The platform stack's output holding the contract."""
 CONTRACT_SECRETS_OUTPUT = "contract_secrets"
@@ -58,7 +65,9 @@ class PlatformContract(BaseModel):
 
     contract_version: int = CONTRACT_VERSION
     environment: str
-    """The platform stack (environment) that exported the contract."""
+    """The platform stack (environment, or one cluster's stack of it) that exported the contract."""
+    cluster: str | None = None
+    """The cluster the stack deploys, in a multi-cluster environment."""
     layers: tuple[str, ...]
     """The layers the platform runs (registry names): a tenant program whose library lacks one
     would silently leave out its tenant hook, so it refuses instead."""
@@ -77,7 +86,8 @@ class PlatformContract(BaseModel):
     advertised_resources: tuple[str, ...]
     """Every GPU resource name the platform's nodes advertise (what tenant quotas must cover)."""
     platform_config: dict[str, Any]
-    """The platform configuration, secrets as `[secret]`: tenant programs rebuild hooks from it."""
+    """The platform configuration, secrets as `[secret]`: tenant programs rebuild hooks from it
+    (the whole environment's, for one cluster's stack)."""
     plan: dict[str, Any]
     """The capacity plan (`Plan.to_json`), for the same reason."""
 
@@ -127,7 +137,8 @@ class PlatformContract(BaseModel):
         return Plan.from_json(json.dumps(self.plan))
 
     def registration(self, name: str) -> Tenant | None:
-        """The tenant as the platform configuration registers it, if it does."""
+        """The tenant as the platform configuration registers it (with every demand, on every
+        cluster), if it does."""
         return next((Tenant.model_validate(t) for t in self.platform_config.get("tenants", []) if t.get("name") == name), None)
 
     def registered_owners(self) -> dict[str, tuple[str, ...]]:
@@ -152,6 +163,11 @@ class PlatformContract(BaseModel):
             return [
                 f"tenant.name: {tenant.name!r} is not a tenant of platform {self.environment}: its GPUs, queues and trust "
                 "are planned with every other tenant's; register it in the platform config (`tenants`) and update the platform"
+            ]
+        if self.cluster is not None and tenant.name not in self.tenants:
+            return [
+                f"tenant.clusters: {tenant.name!r} is not placed on cluster {self.cluster} ({self.environment}); "
+                "its stacks are those of the clusters it is on"
             ]
         if registered.managed_by != "tenant-stack":
             return [
@@ -178,9 +194,11 @@ def owner_conflicts(tenant: Tenant, owners_by_tenant: Mapping[str, Iterable[str]
 
 
 def platform_contract(cfg: FactoryConfig, plan: Plan, environment: str) -> PlatformContract:
-    """The contract of one environment, from its validated configuration and its plan."""
+    """The contract of one environment (or one cluster's view of it), from its validated
+    configuration and its plan."""
     return PlatformContract(
         environment=environment,
+        cluster=cfg.kubernetes.cluster,
         layers=tuple(l.name for l in enabled_layers(cfg)),
         kubernetes_version=cfg.kubernetes.version,
         api_server=cfg.kubernetes.api_server,
@@ -190,15 +208,22 @@ def platform_contract(cfg: FactoryConfig, plan: Plan, environment: str) -> Platf
         tenants={t.name: tenant_names(t) for t in cfg.tenants},
         cohorts={q.tenant: q.cohort for q in queue_plan(cfg, plan).cluster_queues} if cfg.layers.kueue.enabled else {},
         advertised_resources=advertised_resources(plan),
-        platform_config=cfg.model_dump(mode="json"),
+        platform_config=_environment_config(cfg),
         plan=json.loads(plan.to_json()),
     )
 
 
+def _environment_config(cfg: FactoryConfig) -> dict[str, Any]:
+    """The environment `cfg` belongs to, as plain data, deployed as `cfg`'s cluster."""
+    config = clusters.environment(cfg).model_dump(mode="json")
+    config["kubernetes"]["cluster"] = cfg.kubernetes.cluster
+    return config
+
+
 def platform_secrets(cfg: FactoryConfig) -> str:
     """The value of `contract_secrets` (to export as a Pulumi secret): every `SecretValue` of the
-    configuration with its path."""
-    return json.dumps([{"path": list(path), "value": secret.reveal()} for path, secret in _secret_values(cfg, ())])
+    configuration with its path (the whole environment's, as `platform_config`)."""
+    return json.dumps([{"path": list(path), "value": secret.reveal()} for path, secret in _secret_values(clusters.environment(cfg), ())])
 
 
 def _secret_values(value: Any, path: tuple[str | int, ...]) -> Iterator[tuple[tuple[str | int, ...], SecretValue]]:

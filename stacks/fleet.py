@@ -25,6 +25,7 @@ import yaml
 from pulumi import automation as auto
 
 from ai_factory.factory.model.clusters import cluster_view, clusters
+from ai_factory.factory.model.config import FactoryConfig
 from ai_factory.factory.model.loading import load_stack_file, project_name, stack_file
 from ai_factory.factory.model.loading import project_dir as current_project
 from ai_factory.factory.planning.from_config import plan_for, previous_plan
@@ -111,9 +112,7 @@ class FleetStacks:
         project = project_name(self.project_dir)
         kubernetes = dict(config.get(f"{project}:kubernetes") or {})
         config[f"{project}:kubernetes"] = {**kubernetes, "cluster": cluster}
-        placed = next(c for c in clusters(load_stack_file(env, self.project_dir)) if c.name == cluster)
-        if placed.cluster.context:
-            config["kubernetes:context"] = placed.cluster.context
+        config.update(cluster_provider_config(load_stack_file(env, self.project_dir), cluster))
         document["config"] = config
         text = GENERATED.format(env=env, cluster=cluster) + yaml.safe_dump(document, sort_keys=False)
         (self.project_dir / f"Pulumi.{stack}.yaml").write_text(text)
@@ -134,6 +133,13 @@ class FleetStacks:
             if self._pulumi_command is None:
                 self._pulumi_command = ops.pulumi_cli()
             return self._pulumi_command
+
+
+def cluster_provider_config(cfg: FactoryConfig, cluster: str) -> dict[str, str]:
+    """The provider settings a cluster's stacks (its platform stack, its tenants' stacks) take
+    over the environment's: its `kubernetes:context`, when it names one."""
+    placed = next(c for c in clusters(cfg) if c.name == cluster)
+    return {"kubernetes:context": placed.cluster.context} if placed.cluster.context else {}
 
 
 def _first_error(message: str) -> str:

@@ -22,6 +22,7 @@ from pulumi import automation as auto
 from ai_factory.factory.model.loading import load_stack_file, project_name
 from ai_factory.factory.model.loading import project_dir as current_project
 from ai_factory.factory.planning.from_config import plan_for, previous_plan
+from ai_factory.factory.rendering.bundle import cluster_stack
 from ai_factory.stacks import backend as ops
 from ai_factory.stacks.backend import Backend, KeyedLocks, OnEvent, OnOutput, PolicyPack, StackResult, check_name
 from ai_factory.stacks.contract import CONTRACT_OUTPUT, ContractError, PlatformContract
@@ -37,9 +38,10 @@ class PlatformStacks:
         self._pulumi_command = pulumi_command
         self._locks = KeyedLocks()
 
-    def stack_name(self, env: str) -> str:
-        """The platform stack of `env` in the user's project (its Pulumi.yaml names the project)."""
-        return self.backend.stack_name(project_name(self.project_dir), env)
+    def stack_name(self, env: str, cluster: str | None = None) -> str:
+        """The platform stack of `env` (of its `cluster`, in a multi-cluster environment) in the
+        user's project (its Pulumi.yaml names the project)."""
+        return self.backend.stack_name(project_name(self.project_dir), cluster_stack(env, cluster) if cluster else env)
 
     def policy_pack(self, env: str) -> PolicyPack:
         config = self.project_dir / POLICY_PACK_DIR / f"config.{env}.json"
@@ -63,15 +65,16 @@ class PlatformStacks:
         with self._locks(env):
             return ops.destroy_keeping_protected(self._stack(env, create=False), on_output, on_event)
 
-    def contract(self, env: str) -> PlatformContract:
-        """The contract the environment's platform stack exported at its last update."""
+    def contract(self, env: str, cluster: str | None = None) -> PlatformContract:
+        """The contract the environment's platform stack (its `cluster`'s) exported at its last update."""
         check_name("environment", env)
         self.backend.check()
-        name = self.stack_name(env)
+        name = self.stack_name(env, cluster)
         try:
             outputs = ops.masked_outputs(self._workspace(), name)
         except auto.StackNotFoundError:
-            raise ContractError(f"no platform stack {name}: deploy it first (ai-factory-stacks platform up {env})") from None
+            how = f"ai-factory upgrade or FleetStacks.up of {env}" if cluster else f"ai-factory-stacks platform up {env}"
+            raise ContractError(f"no platform stack {name}: deploy it first ({how})") from None
         return PlatformContract.from_output(outputs.get(CONTRACT_OUTPUT), name)
 
     def _validate(self, env: str) -> None:

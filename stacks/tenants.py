@@ -6,8 +6,11 @@ touch another tenant or the platform.
     tenants.status("dev", "partner-acme").last_operation.result
     tenants.delete("dev", "partner-acme").kept    # protected resources stay, and say so
 
-Stacks are `<org>/ai-factory-tenant/<env>.<tenant>`. Their program (`tenant_program`, inline) reads
-the tenant from the stack's config and the platform contract through a `StackReference`, then
+Stacks are `<org>/ai-factory-tenant/<env>.<tenant>`; in a multi-cluster environment a tenant has
+one stack per cluster it is on, `<env>-<cluster>.<tenant>`, built against that cluster's platform
+stack `<env>-<cluster>` and its provider settings (`kubernetes:context`), each operation running
+on every one of them in the sites' order (one result per cluster, `StackResult.clusters`).
+Their program (`tenant_program`, inline) reads the tenant from the stack's config and the platform contract through a `StackReference`, then
 builds one `TenantStack`. Before anything runs, the tenant is validated (every problem, with its
 path) and checked against the contract: the platform registers its tenants and decides
 everything about them but their owners (`stacks.contract`). Operations on one tenant run one at a time (in order), on different
@@ -30,16 +33,21 @@ import yaml
 from pulumi import automation as auto
 from pydantic import BaseModel, ConfigDict
 
-from ai_factory.factory.model.config import Tenant
+from ai_factory.factory.model.config import FactoryConfig, Tenant
+from ai_factory.factory.model import bounded_yaml
+from ai_factory.factory.model.raw import as_dict, as_list
 from ai_factory.factory.model.loading import project_dir as current_project
-from ai_factory.factory.model.loading import ConfigError, read_stack_file, stack_file, validate, validate_tenant, with_registered_tenants
+from ai_factory.factory.model.clusters import clusters, is_multi_cluster, manager, tenant_clusters
+from ai_factory.factory.model.loading import ConfigError, load_stack_file, project_name, read_stack_file, stack_file, validate, validate_tenant, with_registered_tenants
 from ai_factory.factory.model.onboarding import REGISTRY_DIR, is_registered, register, self_service_problems, unregister
 from ai_factory.factory.planning.from_config import plan_for, previous_plan
 from ai_factory.components.registry import tenant_hooks
 from ai_factory.factory.rendering.platform import own_tenant_stack
 from ai_factory.stacks import backend as ops
-from ai_factory.stacks.backend import Backend, KeyedLocks, OnEvent, OnOutput, StackResult, check_name
+from ai_factory.factory.rendering.bundle import cluster_stack
+from ai_factory.stacks.backend import Backend, KeyedLocks, OnEvent, OnOutput, StackResult, check_name, combined
 from ai_factory.stacks.contract import CONTRACT_OUTPUT, CONTRACT_SECRETS_OUTPUT, ContractError, PlatformContract, owner_conflicts
+from ai_factory.stacks.fleet import cluster_provider_config
 from ai_factory.stacks.platform import PlatformStacks
 
 TENANT_PROJECT = "ai-factory-tenant"
@@ -92,7 +100,8 @@ async def tenant_program() -> None:
     # Checked before the CLI ran too; checked again against the contract the engine read.
     if problems := contract.tenant_problems(tenant):
         raise pulumi.RunError(ConfigError(problems, source=source).render())
-    stack = own_tenant_stack(cfg, plan, tenant, tenant_hooks(cfg, plan))
+    placed = next(t for t in cfg.tenants if t.name == tenant.name)  # on one cluster of several: its demands there
+    stack = own_tenant_stack(cfg, plan, placed, tenant_hooks(cfg, plan))
     pulumi.export("tenant", tenant.model_dump(mode="json"))
     for output in TENANT_OUTPUTS:
         pulumi.export(output, getattr(stack, output))
@@ -105,6 +114,8 @@ class TenantSummary(BaseModel):
     model_config = ConfigDict(use_attribute_docstrings=True)
 
     name: str
+    cluster: str | None = None
+    """The cluster the stack builds the tenant on, in a multi-cluster environment."""
     stack: str
     owners: list[str]
     """The deployed tenant's owner groups (empty until an update succeeded)."""
@@ -167,17 +178,28 @@ class TenantStacks:
         self._project_workspace_lock = threading.Lock()
         self._project_workspace_cache: auto.LocalWorkspace | None = None
 
-    def stack_name(self, env: str, name: str) -> str:
-        return self.backend.stack_name(TENANT_PROJECT, f"{env}.{name}")
+    def stack_name(self, env: str, name: str, cluster: str | None = None) -> str:
+        return self.backend.stack_name(TENANT_PROJECT, _short_name(env, name, cluster))
+
+    def clusters(self, env: str, name: str) -> list[str | None]:
+        """The clusters whose stacks build the tenant, in the sites' order; `[None]` (its one
+        stack) in an environment without clusters. A tenant the environment does not register
+        is looked up on the manager, whose contract then says so."""
+        cfg = self._fleet(env)
+        if cfg is None:
+            return [None]
+        registered = next((t for t in cfg.tenants if t.name == name), None)
+        head = manager(cfg)
+        return tenant_clusters(cfg, registered) if registered is not None else [head.name if head else clusters(cfg)[0].name]
 
     def check(self, env: str, tenant: TenantInput) -> Tenant:
         """The tenant, validated and checked against the environment's platform contract
         (`ConfigError` listing every problem with its path). Reads only; runs no program."""
         check_name("environment", env)
         tenant = validate_tenant(tenant.model_dump(mode="json") if isinstance(tenant, Tenant) else tenant)
-        contract = self.platforms.contract(env)
-        problems = contract.tenant_problems(tenant)
-        problems += owner_conflicts(tenant, self._owners(env, contract.registered_owners()))
+        contracts = [self.platforms.contract(env, cluster) for cluster in self.clusters(env, tenant.name)]
+        problems = list(dict.fromkeys(p for contract in contracts for p in contract.tenant_problems(tenant)))
+        problems += owner_conflicts(tenant, self._owners(env, contracts[0].registered_owners()))
         if problems:
             raise ConfigError(problems, source=f"tenant {tenant.name!r} of {env}")
         return tenant
@@ -243,39 +265,51 @@ class TenantStacks:
     def create(self, env: str, tenant: TenantInput, *, on_output: OnOutput | None = None, on_event: OnEvent | None = None) -> StackResult:
         """A new tenant stack, deployed. `TenantExists` if the tenant has one already."""
         tenant = self.check(env, tenant)
-        settings = self._settings(env, tenant)
-        with self._locks(self.stack_name(env, tenant.name)):
-            try:
-                stack = self._stack(env, tenant.name, auto.Stack.create)
-            except auto.StackAlreadyExistsError:
-                raise TenantExists(f"tenant {tenant.name!r} of {env} exists already ({self.stack_name(env, tenant.name)})") from None
-            _configure(stack, settings)
-            return ops.up(stack, on_output, on_event, self.platforms.policy_pack(env))
+
+        def create(cluster: str | None) -> StackResult:
+            settings = self._settings(env, tenant, cluster)
+            with self._locks(self.stack_name(env, tenant.name, cluster)):
+                try:
+                    stack = self._stack(env, tenant.name, auto.Stack.create, cluster)
+                except auto.StackAlreadyExistsError:
+                    raise TenantExists(f"tenant {tenant.name!r} of {env} exists already ({self.stack_name(env, tenant.name, cluster)})") from None
+                _configure(stack, settings)
+                return ops.up(stack, on_output, on_event, self.platforms.policy_pack(env))
+
+        return self._on_each_cluster(env, tenant.name, create)
 
     def update(self, env: str, tenant: TenantInput, *, on_output: OnOutput | None = None, on_event: OnEvent | None = None) -> StackResult:
         """The tenant's stack brought to `tenant` (and to the platform's current contract)."""
         tenant = self.check(env, tenant)
-        settings = self._settings(env, tenant)
-        with self._locks(self.stack_name(env, tenant.name)):
-            stack = self._existing(env, tenant.name)
-            _configure(stack, settings)
-            return ops.up(stack, on_output, on_event, self.platforms.policy_pack(env))
+
+        def update(cluster: str | None) -> StackResult:
+            settings = self._settings(env, tenant, cluster)
+            with self._locks(self.stack_name(env, tenant.name, cluster)):
+                stack = self._existing(env, tenant.name, cluster)
+                _configure(stack, settings)
+                return ops.up(stack, on_output, on_event, self.platforms.policy_pack(env))
+
+        return self._on_each_cluster(env, tenant.name, update)
 
     def preview(self, env: str, tenant: TenantInput, *, on_output: OnOutput | None = None, on_event: OnEvent | None = None) -> StackResult:
         """What `create` or `update` would change. A stack made only for the preview is removed after it."""
         tenant = self.check(env, tenant)
-        settings = self._settings(env, tenant)
-        with self._locks(self.stack_name(env, tenant.name)):
-            try:
-                stack, new = self._stack(env, tenant.name, auto.Stack.select), False
-            except auto.StackNotFoundError:
-                stack, new = self._stack(env, tenant.name, auto.Stack.create), True
-            try:
-                _configure(stack, settings)
-                return ops.preview(stack, on_output, on_event, self.platforms.policy_pack(env))
-            finally:
-                if new:
-                    self._remove(stack, env, tenant.name)
+
+        def preview(cluster: str | None) -> StackResult:
+            settings = self._settings(env, tenant, cluster)
+            with self._locks(self.stack_name(env, tenant.name, cluster)):
+                try:
+                    stack, new = self._stack(env, tenant.name, auto.Stack.select, cluster), False
+                except auto.StackNotFoundError:
+                    stack, new = self._stack(env, tenant.name, auto.Stack.create, cluster), True
+                try:
+                    _configure(stack, settings)
+                    return ops.preview(stack, on_output, on_event, self.platforms.policy_pack(env))
+                finally:
+                    if new:
+                        self._remove(stack, env, tenant.name, cluster)
+
+        return self._on_each_cluster(env, tenant.name, preview)
 
     def delete(self, env: str, name: str, *, on_output: OnOutput | None = None, on_event: OnEvent | None = None) -> StackResult:
         """Destroy the tenant's resources but the protected ones. With nothing kept in it, the stack
@@ -283,42 +317,52 @@ class TenantStacks:
         check_name("environment", env)
         check_name("tenant", name)
         self.backend.check()
-        with self._locks(self.stack_name(env, name)):
-            stack = self._existing(env, name)
-            result = ops.destroy_keeping_protected(stack, on_output, on_event)
-            if any(k.reason != "retained on delete" for k in result.kept):
-                return result
-            self._remove(stack, env, name)
-            return result.model_copy(update={"removed": True})
+
+        def delete(cluster: str | None) -> StackResult:
+            with self._locks(self.stack_name(env, name, cluster)):
+                stack = self._existing(env, name, cluster)
+                result = ops.destroy_keeping_protected(stack, on_output, on_event)
+                if any(k.reason != "retained on delete" for k in result.kept):
+                    return result
+                self._remove(stack, env, name, cluster)
+                return result.model_copy(update={"removed": True})
+
+        return self._on_each_cluster(env, name, delete)
 
     def list(self, env: str) -> list[TenantSummary]:
         check_name("environment", env)
         self.backend.check()
         workspace = self._project_workspace()
-        prefix = f"{env}."
+        cfg = self._fleet(env)
+        prefixes = {f"{cluster_stack(env, c.name)}.": c.name for c in clusters(cfg)} if cfg is not None else {f"{env}.": None}
         summaries = []
         for stack in workspace.list_stacks():
             short = stack.name.rsplit("/", 1)[-1]
-            if not short.startswith(prefix):
+            prefix = next((p for p in prefixes if short.startswith(p)), None)
+            if prefix is None:
                 continue
-            deployed = _deployed(ops.masked_outputs(workspace, self.stack_name(env, short.removeprefix(prefix))))
+            name, cluster = short.removeprefix(prefix), prefixes[prefix]
+            deployed = _deployed(ops.masked_outputs(workspace, self.stack_name(env, name, cluster)))
             summaries.append(
                 TenantSummary(
-                    name=short.removeprefix(prefix),
-                    stack=self.stack_name(env, short.removeprefix(prefix)),
+                    name=name,
+                    cluster=cluster,
+                    stack=self.stack_name(env, name, cluster),
                     owners=list(deployed.owners.groups) if deployed else [],
                     last_update=stack.last_update,
                     resource_count=stack.resource_count,
                     update_in_progress=stack.update_in_progress,
                 )
             )
-        return sorted(summaries, key=lambda s: s.name)
+        order = list(prefixes.values())
+        return sorted(summaries, key=lambda s: (s.name, order.index(s.cluster)))
 
-    def status(self, env: str, name: str) -> TenantStatus:
+    def status(self, env: str, name: str, cluster: str | None = None) -> TenantStatus:
+        """The tenant's stack (on `cluster`; by default on its first cluster)."""
         check_name("environment", env)
         check_name("tenant", name)
         self.backend.check()
-        stack = self._existing(env, name)
+        stack = self._existing(env, name, cluster or self.clusters(env, name)[0])
         outputs = ops.masked_outputs(stack.workspace, stack.name)
         last = stack.history(page_size=1, show_secrets=False)
         return TenantStatus(
@@ -337,12 +381,13 @@ class TenantStacks:
         check_name("environment", env)
         check_name("tenant", name)
         self.backend.check()
+        first = self.clusters(env, name)[0]
         try:
-            outputs, exists = ops.masked_outputs(self._project_workspace(), self.stack_name(env, name)), True
+            outputs, exists = ops.masked_outputs(self._project_workspace(), self.stack_name(env, name, first)), True
         except auto.StackNotFoundError:
             outputs, exists = {}, False
         try:
-            registered = self.platforms.contract(env).registration(name)
+            registered = self.platforms.contract(env, first).registration(name)
         except ContractError:
             registered = None
         return TenantRecord(deployed=_deployed(outputs), exists=exists, registered=registered)
@@ -357,28 +402,43 @@ class TenantStacks:
             owners.setdefault(deployed.name, set()).update(deployed.owners)
         return owners
 
-    def _settings(self, env: str, tenant: Tenant) -> dict[str, str]:
+    def _fleet(self, env: str) -> FactoryConfig | None:
+        """The environment, validated, when it declares clusters; None when it is one cluster,
+        told from the stack file read as plain YAML (nothing decrypted or validated: every
+        operation asks, on its way to the CLI)."""
+        config = as_dict((bounded_yaml.read(stack_file(env, self.project_dir)) or {}).get("config"))
+        fleet = as_dict(config.get(f"{project_name(self.project_dir)}:fleet"))
+        if not any(as_dict(site).get("clusters") for site in as_list(fleet.get("sites"))):
+            return None
+        cfg = load_stack_file(env, self.project_dir)
+        return cfg if is_multi_cluster(cfg) else None
+
+    def _on_each_cluster(self, env: str, name: str, run: Callable[[str | None], StackResult]) -> StackResult:
+        """`run` on the tenant's stack of each of its clusters in turn (the first failure stops it)."""
+        return combined({cluster or env: run(cluster) for cluster in self.clusters(env, name)})
+
+    def _settings(self, env: str, tenant: Tenant, cluster: str | None = None) -> dict[str, str]:
         """The stack's config: the tenant, its platform stack, the platform's provider settings."""
         return {
             TENANT_KEY: json.dumps(tenant.model_dump(mode="json"), sort_keys=True),
-            PLATFORM_KEY: self.platforms.stack_name(env),
-            **provider_settings(env, self.project_dir),
+            PLATFORM_KEY: self.platforms.stack_name(env, cluster),
+            **provider_settings(env, self.project_dir, cluster),
         }
 
-    def _existing(self, env: str, name: str) -> auto.Stack:
+    def _existing(self, env: str, name: str, cluster: str | None = None) -> auto.Stack:
         try:
-            return self._stack(env, name, auto.Stack.select)
+            return self._stack(env, name, auto.Stack.select, cluster)
         except auto.StackNotFoundError:
-            raise TenantNotFound(f"tenant {name!r} of {env} has no stack ({self.stack_name(env, name)})") from None
+            raise TenantNotFound(f"tenant {name!r} of {env} has no stack ({self.stack_name(env, name, cluster)})") from None
 
-    def _stack(self, env: str, name: str, init: Callable[[str, auto.Workspace], auto.Stack]) -> auto.Stack:
-        work_dir = self._workspaces() / f"{env}.{name}"
+    def _stack(self, env: str, name: str, init: Callable[[str, auto.Workspace], auto.Stack], cluster: str | None = None) -> auto.Stack:
+        work_dir = self._workspaces() / _short_name(env, name, cluster)
         work_dir.mkdir(parents=True, exist_ok=True)
-        return init(self.stack_name(env, name), self._workspace(work_dir, program=tenant_program))
+        return init(self.stack_name(env, name, cluster), self._workspace(work_dir, program=tenant_program))
 
-    def _remove(self, stack: auto.Stack, env: str, name: str) -> None:
+    def _remove(self, stack: auto.Stack, env: str, name: str, cluster: str | None = None) -> None:
         stack.workspace.remove_stack(stack.name)
-        shutil.rmtree(self._workspaces() / f"{env}.{name}", ignore_errors=True)
+        shutil.rmtree(self._workspaces() / _short_name(env, name, cluster), ignore_errors=True)
 
     def _project_workspace(self) -> auto.LocalWorkspace:
         """A workspace of the tenant project for commands on any of its stacks (list, outputs).
@@ -410,9 +470,14 @@ def _configure(stack: auto.Stack, settings: Mapping[str, str]) -> None:
         stack.set_config(key, auto.ConfigValue(value))
 
 
-def provider_settings(env: str, project_dir: Path | None = None) -> dict[str, str]:
+def _short_name(env: str, name: str, cluster: str | None) -> str:
+    return f"{cluster_stack(env, cluster) if cluster else env}.{name}"
+
+
+def provider_settings(env: str, project_dir: Path | None = None, cluster: str | None = None) -> dict[str, str]:
     """The platform stack file's provider settings tenant stacks share (plain values only: a
-    secret one could only be copied through a command line)."""
+    secret one could only be copied through a command line); those of `cluster`'s platform stack
+    for a tenant stack on it."""
     path = stack_file(env, project_dir)
     read_stack_file(path)  # a missing or broken file fails as it does everywhere
     config = (yaml.safe_load(path.read_text()) or {}).get("config") or {}
@@ -426,7 +491,9 @@ def provider_settings(env: str, project_dir: Path | None = None) -> dict[str, st
         settings[str(key)] = value if isinstance(value, str) else json.dumps(value)
     if problems:
         raise ConfigError(problems, source=str(path))
-    return settings
+    if cluster is not None:
+        settings.update(cluster_provider_config(load_stack_file(env, project_dir), cluster))
+    return dict(sorted(settings.items()))
 
 
 def _deployed(outputs: Mapping[str, Any]) -> Tenant | None:

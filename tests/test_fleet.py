@@ -55,7 +55,7 @@ def test_the_manager_connects_to_each_worker_with_a_kubeconfig_from_openbao(rend
     manager = renders["par1-a"]
     assert refs(manager, "MultiKueueCluster") == ["MultiKueueCluster/ams1-a", "MultiKueueCluster/fra1-a", "MultiKueueCluster/par1-b"]
     secrets = {m.name: m.obj["spec"] for m in manager.manifests if m.kind == "ExternalSecret"}
-    assert secrets["multikueue-fra1-a"]["data"] == [{"secretKey": "kubeconfig", "remoteRef": {"key": "platform/multikueue/fra1-a", "property": "kubeconfig"}}]
+    assert secrets["multikueue-fra1-a"]["data"] == [{"secretKey": "kubeconfig", "remoteRef": {"key": "clusters/par1-a/platform/multikueue/fra1-a", "property": "kubeconfig"}}]
     assert secrets["multikueue-fra1-a"]["secretStoreRef"] == {"kind": "SecretStore", "name": "openbao-multikueue"}
     assert not [m for c, r in renders.items() if c != "par1-a" for m in r.manifests if m.kind in ("MultiKueueCluster", "ExternalSecret") and m.layer == "multikueue"]
 

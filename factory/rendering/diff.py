@@ -20,6 +20,11 @@ Three renders of the real program (as `pulumi up` runs it) answer it in two step
 
 Objects are compared file by file (path and content), Pulumi resources by inventory entry
 (dependency edges aside: they order operations and update nothing).
+
+In a multi-cluster environment each cluster is its own stack: the removal is answered per cluster
+the tenant is on (`FleetRemoval`), each from that cluster's stack and plan lock, every change
+under its cluster; a cluster the tenant is not on is not rendered when its view of the
+environment is the same without the tenant (nothing there can change), and reported if not.
 """
 
 from __future__ import annotations
@@ -172,6 +177,13 @@ def _without_offered_lists(obj: dict[str, Any], tenant: str) -> dict[str, Any]:
     return obj
 
 
+def _listener_tenant(listener: Any) -> Any:
+    """The tenant whose namespaces a Gateway listener admits routes from, if one."""
+    if not isinstance(listener, dict):
+        return None
+    return (((listener.get("allowedRoutes") or {}).get("namespaces") or {}).get("selector") or {}).get("matchLabels", {}).get(TENANT_LABEL)
+
+
 def _owner(tenant: str | None) -> str:
     return f"tenant {tenant}" if tenant else "platform"
 
@@ -218,7 +230,30 @@ class TenantRemoval:
         return m.tenant is None and labels.get(SERVES_TENANT_LABEL) == self.tenant
 
     def _goes_with_tenant(self, m: Manifest) -> bool:
-        return self._of_domain(m) or self._serves_tenant(m)
+        return self._of_domain(m) or self._serves_only_it(m)
+
+    def _serves_only_it(self, m: Manifest) -> bool:
+        return self._serves_tenant(m) or self._only_its_listeners(m) or self._its_worker_connection(m)
+
+    def _only_its_listeners(self, m: Manifest) -> bool:
+        """A shared Gateway every listener of which admits this tenant's routes alone: it goes
+        with its last listener."""
+        listeners = (m.obj.get("spec") or {}).get("listeners") or []
+        return m.kind == "Gateway" and not m.tenant and bool(listeners) and all(_listener_tenant(l) == self.tenant for l in listeners)
+
+    @property
+    def _dispatched_to(self) -> set[str]:
+        """The worker clusters the tenant's MultiKueueConfig dispatched to (on the manager)."""
+        return {str(c) for m in self.removal.removed if m.kind == "MultiKueueConfig" and m.tenant == self.tenant for c in (m.obj.get("spec") or {}).get("clusters") or []}
+
+    def _its_worker_connection(self, m: Manifest) -> bool:
+        """The manager's connection (MultiKueueCluster, its kubeconfig's ExternalSecret) to a worker
+        the tenant dispatched to, dropped with it: no other tenant dispatches there any more."""
+        from ai_factory.components.multikueue import secret_name
+
+        if m.tenant or m.layer != "multikueue":
+            return False
+        return (m.kind == "MultiKueueCluster" and m.name in self._dispatched_to) or (m.kind == "ExternalSecret" and m.name in {secret_name(w) for w in self._dispatched_to})
 
     def _sheds_its_listeners(self, before: Manifest, after: Manifest) -> bool:
         """A shared Gateway whose only change is losing the listeners that admit this tenant's
@@ -228,10 +263,7 @@ class TenantRemoval:
 
         def others(obj: dict[str, Any]) -> dict[str, Any]:
             spec = dict(obj.get("spec") or {})
-            spec["listeners"] = [
-                l for l in spec.get("listeners") or []
-                if (((l.get("allowedRoutes") or {}).get("namespaces") or {}).get("selector") or {}).get("matchLabels", {}).get(TENANT_LABEL) != self.tenant
-            ]
+            spec["listeners"] = [l for l in spec.get("listeners") or [] if _listener_tenant(l) != self.tenant]
             return {**obj, "spec": spec}
 
         return others(before.obj) == after.obj
@@ -366,7 +398,7 @@ class TenantRemoval:
             lines.append("  protected resources stop `pulumi up` until unprotected (`pulumi state unprotect`): off-boarding is deliberate")
         if any(e.get("retainOnDelete") for e in resources):
             lines.append("  resources kept in the cluster only leave the Pulumi state: delete the namespace once its volumes are backed up")
-        serving = [f"  - deleted {m.path}" for m in self.removal.removed if self._serves_tenant(m)]
+        serving = [f"  - deleted {m.path}" for m in self.removal.removed if self._serves_only_it(m)]
         if serving:
             lines.append(f"platform objects serving it only go too ({len(serving)}):")
             lines += serving
@@ -400,8 +432,57 @@ class TenantRemoval:
         return "\n".join(lines)
 
 
-def without_tenant(env: str, tenant: str) -> TenantRemoval:
-    """`tenant_removal` for an environment's stack file, planned from its recorded plan."""
+@dataclass
+class FleetRemoval:
+    """A tenant's removal from a multi-cluster environment: one `TenantRemoval` per cluster it is
+    on (and per cluster whose view it changes), by cluster in the sites' order."""
+
+    tenant: str
+    stacks: dict[str, str]
+    """Cluster -> its stack (`<env>-<cluster>`)."""
+    removals: dict[str, TenantRemoval]
+    unchanged: list[str]
+    """Clusters whose configuration is the same without the tenant: nothing there changes."""
+
+    @property
+    def unexpected(self) -> list[str]:
+        return [line if line.startswith(" ") else f"{cluster}: {line}" for cluster, r in self.removals.items() for line in r.unexpected]
+
+    def render(self, env: str) -> str:
+        lines = [f"removing tenant {self.tenant!r} from {env}: on cluster(s) {', '.join(self.removals) or 'none'}"]
+        for cluster, removal in self.removals.items():
+            lines.append(f"cluster {cluster} (stack {self.stacks[cluster]}):")
+            lines += [f"  {line}" for line in removal.render(self.stacks[cluster]).splitlines()]
+        if self.unchanged:
+            lines.append(f"unchanged (the tenant is not on them, their configuration is the same without it): {', '.join(self.unchanged)}")
+        unexpected = self.unexpected
+        lines.append(
+            f"UNEXPECTED: {sum(not l.startswith(' ') for l in unexpected)} other change(s) over the clusters (listed under each)"
+            if unexpected
+            else "no other object changes on any cluster"
+        )
+        return "\n".join(lines)
+
+    def to_json(self, env: str) -> str:
+        return json.dumps(
+            {
+                "environment": env,
+                "tenant": self.tenant,
+                "clusters": {c: json.loads(r.to_json(self.stacks[c])) for c, r in self.removals.items()},
+                "unchanged": self.unchanged,
+                "unexpected": self.unexpected,
+            },
+            indent=2,
+            sort_keys=True,
+        ) + "\n"
+
+
+def without_tenant(env: str, tenant: str) -> TenantRemoval | FleetRemoval:
+    """`tenant_removal` for an environment's stack file, planned from its recorded plan; for each
+    cluster of a multi-cluster environment, from that cluster's stack and plan lock."""
+    from ai_factory.factory.model.clusters import clusters
+    from ai_factory.factory.rendering.bundle import cluster_stack
+
     path = stack_file(env)
     raw, secret_sections = read_stack_file(path)
     stack = stack_name(path)
@@ -411,18 +492,43 @@ def without_tenant(env: str, tenant: str) -> TenantRemoval:
         close = difflib.get_close_matches(tenant, names, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else f" (tenants: {', '.join(names) or 'none'})"
         raise ConfigError([f"--without-tenant: no tenant {tenant!r} in {path.name}{hint}"], source=str(path))
-    recorded = previous_plan(stack, path.resolve().parent)  # where `plan --lock` writes it
-    result = tenant_removal(raw, secret_sections, tenant, stack, recorded)
+    if not clusters(cfg):
+        return _noted(tenant_removal(raw, secret_sections, tenant, stack, previous_plan(stack, path.resolve().parent)), env, stack, cfg, path)
+    offboarded = _offboarded(raw, tenant)
+    reduced = config_without_tenant(raw, tenant)
+    stacks, removals, unchanged = {}, {}, []
+    for placed in clusters(cfg):
+        kubernetes = {**(raw.get("kubernetes") or {}), "cluster": placed.name}
+        cluster_raw, own = {**raw, "kubernetes": kubernetes}, cluster_stack(stack, placed.name)
+        view = validate(environment_raw(cluster_raw, own, project_dir()), source=str(path))
+        without = validate(environment_raw({**reduced, "kubernetes": kubernetes}, own, project_dir(), offboarded), source=str(path))
+        if view.model_dump() == without.model_dump():
+            unchanged.append(placed.name)
+            continue
+        stacks[placed.name] = own
+        removals[placed.name] = _noted(tenant_removal(cluster_raw, secret_sections, tenant, own, previous_plan(own, path.resolve().parent)), env, own, view, path)
+    return FleetRemoval(tenant, stacks, removals, unchanged)
+
+
+def _noted(result: TenantRemoval, env: str, stack: str, cfg, path) -> TenantRemoval:
+    """`result` with what a plan lock missing or out of date means for it."""
+    recorded = previous_plan(stack, path.resolve().parent)
     if recorded is None:
         moved = ", which moves other tenants' GPUs (UNEXPECTED below)" if result.unexpected else ""
         result.notes.append(
-            f"{env} has no plan lock (plans/{stack}.json): `pulumi up` re-plans every tenant from scratch (the "
+            f"{stack} has no plan lock (plans/{stack}.json): `pulumi up` re-plans every tenant from scratch (the "
             f"re-planning above){moved}; lock the plan first (`ai-factory plan {env} --lock`, then commit it) so that "
             "re-planning keeps every other tenant's GPUs where they are"
         )
     elif recorded.pools != plan_for(cfg, recorded).pools:  # the layout, not how it was reached
-        result.notes.append(f"the plan lock of {env} is not the current plan; lock it again first (`ai-factory plan {env} --lock`)")
+        result.notes.append(f"the plan lock of {stack} is not the current plan; lock it again first (`ai-factory plan {env} --lock`)")
     return result
+
+
+def _offboarded(raw: dict[str, Any], tenant: str) -> frozenset[str]:
+    """`{tenant}` when it is a tenant of the self-service registry (not of the stack file): its
+    removal is its registry file's."""
+    return frozenset() if tenant in {t.get("name") for t in raw.get("tenants") or [] if isinstance(t, dict)} else frozenset({tenant})
 
 
 TENANT_KEYED = (("tenancy", "pod_security_exceptions"), ("slinky", "clusters"), ("kubevirt", "tenants"))
@@ -449,8 +555,7 @@ def tenant_removal(raw: dict[str, Any], secret_sections: set[str], tenant: str, 
     directory = project_dir()  # where the program reads the registry
     cfg = validate(environment_raw(raw, stack, directory))
     current = plan_for(cfg, recorded)
-    registered = tenant not in {t.get("name") for t in raw.get("tenants") or [] if isinstance(t, dict)}
-    offboarded = frozenset({tenant}) if registered else frozenset()
+    offboarded = _offboarded(raw, tenant)
     reduced_raw = config_without_tenant(raw, tenant)
     reduced_cfg = validate(environment_raw(reduced_raw, stack, directory, offboarded), source=f"the configuration without tenant {tenant}")
     full = render_raw(raw, secret_sections, cfg, stack, plan=current)

@@ -20,6 +20,7 @@ import json
 import yaml
 from pulumi_policy import PolicyResource
 
+from ai_factory.factory.checking.isolation import MULTIKUEUE_CONTROLLER
 from ai_factory.factory.model.gpus import COMPUTE_SLICES, GPU_MODELS, MEMORY_SLICES, GpuModel
 from ai_factory.factory.planning.placement import (
     DEDICATED_LABEL,
@@ -172,6 +173,20 @@ def nominal_quotas(queue: Obj) -> Iterator[tuple[str, str, Fraction]]:
                     yield str(as_map(flavor).get("name")), str(resource.get("name")), amount
 
 
+def dispatch_queues(cluster: Cluster) -> set[str]:
+    """ClusterQueues whose every admission check is MultiKueue's: a manager cluster's dispatch
+    queues, whose workloads run on the worker clusters (and are placed by the workers' own
+    flavors and quotas), never on this cluster's nodes."""
+    dispatching = {c.name for c in cluster.of("AdmissionCheck") if c.spec.get("controllerName") == MULTIKUEUE_CONTROLLER}
+    queues = set()
+    for queue in cluster.of("ClusterQueue"):
+        checks = {str(as_map(c).get("name")) for c in as_list(as_map(queue.spec.get("admissionChecksStrategy")).get("admissionChecks"))}
+        checks |= {str(c) for c in as_list(queue.spec.get("admissionChecks"))}
+        if checks and checks <= dispatching:
+            queues.add(queue.name)
+    return queues
+
+
 def queue_namespaces(cluster: Cluster, queue: Obj) -> list[str]:
     """The tenant namespaces a ClusterQueue admits from (an absent selector admits none)."""
     if "namespaceSelector" not in queue.spec:
@@ -210,7 +225,9 @@ def check_gpu_no_cross_domain_sharing(resources: Sequence[PolicyResource], confi
                 f"{TRUST_DOMAIN_LABEL}={domain}:NoSchedule, so pods of other trust domains can land on it."
             )
     flavor_domains: dict[str, set[str]] = {}
-    used_for_gpus = {name for queue in cluster.of("ClusterQueue", "Cohort") for name in gpu_flavors(queue)}
+    remote = dispatch_queues(cluster)
+    local_queues = [q for q in cluster.of("ClusterQueue", "Cohort") if not (q.kind == "ClusterQueue" and q.name in remote)]
+    used_for_gpus = {name for queue in local_queues for name in gpu_flavors(queue)}
     for flavor in cluster.of("ResourceFlavor"):
         if flavor.name not in used_for_gpus:
             continue  # a CPU/memory flavor places no GPU work
@@ -222,7 +239,7 @@ def check_gpu_no_cross_domain_sharing(resources: Sequence[PolicyResource], confi
                 f"{flavor.describe()} selects shared-GPU nodes of trust domains {', '.join(sorted(domains))}: a flavor "
                 f"of shared GPUs must pin one trust domain with its nodeLabels ({TRUST_DOMAIN_LABEL})."
             )
-    for queue in cluster.of("ClusterQueue"):
+    for queue in (q for q in local_queues if q.kind == "ClusterQueue"):
         for namespace in queue_namespaces(cluster, queue):
             tenant = cluster.tenant_of_namespace(namespace)
             for flavor in gpu_flavors(queue):
@@ -491,7 +508,10 @@ def check_gpu_quota_within_supply(resources: Sequence[PolicyResource], config: M
     cluster = Cluster(resources)
     fleet = Fleet(cluster)
     promised: dict[tuple[str, str], list[tuple[str, Fraction]]] = defaultdict(list)
+    remote = dispatch_queues(cluster)  # their quota is the workers' (`factory check`'s fleet-dispatch compares them)
     for queue in cluster.of("ClusterQueue", "Cohort"):
+        if queue.kind == "ClusterQueue" and queue.name in remote:
+            continue
         for flavor, resource, amount in nominal_quotas(queue):
             promised[flavor, resource].append((f"{queue.kind} {queue.name}", amount))
     supplies = {f.name: (f, flavor_supply(fleet, f)) for f in cluster.of("ResourceFlavor")}

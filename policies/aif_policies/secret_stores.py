@@ -14,6 +14,7 @@ from typing import Any, Iterator
 from pulumi_policy import PolicyResource
 
 from ai_factory.components.external_secrets import CLUSTER_WIDE_KINDS
+from ai_factory.factory.checking import secrets as secret_checks
 from ai_factory.policies.aif_policies.core import Violation, stack_policy
 from ai_factory.policies.aif_policies.kube import Cluster, as_list, as_map, chart_named, selects
 
@@ -77,11 +78,35 @@ def check_tenant_secret_stores_scoped(resources: Sequence[PolicyResource], confi
             )
 
 
+def check_openbao_roles_scoped(resources: Sequence[PolicyResource], config: Mapping[str, Any]) -> Iterator[Violation]:
+    cluster = Cluster(resources)
+    of_type = lambda t: [r for r in resources if r.resource_type == t]  # noqa: E731
+    mounts = [str(r.props.get("path")) for r in of_type(secret_checks.AUTH_BACKEND) if r.props.get("type") == "kubernetes"]
+    engines = [str(r.props.get("path")) for r in of_type("vault:index/mount:Mount") if r.props.get("type") == "kv"]
+    roles = {f"OpenBao role {r.name}": r for r in of_type(secret_checks.ROLE)}
+    grants = [secret_checks.grant(ref, r.props) for ref, r in roles.items()]
+    policies = {str(r.props.get("name")): str(r.props.get("policy") or "") for r in of_type(secret_checks.POLICY)}
+    stores = {store.describe(): store for store in cluster.of("SecretStore")}
+    mount_paths = [
+        (ref, as_map(as_map(as_map(as_map(store.spec.get("provider")).get("vault")).get("auth")).get("kubernetes")).get("mountPath"))
+        for ref, store in stores.items()
+    ]
+    for ref, why in secret_checks.scope_problems(mounts, grants, policies, engines[0] if len(engines) == 1 else None, cluster.namespace_tenant, mount_paths):
+        yield (roles[ref] if ref in roles else stores[ref].resource), f"{ref}: {why}."
+
+
 POLICIES = [
     stack_policy(
         "tenant-secret-stores-scoped",
         "Each tenant's SecretStore uses its own OpenBao role and service account; no ClusterExternalSecret spans "
         "tenants; the External Secrets Operator serves no cluster-wide kind.",
         check_tenant_secret_stores_scoped,
+    ),
+    stack_policy(
+        "openbao-roles-scoped",
+        "Every OpenBao role and SecretStore of a stack is on the auth mount the stack's cluster owns; a tenant's role "
+        "reads its tenant's prefix only, a platform role no tenant's secrets and, for one cluster of several, only "
+        "that cluster's prefix (clusters/<cluster>/): no cluster reads another's kubeconfigs or secrets.",
+        check_openbao_roles_scoped,
     ),
 ]
