@@ -68,6 +68,7 @@ from typing import Any, Iterable
 import pulumi
 import pulumi_kubernetes as k8s
 
+from ai_factory.components import _gpu_remediation as step
 from ai_factory.components._common import POOL_LABEL, FactoryComponent, helm_release, labels, namespace
 from ai_factory.components.gpu_operator import tolerations as gpu_node_tolerations
 from ai_factory.components.registry import Layer
@@ -78,6 +79,7 @@ from ai_factory.factory.model.gpus import GPU_MODELS
 from ai_factory.factory.model.raw import as_dict, as_list, did_you_mean
 from ai_factory.factory.planning.credits import NODE_UNAVAILABLE as UNAVAILABLE, TENANT_ENTITLED, TENANT_UNAVAILABLE, tenant_shares
 from ai_factory.factory.planning.model import Plan
+from ai_factory.factory.planning.quarantine import FIRST_VERSION as TAINT_RULE_VERSION, taint_rule
 
 TOKEN = "ai-factory:health:Health"
 RELEASE = "node-problem-detector"
@@ -89,6 +91,10 @@ SNR_TEMPLATE = "ai-factory-gpu-reboot"
 SNR_CONFIG = "self-node-remediation-config"
 """The one SelfNodeRemediationConfig the operator reads (it creates it with defaults otherwise)."""
 NHC_PREFIX = "ai-factory-gpu-"
+STEP = "ai-factory-gpu-remediation"
+"""The remediation step's CronJob, service account, role and ConfigMap (components/_gpu_remediation.py)."""
+KUBECTL_IMAGE = "registry.k8s.io/kubectl:v{version}.0"
+"""Kubernetes' own kubectl image (bash, jq and coreutils on debian-base), at the cluster's minor."""
 
 CONDITION_FATAL = "GpuXidFatal"
 CONDITION_RESET = "GpuXidNeedsReset"
@@ -175,6 +181,8 @@ class PoolRemediation:
     site: str
     nodes: tuple[str, ...]
     max_unhealthy: int
+    dra: bool
+    """GPUs are DRA devices: a fault quarantines the GPU alone (a DeviceTaintRule), not the node."""
     allocatable: tuple[str, int] | None
     """The GPU resource (kube-state-metrics spelling) and count every node should advertise; None
     where it depends on the node's MIG layout (mig) or nothing is advertised (dra)."""
@@ -203,6 +211,9 @@ class HealthArgs:
     not_ready_minutes: int
     reboot_timeout_minutes: int
     healthy_delay_minutes: int
+    drain_timeout_minutes: int
+    kubernetes: str
+    """The cluster's minor: the kubectl image and the DeviceTaintRule API (none before 1.33)."""
     dcgm: bool
     """The GPU Operator's DCGM exporter runs: its default counters feed the DCGM alerts."""
     tenant_nodes: dict[str, dict[str, float]]
@@ -219,6 +230,7 @@ class HealthArgs:
                 site=p.site,
                 nodes=tuple(n.name for n in p.node_specs()),
                 max_unhealthy=limits[p.name],
+                dra=p.sharing == "dra",
                 allocatable=expected_allocatable(p),
             )
             for p in cfg.fleet.pools
@@ -234,6 +246,8 @@ class HealthArgs:
             not_ready_minutes=rem.not_ready_minutes,
             reboot_timeout_minutes=rem.reboot_timeout_minutes,
             healthy_delay_minutes=rem.healthy_delay_minutes,
+            drain_timeout_minutes=rem.drain_timeout_minutes,
+            kubernetes=cfg.kubernetes.version,
             dcgm=cfg.layers.gpu_operator.enabled and cfg.layers.gpu_operator.dcgm_exporter,
             tenant_nodes=tenant_node_shares(plan),
         )
@@ -241,7 +255,13 @@ class HealthArgs:
     @property
     def loop_minutes(self) -> int:
         """The longest a node can legitimately be faulty or cordoned by the loop."""
-        return max(self.fault_minutes, self.not_ready_minutes) + self.reboot_timeout_minutes + self.healthy_delay_minutes
+        return max(self.fault_minutes + self.drain_timeout_minutes, self.not_ready_minutes) + self.reboot_timeout_minutes + self.healthy_delay_minutes
+
+    @property
+    def rule_api(self) -> str | None:
+        """The DeviceTaintRule apiVersion the step writes, None where no pool is DRA or Kubernetes has none."""
+        version = TAINT_RULE_VERSION.get(self.kubernetes)
+        return f"resource.k8s.io/{version}" if version and any(p.dra for p in self.pools) else None
 
 
 def chart_values(args: HealthArgs) -> dict[str, Any]:
@@ -267,13 +287,14 @@ def chart_values(args: HealthArgs) -> dict[str, Any]:
 
 
 def node_health_check_spec(args: HealthArgs, pool: PoolRemediation) -> dict[str, Any]:
-    fault = f"{args.fault_minutes}m" if args.fault_minutes else "0s"
     not_ready = f"{args.not_ready_minutes}m"
     return {
         "selector": {"matchLabels": {POOL_LABEL: pool.pool}},
         "maxUnhealthy": pool.max_unhealthy,
         "unhealthyConditions": [
-            *({"type": c, "status": "True", "duration": fault} for c in FAULT_CONDITIONS),
+            # Not the XID conditions: the remediation step sets this one once the node is drained
+            # by eviction, so the reboot never deletes a pod a PodDisruptionBudget protects.
+            {"type": step.DRAINED_CONDITION, "status": "True", "duration": "0s"},
             {"type": "Ready", "status": "False", "duration": not_ready},
             {"type": "Ready", "status": "Unknown", "duration": not_ready},
         ],
@@ -314,6 +335,22 @@ def alert_rules(args: HealthArgs) -> list[dict[str, Any]]:
     for pool in args.pools:
         nodes = _node_regex(pool.nodes)
         rules.append({
+            "alert": "GpuDrainOverdue",
+            # Faulty and cordoned (the step drains it) yet not drained: evictions are refused.
+            "expr": (
+                f'(max by (node) (kube_node_status_condition{{condition=~"{faults}",status="true",node=~"{nodes}"}}) == 1)'
+                f' and on (node) (max by (node) (kube_node_spec_unschedulable{{node=~"{nodes}"}}) == 1)'
+                f' unless on (node) (max by (node) (kube_node_status_condition{{condition="{step.DRAINED_CONDITION}",status="true",node=~"{nodes}"}}) == 1)'
+            ),
+            "for": f"{args.drain_timeout_minutes}m",
+            "labels": {"severity": "critical", "pool": pool.pool},
+            "annotations": {"summary": (
+                f"{{{{ $labels.node }}}} (pool {pool.pool}) has not drained in {args.drain_timeout_minutes} minutes: a PodDisruptionBudget "
+                "(or a pod no controller owns) refuses eviction; it stays cordoned and is not rebooted until a person resolves it"
+            )},
+        })
+        quarantined = " (on this DRA pool a faulty GPU is quarantined alone: the node needs a reboot, when convenient, to reset it)" if pool.dra else ""
+        rules.append({
             "alert": "GpuRemediationOverdue",
             "expr": (
                 f'(max by (node) (kube_node_status_condition{{condition=~"{faults}",status="true",node=~"{nodes}"}}) == 1)'
@@ -321,7 +358,7 @@ def alert_rules(args: HealthArgs) -> list[dict[str, Any]]:
             ),
             "for": f"{loop}m",
             "labels": {"severity": "critical", "pool": pool.pool},
-            "annotations": {"summary": f"{{{{ $labels.node }}}} (pool {pool.pool}) has been faulty or cordoned for over {loop} minutes, longer than remediation may take: a person must act"},
+            "annotations": {"summary": f"{{{{ $labels.node }}}} (pool {pool.pool}) has been faulty or cordoned for over {loop} minutes, longer than remediation may take: a person must act{quarantined}"},
         })
         rules.append({
             "alert": "GpuRemediationBlastRadius",
@@ -465,6 +502,7 @@ class Health(FactoryComponent):
             spec={"template": {"spec": {"remediationStrategy": "OutOfServiceTaint"}}},
             opts=self.child(depends_on=[remediation_ns]),
         )
+        remediation_step(self, args, object_labels, remediation_ns)
         for pool in args.pools:
             k8s.apiextensions.CustomResource(
                 self.child_name(f"nhc-{pool.pool}"),
@@ -488,6 +526,78 @@ class Health(FactoryComponent):
         )
         self.namespace = ns.metadata.name
         self.register_outputs({"namespace": self.namespace})
+
+
+def remediation_step(component: FactoryComponent, args: HealthArgs, object_labels: dict[str, str], ns: k8s.core.v1.Namespace) -> None:
+    """The drain-by-eviction and DRA quarantine step (components/_gpu_remediation.py): its config,
+    its least-privilege service account, and the CronJob running it once a minute."""
+    meta = {"namespace": args.remediation_namespace, "labels": object_labels}
+    account = k8s.core.v1.ServiceAccount(
+        component.child_name("step-account"), metadata={"name": STEP, **meta}, opts=component.child(depends_on=[ns])
+    )
+    role = k8s.rbac.v1.ClusterRole(
+        component.child_name("step-role"), metadata={"name": STEP, "labels": object_labels}, rules=step.RBAC_RULES, opts=component.child()
+    )
+    binding = k8s.rbac.v1.ClusterRoleBinding(
+        component.child_name("step-binding"),
+        metadata={"name": STEP, "labels": object_labels},
+        role_ref={"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": STEP},
+        subjects=[{"kind": "ServiceAccount", "name": STEP, "namespace": args.remediation_namespace}],
+        opts=component.child(depends_on=[role, account]),
+    )
+    rule = taint_rule(args.rule_api.split("/")[1], "NODE", "DEVICE", "NoExecute", step.MANAGED_BY) if args.rule_api else {}
+    config = k8s.core.v1.ConfigMap(
+        component.child_name("step-config"),
+        metadata={"name": STEP, **meta},
+        data={
+            "decide.jq": step.DECIDE,
+            "remediate.sh": step.SCRIPT,
+            "pools.json": step.pools_file({p.pool: (p.max_unhealthy, p.dra) for p in args.pools}),
+            "rule.json": json.dumps(rule, indent=2, sort_keys=True),
+        },
+        opts=component.child(depends_on=[ns]),
+    )
+    container = {
+        "name": "step",
+        "image": KUBECTL_IMAGE.format(version=args.kubernetes),
+        "command": ["/bin/bash", "/etc/gpu-remediation/remediate.sh"],
+        "env": step.environment(args.fault_minutes, args.rule_api),
+        "volumeMounts": [{"name": "config", "mountPath": "/etc/gpu-remediation", "readOnly": True}, {"name": "tmp", "mountPath": "/tmp"}],
+        "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "runAsUser": 65534,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    }
+    k8s.batch.v1.CronJob(
+        component.child_name("step"),
+        metadata={"name": STEP, **meta},
+        spec={
+            "schedule": "* * * * *",
+            # One run at a time; a run is bounded (drains time out per node, the deadline ends it).
+            "concurrencyPolicy": "Forbid",
+            "successfulJobsHistoryLimit": 1,
+            "failedJobsHistoryLimit": 3,
+            "jobTemplate": {"spec": {
+                "backoffLimit": 0,
+                "activeDeadlineSeconds": 600,
+                "template": {
+                    "metadata": {"labels": object_labels},
+                    "spec": {
+                        "serviceAccountName": STEP,
+                        "restartPolicy": "Never",
+                        "containers": [container],
+                        "volumes": [{"name": "config", "configMap": {"name": STEP}}, {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}],
+                    },
+                },
+            }},
+        },
+        opts=component.child(depends_on=[config, binding]),
+    )
 
 
 def remediation_limits(raw: dict[str, Any]) -> list[str]:

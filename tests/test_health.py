@@ -110,15 +110,16 @@ def test_remediation_is_bounded_by_a_timeout_and_returns_nodes(dev):
     (step,) = spec["escalatingRemediations"]
     assert step["timeout"] == "30m" and step["remediationTemplate"]["kind"] == "SelfNodeRemediationTemplate"
     assert spec["healthyDelay"] == "10m"
+    # A GPU fault reboots a node only once the remediation step has drained it by eviction.
     assert {(c["type"], c["status"]) for c in spec["unhealthyConditions"]} == {
-        ("GpuXidFatal", "True"), ("GpuXidNeedsReset", "True"), ("Ready", "False"), ("Ready", "Unknown")}
+        ("GpuDrained", "True"), ("Ready", "False"), ("Ready", "Unknown")}
 
 
 def test_overdue_alert_fires_after_the_whole_loop(dev):
     rules = _rules(dev, "ai-factory-gpu-health")
     overdue = {r["labels"]["pool"]: r["for"] for r in rules if r["alert"] == "GpuRemediationOverdue"}
-    # 5 min NotReady + 30 min reboot timeout + 10 min healthy delay.
-    assert overdue == {"h100-train": "45m", "a100-mig": "45m", "l40s-infer": "45m"}
+    # 1 min fault + 30 min drain timeout + 30 min reboot timeout + 10 min healthy delay.
+    assert overdue == {"h100-train": "71m", "a100-mig": "71m", "l40s-infer": "71m"}
 
 
 def test_blast_radius_alerts_carry_the_limits(tuned):

@@ -4,7 +4,8 @@ unavailable GPU-equivalents, integrated over an hour, are the GPU-hours the libr
 computation (`factory/planning/credits.py`) finds for the same node conditions.
 
 Dev's health layer: pool h100-train (gpu-h100-01..04, 8 GPUs each) and every other pool remediate
-at most one node at once; the whole loop takes 45 minutes (5 NotReady + 30 reboot + 10 healthy)."""
+at most one node at once; the whole loop takes 71 minutes (1 fault + 30 drain + 30 reboot + 10
+healthy)."""
 
 from __future__ import annotations
 
@@ -34,13 +35,25 @@ def passes(groups, test: RuleTest, tmp_path) -> None:
 
 def test_a_node_faulty_longer_than_the_loop_pages_a_person_and_only_then(groups, tmp_path):
     test = RuleTest()
-    condition(test, "gpu-h100-01", "GpuXidFatal", "true", (1, SAMPLES))  # never remediated
-    test.add("kube_node_spec_unschedulable", {"node": "l40s-infer-001"}, (1, SAMPLES))  # cordoned by hand
+    condition(test, "gpu-h100-01", "GpuXidFatal", "true", (1, 90))  # never remediated
+    test.add("kube_node_spec_unschedulable", {"node": "l40s-infer-001"}, (1, 90))  # cordoned by hand
     test.add("kube_node_spec_unschedulable", {"node": "l40s-infer-000"}, (1, 20), (0, 40))  # cordoned, then back
     overdue = [{"node": "gpu-h100-01", "pool": "h100-train", "severity": "critical"}, {"node": "l40s-infer-001", "pool": "l40s-infer", "severity": "critical"}]
-    test.expect_alert("GpuRemediationOverdue", "40m", [])  # pending: within the loop's 45 minutes
-    test.expect_alert("GpuRemediationOverdue", "50m", overdue)
+    test.expect_alert("GpuRemediationOverdue", "70m", [])  # pending: within the loop's 71 minutes
+    test.expect_alert("GpuRemediationOverdue", "75m", overdue)
     test.expect_alert("GpuXidFault", "5m", [{"node": "gpu-h100-01", "condition": "GpuXidFatal", "severity": "warning"}])
+    passes(groups, test, tmp_path)
+
+
+def test_a_drain_refused_past_its_timeout_pages_a_person_and_a_drained_node_does_not(groups, tmp_path):
+    test = RuleTest()
+    for node in ("gpu-h100-01", "gpu-h100-02"):  # faulty and cordoned by the remediation step
+        condition(test, node, "GpuXidFatal", "true", (1, SAMPLES))
+        test.add("kube_node_spec_unschedulable", {"node": node}, (1, SAMPLES))
+    condition(test, "gpu-h100-02", "GpuDrained", "true", (0, 9), (1, SAMPLES - 10))  # drained at minute 10
+    condition(test, "gpu-h100-03", "GpuXidFatal", "true", (1, SAMPLES))  # faulty, not cordoned: held by the blast radius
+    test.expect_alert("GpuDrainOverdue", "25m", [])  # pending: within the 30 minutes' drain timeout
+    test.expect_alert("GpuDrainOverdue", "35m", [{"node": "gpu-h100-01", "pool": "h100-train", "severity": "critical"}])
     passes(groups, test, tmp_path)
 
 

@@ -762,7 +762,11 @@ class HealthRemediation(Model):
     sites: dict[DnsLabel, RemediationLimit] = Field(default={}, max_length=1000)
     """Per-site blast radius: the pools of a site together never remediate more nodes at once."""
     fault_minutes: int = Field(default=1, ge=0, le=60)
-    """How long a GPU fault condition holds before the node is remediated."""
+    """How long a GPU fault condition holds before the node is drained (or, on a DRA pool, its
+    faulty GPU quarantined)."""
+    drain_timeout_minutes: int = Field(default=30, ge=1, le=720)
+    """How long a drain may wait on PodDisruptionBudgets (evictions the API server refuses) before a
+    person is paged; the node stays cordoned and is not rebooted meanwhile."""
     not_ready_minutes: int = Field(default=5, ge=1, le=60)
     """How long a node may be NotReady/Unknown before it is remediated."""
     reboot_timeout_minutes: int = Field(default=30, ge=5, le=240)

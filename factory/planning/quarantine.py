@@ -61,13 +61,21 @@ def device_taint_rule(cfg: FactoryConfig, plan: Plan, node: str, gpu: int, effec
     assert pool is not None and version is not None
     index = next(g for n in pool.nodes if n.name == node for g in n.gpus if g.index == gpu)
     tenants = sorted(tenant_shares(GPU_MODELS[pool.gpu_model], pool, index))
-    rule = {
+    return taint_rule(version, node, f"gpu-{gpu}", effect), tenants
+
+
+def taint_rule(version: str, node: str, device: str, effect: str, extra_labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """The DeviceTaintRule tainting one device of a node's ResourceSlice pool; also the template of
+    the health layer's automatic quarantine (`components/health.py`), which fills node and device."""
+    return {
         "apiVersion": f"resource.k8s.io/{version}",
         "kind": "DeviceTaintRule",
-        "metadata": {"name": f"gpu-fault-{node}-gpu-{gpu}", "labels": {"app.kubernetes.io/part-of": "ai-factory", "app.kubernetes.io/component": "health"}},
+        "metadata": {
+            "name": f"gpu-fault-{node}-{device}",
+            "labels": {"app.kubernetes.io/part-of": "ai-factory", "app.kubernetes.io/component": "health", **(extra_labels or {})},
+        },
         "spec": {
-            "deviceSelector": {"driver": DRA_DRIVER, "pool": node, "device": f"gpu-{gpu}"},
+            "deviceSelector": {"driver": DRA_DRIVER, "pool": node, "device": device},
             "taint": {"key": TAINT_KEY, "value": "quarantined", "effect": effect},
         },
     }
-    return rule, tenants
