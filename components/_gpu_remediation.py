@@ -67,7 +67,7 @@ def gpus($node): [$slices[0].items[]? | select(.spec.nodeName == $node and .spec
 | ($states[] | . as $s
   | ([$rules[0].items[]? | select(.spec.deviceSelector.pool == $s.name)] | map(.metadata.name)) as $held
   | (if $s.due then $s.devices | map("gpu-fault-\($s.name)-\(.)") else [] end) as $wanted
-  | ($s.devices[] | select($s.due and ($held | index("gpu-fault-\($s.name)-\(.)") | not)) | "quarantine \($s.name) \(.)"),
+  | ($s.devices[] | . as $d | select($s.due and ($held | index("gpu-fault-\($s.name)-\($d)") | not)) | "quarantine \($s.name) \($d)"),
     ($held[] | select(. as $r | $wanted | index($r) | not) | "unquarantine \($s.name) \(.)"),
     (if $s.marked and ($s.faulty | not) and $s.ready then "release \($s.name)"
      elif $s.due and ($s.devices | length) == 0 and ($s.drained | not) then
@@ -78,7 +78,7 @@ def gpus($node): [$slices[0].items[]? | select(.spec.nodeName == $node and .spec
 SCRIPT = r"""#!/bin/bash
 # The health layer's remediation step: decide.jq says what to do, this carries it out.
 set -uo pipefail
-conf=/etc/gpu-remediation
+conf=${CONFIG_DIR:-/etc/gpu-remediation}
 work=$(mktemp -d)
 kubectl get nodes -l ai-factory.io/pool -o json > "$work/nodes.json" || exit 1
 quarantine=false

@@ -18,25 +18,34 @@ nodes. NVSentinel also needs its own datastore (MongoDB or PostgreSQL). The medi
 installed through OLM (no Helm chart exists upstream); this layer renders their custom resources.
 
 The loop, per node (a bounded state machine; every state has an exit):
-1. healthy -> a GPU fault condition holds `fault_minutes` (or Ready is False/Unknown for
-   `not_ready_minutes`) -> unhealthy;
-2. unhealthy -> if at most `maxUnhealthy` nodes of the pool are unhealthy, NHC creates a
+1. healthy -> a GPU fault condition holds `fault_minutes` -> the remediation step
+   (`components/_gpu_remediation.py`, a CronJob) takes it: on a DRA pool whose ResourceSlice names
+   the faulty GPU, that GPU alone is quarantined (see below) and the node stays in service;
+   otherwise, if at most the pool's limit of nodes is unhealthy, the step cordons it and drains it
+   through the Eviction API (PodDisruptionBudgets honoured) -> draining; beyond the limit no drain
+   starts and `GpuRemediationBlastRadius` fires (a person decides);
+2. draining -> no pod left -> the step sets `GpuDrained=True` -> unhealthy (for NHC, which watches
+   that condition and Ready False/Unknown for `not_ready_minutes`, never the XID ones); a drain
+   refused for `drain_timeout_minutes` raises `GpuDrainOverdue`: the node stays cordoned and is not
+   rebooted (no pod a PodDisruptionBudget protects is deleted) until a person resolves it;
+3. unhealthy -> if at most `maxUnhealthy` nodes of the pool are unhealthy, NHC creates a
    `SelfNodeRemediation` (remediating); otherwise nothing starts and `GpuRemediationBlastRadius`
-   fires (a person decides);
-3. remediating: SNR taints the node `medik8s.io/remediation=self-node-remediation:NoExecute` (no new
-   pod lands, running pods are evicted), reboots it (watchdog, software reboot as fallback), and
-   once it is safe adds `node.kubernetes.io/out-of-service`, so pods stuck on it are deleted and
-   their volumes detached; the reboot resets every GPU of the node;
-4. after the reboot NPD starts with its conditions False; NHC waits `healthy_delay_minutes`,
-   deletes the SNR object, SNR removes its taints: back in service;
-5. remediating longer than `reboot_timeout_minutes` -> NHC marks the remediation failed and stops;
+   fires;
+4. remediating: SNR taints the node `medik8s.io/remediation=self-node-remediation:NoExecute`, reboots
+   it (watchdog, software reboot as fallback), and once it is safe adds
+   `node.kubernetes.io/out-of-service`, so pods stuck on it (a NotReady node could not be drained)
+   are deleted and their volumes detached; the reboot resets every GPU of the node;
+5. after the reboot NPD starts with its conditions False; the step sets `GpuDrained=False` and
+   uncordons the node; NHC waits `healthy_delay_minutes`, deletes the SNR object, SNR removes its
+   taints: back in service;
+6. remediating longer than `reboot_timeout_minutes` -> NHC marks the remediation failed and stops;
    the node keeps its taints and `GpuRemediationOverdue` pages a person. A GPU node cordoned or
    faulty for longer than the whole loop may take raises the same alert whatever did it.
 
-Drain: SNR does not go through the eviction API, so PodDisruptionBudgets are not consulted: the
-node is presumed failed (its GPU already killed the pods using it) and its pods are deleted once
-it has rebooted. A PDB-respecting drain before remediation needs NVSentinel's node-drainer, not
-rendered here.
+The medik8s CRDs have no drain-first strategy (SNR's `remediationStrategy` is Automatic,
+ResourceDeletion or OutOfServiceTaint, all of which delete pods), and the oracles hold no Node
+Maintenance Operator CRD; NVSentinel's node-drainer evicts, but its chart is not packaged here:
+hence the step of our own, with `kubectl drain` (eviction, retried while a budget refuses it).
 
 Per sharing mode, what the stack allows (conditions and remediation are per node):
 - exclusive (device plugin): the device plugin itself marks a GPU with a critical XID unhealthy and
@@ -46,11 +55,18 @@ Per sharing mode, what the stack allows (conditions and remediation are per node
   address, not an instance, and a reset or reboot takes every instance of the GPU (of the node)
   down. Quarantining one instance alone is not possible.
 - time-slicing, hami: every replica or slice shares the faulted GPU; per node as exclusive.
-- dra: the DRA driver (0.4.1) publishes no device health, so a faulted GPU stays allocatable until
-  the node is remediated or an operator applies the `DeviceTaintRule` (KEP-5055) that
-  `ai-factory quarantine` writes for that one device (`factory/planning/quarantine.py`): nothing
-  upstream turns an XID into such a rule yet (XID classification under DRA is open upstream,
-  kubernetes-sigs/dra-driver-nvidia-gpu#904).
+- dra: the remediation step quarantines the GPU the XID line names (its PCI address, matched to the
+  device's `resource.kubernetes.io/pciBusID` in the node's ResourceSlice) with a NoExecute
+  `DeviceTaintRule` (KEP-5055; the template `ai-factory quarantine` writes,
+  `factory/planning/quarantine.py`): new claims avoid it, the pods whose claims hold it (they have
+  lost it) are evicted, and no other GPU of the node or its pods is touched; the node is neither
+  drained nor rebooted, so the GPU stays out until a person reboots the node (`GpuRemediationOverdue`
+  says so) and the step deletes the rule once the node's fault conditions are False. This needs the
+  DeviceTaintRule API served (1.33-1.35: the `DRADeviceTaints` feature gate); where the step cannot
+  list the rules, or the slice names no such GPU, the node takes the drain path. The DRA driver's own
+  `NVMLDeviceHealthCheck` gate (alpha) would withdraw the device from its ResourceSlice but neither
+  evicts nor returns it without a driver restart; it is left off. Dynamic MIG partitions are
+  devices of their own that the step does not taint (it taints the whole-GPU device).
 
 One `PrometheusRule` (prometheus-operator's CRD) holds three groups: the loop's alerts (node
 conditions, cordons and taints through kube-state-metrics); device alerts on the DCGM exporter's
