@@ -12,7 +12,8 @@ that does it for a DRA pool (`ai-factory quarantine`).
   evicts the pods whose claims use it, and no other device of the node. With the driver's dynamic
   MIG, each potential partition is a device of its own (`gpu-<index>-mig-...`) that a rule names
   one by one; this function taints the whole-GPU device only.
-Deleting the rule returns the GPU to service.
+Deleting the rule returns the GPU to service. The health layer's remediation step writes the same
+rule by itself from an XID (`components/_gpu_remediation.py`); this is the by-hand path.
 """
 
 from __future__ import annotations
