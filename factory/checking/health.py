@@ -122,27 +122,34 @@ def remediation_rbac(rendered: Rendered, oracles: Oracles | None) -> Iterable[Fi
     view = View(rendered)
     homes = {m.name for m in rendered.manifests if m.kind == "Namespace" and m.layer == "health"}
     for binding, subject, scope, role, rules in bound_rules(view):
-        home = _home(subject, homes)
+        home = service_account_home(subject, homes)
         if home is None:
             continue
         who = f"{subject[0]} {subject[1]}"
         if rules is None:
             yield Finding("remediation-rbac", binding.ref, f"binds {who} to {role}, which is not in the rendered set: its permissions cannot be judged")
             continue
-        where = "in every namespace" if scope is None else f"in namespace {scope}"
         for rule in rules:
-            verbs = set(rule.get("verbs") or [])
-            problems = [f"wildcard {part}" for part in ("apiGroups", "resources", "verbs") if "*" in (rule.get(part) or [])]
-            problems += [f"verb {v}" for v in sorted(ESCALATION_VERBS & verbs)]
-            if verbs & READ_VERBS and _names(rule, "", "secrets") and scope != home:
-                problems.append(f"reads Secrets {where} (tenants' credentials included)")
-            if verbs & DELETE_VERBS and _names(rule, "", "pods"):
-                problems.append(f"deletes pods {where}: a drain must evict (create pods/eviction), which honours PodDisruptionBudgets")
+            problems = rbac_problems(rule, scope, home)
             if problems:
                 yield Finding("remediation-rbac", binding.ref, f"grants {who} {role} with {', '.join(problems)}: {rule_text(rule)}")
 
 
-def _home(subject: tuple[str, str], homes: set[str]) -> str | None:
+def rbac_problems(rule: Mapping[str, Any], scope: str | None, home: str) -> list[str]:
+    """What one RBAC rule, bound in `scope` (None: cluster-wide) to a service account of the health
+    namespace `home`, grants beyond least privilege; shared with the pack's `remediation-rbac`."""
+    where = "in every namespace" if scope is None else f"in namespace {scope}"
+    verbs = set(rule.get("verbs") or [])
+    problems = [f"wildcard {part}" for part in ("apiGroups", "resources", "verbs") if "*" in (rule.get(part) or [])]
+    problems += [f"verb {v}" for v in sorted(ESCALATION_VERBS & verbs)]
+    if verbs & READ_VERBS and _names(rule, "", "secrets") and scope != home:
+        problems.append(f"reads Secrets {where} (tenants' credentials included)")
+    if verbs & DELETE_VERBS and _names(rule, "", "pods"):
+        problems.append(f"deletes pods {where}: a drain must evict (create pods/eviction), which honours PodDisruptionBudgets")
+    return problems
+
+
+def service_account_home(subject: tuple[str, str], homes: set[str]) -> str | None:
     """The health namespace a service account (or a namespace's service-account group) lives in."""
     kind, name = subject
     if kind == "ServiceAccount":
