@@ -107,7 +107,7 @@ SNR_TEMPLATE = "ai-factory-gpu-reboot"
 SNR_CONFIG = "self-node-remediation-config"
 """The one SelfNodeRemediationConfig the operator reads (it creates it with defaults otherwise)."""
 NHC_PREFIX = "ai-factory-gpu-"
-STEP = "ai-factory-gpu-remediation"
+STEP = health_checks.STEP
 """The remediation step's CronJob, service account, role and ConfigMap (components/_gpu_remediation.py)."""
 KUBECTL_IMAGE = "registry.k8s.io/kubectl:v{version}.0"
 """Kubernetes' own kubectl image (bash, jq and coreutils on debian-base), at the cluster's minor."""

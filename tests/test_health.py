@@ -25,6 +25,7 @@ from tests.test_scheduling import broken, dropped
 
 NPD = ("HelmRelease", "node-problem-detector")
 SNR_CONFIG = ("SelfNodeRemediationConfig", health.SNR_CONFIG)
+STEP = ("ConfigMap", health.STEP)
 
 
 def nhc(pool: str) -> tuple[str, str]:
@@ -185,6 +186,8 @@ BAD_INPUT = [
      "layers.health.remediation.sites.par1: the pools of site par1 may remediate 3 nodes at once"),
     ("SLO target 1", lambda h: h.setdefault("slo", {}).update({"high": 1}), "layers.health.slo.high: Input should be less than 1"),
     ("SLO target 0", lambda h: h.setdefault("slo", {}).update({"low": 0}), "layers.health.slo.low: must be > 0"),
+    ("drain timeout 0", lambda h: h["remediation"].update({"drain_timeout_minutes": 0}),
+     "layers.health.remediation.drain_timeout_minutes: must be >= 1"),
     ("unknown XID class", lambda h: h.setdefault("xid_classes", {}).update({79: "reboot"}),
      "layers.health.xid_classes[79]: must be one of 'fatal', 'needs-reset' or 'informational'"),
 ]
@@ -242,6 +245,11 @@ COVERAGE = [
     ("flags SNR agents kept off tainted nodes", lambda r: broken(r, *SNR_CONFIG, lambda o: o["spec"].update(customDsTolerations=[])),
      ["Node/a100-mig-000: no Self Node Remediation agent", "Node/gpu-h100-01: no Self Node Remediation agent"]),
     ("flags every node without NPD", lambda r: dropped(r, *NPD), ["Node/gpu-h100-01: no Node Problem Detector"]),
+    ("flags a pool the remediation step leaves out",
+     lambda r: broken(r, *STEP, lambda o: o["data"].update({"pools.json": json.dumps({"h100-train": {"limit": 1, "dra": False}, "a100-mig": {"limit": 1, "dra": False}})})),
+     ["Node/l40s-infer-000: the remediation step does not take", "Node/l40s-infer-001: the remediation step does not take"]),
+    ("flags a render without the remediation step", lambda r: dropped(r, *STEP), ["Node/gpu-h100-01: the remediation step does not take"]),
+    ("flags an unreadable step config", lambda r: broken(r, *STEP, lambda o: o["data"].update({"pools.json": "["})), ["Node/a100-mig-000: the remediation step does not take"]),
 ]
 
 

@@ -9,6 +9,7 @@ from a directory has none, and then only what the objects say by themselves is c
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from typing import Any, Iterable, Mapping
 
@@ -26,6 +27,9 @@ NPD_CHART = "node-problem-detector"
 NHC = ("remediation.medik8s.io/", "NodeHealthCheck")
 SNR_CONFIG = ("self-node-remediation.medik8s.io/", "SelfNodeRemediationConfig")
 SCHEDULING_EFFECTS = ("NoSchedule", "NoExecute")
+STEP = "ai-factory-gpu-remediation"
+"""The remediation step's ConfigMap (components/_gpu_remediation.py): its `pools.json` lists the
+pools it drains; a GPU fault on a node of another pool would never be remediated."""
 
 
 def pool_limits(cfg: FactoryConfig) -> dict[str, int]:
@@ -44,18 +48,22 @@ def site_limits(cfg: FactoryConfig) -> dict[str, int]:
 
 def detection_coverage(rendered: Rendered, oracles: Oracles | None) -> Iterable[Finding]:
     """Every GPU node runs Node Problem Detector (the release's node affinity and node selector pick
-    it, its tolerations cover the node's taints), is selected by a NodeHealthCheck, and runs a Self
-    Node Remediation agent (the SelfNodeRemediationConfig tolerates its taints)."""
+    it, its tolerations cover the node's taints), is selected by a NodeHealthCheck, is drained by the
+    remediation step (the NodeHealthCheck reboots only drained nodes), and runs a Self Node
+    Remediation agent (the SelfNodeRemediationConfig tolerates its taints)."""
     nodes = _nodes(rendered)
     releases = [m for m in rendered.manifests if m.kind == "HelmRelease" and _chart(m, rendered) == NPD_CHART]
     checks = _of(rendered, *NHC)
     snr_configs = _of(rendered, *SNR_CONFIG)
+    stepped = {pool for m in rendered.manifests if m.kind == "ConfigMap" and m.name == STEP for pool in _step_pools(m)}
     for node in nodes:
         labels, taints = _labels(node.obj), _taints(node.obj)
         if not any(_schedules(_values(r), labels, taints) for r in releases):
             yield Finding("health-coverage", node.ref, "no Node Problem Detector runs on this GPU node (node affinity, node selector or tolerations leave it out)")
         if not any(selects(_spec(c).get("selector"), labels) for c in checks):
             yield Finding("health-coverage", node.ref, "no NodeHealthCheck selects this GPU node: its faults would never be remediated")
+        elif labels.get(POOL_LABEL) not in stepped:
+            yield Finding("health-coverage", node.ref, "the remediation step does not take this GPU node's pool: a GPU fault would never be drained, so never remediated")
         if checks and not any(all(tolerates(_spec(c).get("customDsTolerations") or [], t) for t in taints) for c in snr_configs):
             yield Finding("health-coverage", node.ref, "no Self Node Remediation agent can run on this GPU node (SelfNodeRemediationConfig does not tolerate its taints)")
 
@@ -165,6 +173,14 @@ def _names(rule: Mapping[str, Any], group: str, resource: str) -> bool:
     """The rule covers the resource itself (not only subresources such as pods/eviction)."""
     groups, resources = rule.get("apiGroups") or [], rule.get("resources") or []
     return (group in groups or "*" in groups) and (resource in resources or "*" in resources)
+
+
+def _step_pools(config: Manifest) -> list[str]:
+    try:
+        pools = json.loads(str((config.obj.get("data") or {}).get("pools.json") or "{}"))
+    except ValueError:
+        return []
+    return list(pools) if isinstance(pools, dict) else []
 
 
 def _resolve(value: Any, total: int) -> int | None:
