@@ -129,6 +129,8 @@ def pools_file(pools: dict[str, tuple[int, bool]]) -> str:
 
 def environment(fault_minutes: int, rule_api: str | None) -> list[dict[str, Any]]:
     values = {
+        # kubectl keeps its discovery cache under $HOME; the root filesystem is read-only.
+        "HOME": "/tmp",
         "FAULT_SECONDS": str(fault_minutes * 60),
         "DRAIN_STEP_SECONDS": str(DRAIN_STEP_SECONDS),
         "DRAIN_ANNOTATION": DRAIN_ANNOTATION,

@@ -249,6 +249,7 @@ COVERAGE = [
      lambda r: broken(r, *STEP, lambda o: o["data"].update({"pools.json": json.dumps({"h100-train": {"limit": 1, "dra": False}, "a100-mig": {"limit": 1, "dra": False}})})),
      ["Node/l40s-infer-000: the remediation step does not take", "Node/l40s-infer-001: the remediation step does not take"]),
     ("flags a render without the remediation step", lambda r: dropped(r, *STEP), ["Node/gpu-h100-01: the remediation step does not take"]),
+    ("flags a pools list in another ConfigMap", lambda r: broken(r, *STEP, lambda o: o["metadata"].update(name="other")), ["Node/gpu-h100-01: the remediation step does not take"]),
     ("flags an unreadable step config", lambda r: broken(r, *STEP, lambda o: o["data"].update({"pools.json": "["})), ["Node/a100-mig-000: the remediation step does not take"]),
 ]
 

@@ -25,7 +25,7 @@ def account(ns: str = HOME, name: str = "step") -> dict:
     return {"kind": "ServiceAccount", "name": name, "namespace": ns}
 
 
-def rbac(rules: list[dict] | None, subject: dict, *, scope: str | None = None, role_kind: str = "ClusterRole", role_labels=None, aggregate=None) -> None:
+def rbac(rules: list[dict] | None, subject: dict | list[dict], *, scope: str | None = None, role_kind: str = "ClusterRole", role_labels=None, aggregate=None) -> None:
     """A role (unless `rules` is None) and its binding: cluster-wide, or in namespace `scope`."""
     meta = {"name": "r"} if role_kind == "ClusterRole" else {"name": "r", "namespace": scope}
     if rules is not None and role_kind == "ClusterRole":
@@ -34,7 +34,8 @@ def rbac(rules: list[dict] | None, subject: dict, *, scope: str | None = None, r
         k8s.rbac.v1.Role("role", metadata=meta, rules=rules)
     binding_meta = {"name": "b"} if scope is None else {"name": "b", "namespace": scope}
     kind = k8s.rbac.v1.ClusterRoleBinding if scope is None else k8s.rbac.v1.RoleBinding
-    kind("binding", metadata=binding_meta, role_ref={"apiGroup": RBAC, "kind": role_kind, "name": "r"}, subjects=[subject])
+    subjects = subject if isinstance(subject, list) else [subject]
+    kind("binding", metadata=binding_meta, role_ref={"apiGroup": RBAC, "kind": role_kind, "name": "r"}, subjects=subjects)
 
 
 def program(build) -> None:
@@ -51,6 +52,14 @@ ROWS = [
     ("own-namespace-secrets-accepted", lambda: rbac([{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}], account(), scope=HOME, role_kind="Role"), None),
     ("other-namespaces-account-not-judged", lambda: rbac([{"apiGroups": [""], "resources": ["pods"], "verbs": ["delete"]}], account("elsewhere")), None),
     ("user-not-judged", lambda: rbac([{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}], {"kind": "User", "name": "ops", "apiGroup": RBAC}), None),
+    ("group-named-like-the-namespace-not-judged",
+     lambda: rbac([{"apiGroups": [""], "resources": ["pods"], "verbs": ["delete"]}], {"kind": "Group", "name": HOME, "apiGroup": RBAC}), None),
+    ("unselected-role-not-aggregated-accepted", lambda: (
+        k8s.rbac.v1.ClusterRole("piece", metadata={"name": "piece", "labels": {"agg": "yes"}}, rules=[{"apiGroups": [""], "resources": ["pods"], "verbs": ["delete"]}]),
+        rbac([EVICT], account(), aggregate={"clusterRoleSelectors": [{"matchLabels": {"agg": "yes", "team": "remediation"}}]}),
+    ), None),
+    ("health-account-after-another-flagged",
+     lambda: rbac([{"apiGroups": [""], "resources": ["pods"], "verbs": ["delete"]}], [account("elsewhere"), account()]), "ServiceAccount medik8s/step"),
     ("deleting-pods-flagged", lambda: rbac([EVICT, {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "delete"]}], account()), "deletes pods in every namespace"),
     ("deleting-pods-by-collection-flagged", lambda: rbac([{"apiGroups": [""], "resources": ["pods"], "verbs": ["deletecollection"]}], account()), "deletes pods"),
     ("secrets-cluster-wide-flagged", lambda: rbac([{"apiGroups": [""], "resources": ["secrets"], "verbs": ["list"]}], account()), "reads Secrets in every namespace"),
@@ -77,6 +86,12 @@ def test_remediation_rbac_flags_and_accepts(build, expected):
     else:
         (messages,) = found.values()
         assert any(expected in m for m in messages), messages
+
+
+def test_each_health_account_bound_to_an_undefined_role_is_reported():
+    found = violations(stack(lambda: program(lambda: rbac(None, [account(), account(name="other")]))), POLICY)
+    (messages,) = found.values()
+    assert len(messages) == 2 and "medik8s/other" in messages[1]
 
 
 def test_the_pack_fails_the_program_whose_remediation_step_deletes_pods(dev_raw, monkeypatch):
