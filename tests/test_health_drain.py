@@ -210,7 +210,8 @@ def test_the_step_runs_once_a_minute_one_run_at_a_time(dev):
     assert pod["containers"][0]["image"] == "registry.k8s.io/kubectl:v1.34.0"
     config = one(dev, "ConfigMap", health.STEP)["data"]
     assert config["decide.jq"] == step.DECIDE and json.loads(config["pools.json"]) == {
-        "a100-mig": {"dra": False, "limit": 1}, "h100-train": {"dra": False, "limit": 1}, "l40s-infer": {"dra": False, "limit": 1}}
+        "a100-mig": {"dra": False, "limit": 1}, "h100-train": {"dra": False, "limit": 1}, "h100-vm": {"dra": False, "limit": 1},
+        "l40s-infer": {"dra": False, "limit": 1}}
     assert json.loads(config["rule.json"]) == {}  # dev has no DRA pool
 
 
