@@ -120,7 +120,7 @@ def test_overdue_alert_fires_after_the_whole_loop(dev):
     rules = _rules(dev, "ai-factory-gpu-health")
     overdue = {r["labels"]["pool"]: r["for"] for r in rules if r["alert"] == "GpuRemediationOverdue"}
     # 1 min fault + 30 min drain timeout + 30 min reboot timeout + 10 min healthy delay.
-    assert overdue == {"h100-train": "71m", "a100-mig": "71m", "l40s-infer": "71m"}
+    assert overdue == {"h100-train": "71m", "a100-mig": "71m", "l40s-infer": "71m", "h100-vm": "71m"}
 
 
 def test_blast_radius_alerts_carry_the_limits(tuned):
