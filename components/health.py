@@ -94,7 +94,9 @@ from ai_factory.factory.model.config import FactoryConfig, Pool
 from ai_factory.factory.model.gpus import GPU_MODELS
 from ai_factory.factory.model.raw import as_dict, as_list, did_you_mean
 from ai_factory.factory.planning.credits import NODE_UNAVAILABLE as UNAVAILABLE, TENANT_ENTITLED, TENANT_UNAVAILABLE, tenant_shares
-from ai_factory.factory.planning.model import Plan
+from ai_factory.factory.metering.rules import ksm_resource
+from ai_factory.factory.planning.model import WHOLE_GPU, Plan, PoolPlan
+from ai_factory.factory.planning.placement import advertised_name
 from ai_factory.factory.planning.quarantine import FIRST_VERSION as TAINT_RULE_VERSION, taint_rule
 
 TOKEN = "ai-factory:health:Health"
@@ -204,14 +206,14 @@ class PoolRemediation:
     where it depends on the node's MIG layout (mig) or nothing is advertised (dra)."""
 
 
-def expected_allocatable(pool: Pool) -> tuple[str, int] | None:
+def expected_allocatable(pool: Pool, planned: PoolPlan) -> tuple[str, int] | None:
     per_node = pool.gpu.per_node
-    if pool.sharing == "exclusive":
-        return "nvidia_com_gpu", per_node
+    if pool.sharing == "exclusive":  # a VM pool's GPUs go by the sandbox device plugin's name
+        return ksm_resource(advertised_name(planned, WHOLE_GPU)), per_node
     if pool.sharing == "time-slicing":
-        return "nvidia_com_gpu_shared", per_node * pool.time_slicing.replicas
+        return ksm_resource(advertised_name(planned, WHOLE_GPU)), per_node * pool.time_slicing.replicas
     if pool.sharing == "hami":
-        return "nvidia_com_gpu", per_node * pool.hami.split_count
+        return ksm_resource(WHOLE_GPU), per_node * pool.hami.split_count
     return None
 
 
@@ -247,7 +249,7 @@ class HealthArgs:
                 nodes=tuple(n.name for n in p.node_specs()),
                 max_unhealthy=limits[p.name],
                 dra=p.sharing == "dra",
-                allocatable=expected_allocatable(p),
+                allocatable=expected_allocatable(p, plan.pool(p.name)),
             )
             for p in cfg.fleet.pools
         )

@@ -91,9 +91,9 @@ def test_rendered_monitor_is_the_one_npd_loads(dev):
 
 @pytest.fixture(scope="module")
 def tuned(dev_raw) -> Rendered:
-    """Dev with a blast radius of half the training pool and four nodes for the site."""
+    """Dev with a blast radius of half the training pool and five nodes for the site."""
     raw = copy.deepcopy(dev_raw[0])
-    raw["layers"]["health"]["remediation"] = {"pools": {"h100-train": {"percent": 50}}, "sites": {"par1": {"nodes": 4}}}
+    raw["layers"]["health"]["remediation"] = {"pools": {"h100-train": {"percent": 50}}, "sites": {"par1": {"nodes": 5}}}
     return render(raw)
 
 
@@ -102,8 +102,8 @@ def _limits(rendered: Rendered) -> dict[str, int]:
 
 
 def test_each_pool_has_one_node_health_check_at_its_limit(dev, tuned):
-    assert _limits(dev) == {"h100-train": 1, "a100-mig": 1, "l40s-infer": 1}  # the default: one node
-    assert _limits(tuned) == {"h100-train": 2, "a100-mig": 1, "l40s-infer": 1}  # half of h100-train's 4
+    assert _limits(dev) == {"h100-train": 1, "a100-mig": 1, "l40s-infer": 1, "h100-vm": 1}  # the default: one node
+    assert _limits(tuned) == {"h100-train": 2, "a100-mig": 1, "l40s-infer": 1, "h100-vm": 1}  # half of h100-train's 4
 
 
 def test_remediation_is_bounded_by_a_timeout_and_returns_nodes(dev):
@@ -126,7 +126,7 @@ def test_overdue_alert_fires_after_the_whole_loop(dev):
 def test_blast_radius_alerts_carry_the_limits(tuned):
     rules = _rules(tuned, "ai-factory-gpu-health")
     radius = {r["labels"].get("pool") or r["labels"]["site"]: r["expr"].rsplit(" > ", 1)[1] for r in rules if r["alert"] == "GpuRemediationBlastRadius"}
-    assert radius == {"h100-train": "2", "a100-mig": "1", "l40s-infer": "1", "par1": "4"}
+    assert radius == {"h100-train": "2", "a100-mig": "1", "l40s-infer": "1", "h100-vm": "1", "par1": "5"}
 
 
 def _rules(rendered: Rendered, group: str) -> list[dict]:
@@ -145,14 +145,17 @@ def test_every_rendered_expression_is_promql(dev):
 def test_gpu_missing_from_allocatable_per_sharing_mode(dev):
     counts = {r["labels"]["pool"]: r["expr"].rsplit(" < ", 1)[1] for r in _rules(dev, "ai-factory-gpu-devices") if r["alert"] == "GpuMissingFromAllocatable"}
     # Whole GPUs: 8 per node; HAMi: 4 GPUs x split count 8; MIG depends on the node's layout.
-    assert counts == {"h100-train": "8", "l40s-infer": "32"}
+    assert counts == {"h100-train": "8", "l40s-infer": "32", "h100-vm": "8"}
+    # A VM pool's GPUs are advertised by the sandbox device plugin, under the device's name.
+    [vm] = [r["expr"] for r in _rules(dev, "ai-factory-gpu-devices") if r["alert"] == "GpuMissingFromAllocatable" and r["labels"]["pool"] == "h100-vm"]
+    assert 'resource="nvidia_com_GH100_H100_SXM5_80GB"' in vm
 
 
 def test_availability_rules_agree_with_the_credit_computation(dev, dev_raw):
     rules = _rules(dev, "ai-factory-tenant-gpu-availability")
     entitled = {r["labels"]["tenant"]: float(r["expr"][len("vector("):-1]) for r in rules if r["record"] == health.TENANT_ENTITLED}
     computed = {c.tenant: c.entitled_gpu_hours for c in credits(plan_for(validate(dev_raw[0])), {t: "high" for t in entitled}, SloTargets(), [], 0, 3600)}
-    assert entitled == pytest.approx(computed) and entitled["search"] == 17.75
+    assert entitled == pytest.approx(computed) and entitled["search"] == 19.75
     search = next(r["expr"] for r in rules if r.get("labels", {}).get("tenant") == "search" and r["record"] == health.TENANT_UNAVAILABLE)
     assert '1.75 * ai_factory:node_gpu_unavailable{node="a100-mig-001"}' in search and "gpu-h100-01" not in search
 
@@ -180,10 +183,10 @@ BAD_INPUT = [
      "layers.health.remediation.pools.a100: unknown pool (did you mean 'a100-mig'?)"),
     ("site limit 0", lambda h: h["remediation"]["sites"].update({"par1": {"nodes": 0}}),
      "layers.health.remediation.sites.par1.nodes: must be >= 1"),
-    ("site limit above the site", lambda h: h["remediation"]["sites"].update({"par1": {"nodes": 9}}),
-     "layers.health.remediation.sites.par1.nodes: 9 is above the 8 nodes of site par1"),
+    ("site limit above the site", lambda h: h["remediation"]["sites"].update({"par1": {"nodes": 10}}),
+     "layers.health.remediation.sites.par1.nodes: 10 is above the 9 nodes of site par1"),
     ("pools over the site", lambda h: h["remediation"]["sites"].update({"par1": {"nodes": 2}}),
-     "layers.health.remediation.sites.par1: the pools of site par1 may remediate 3 nodes at once"),
+     "layers.health.remediation.sites.par1: the pools of site par1 may remediate 4 nodes at once"),
     ("SLO target 1", lambda h: h.setdefault("slo", {}).update({"high": 1}), "layers.health.slo.high: Input should be less than 1"),
     ("SLO target 0", lambda h: h.setdefault("slo", {}).update({"low": 0}), "layers.health.slo.low: must be > 0"),
     ("drain timeout 0", lambda h: h["remediation"].update({"drain_timeout_minutes": 0}),
@@ -285,13 +288,13 @@ BLAST_RADIUS = [
      ["Node/gpu-h100-01: selected by 2 NodeHealthChecks", "Node/l40s-infer-000: selected by 2 NodeHealthChecks"]),
     ("flags a bound of zero", lambda r, raw: broken(r, *nhc("a100-mig"), lambda o: o["spec"].update(maxUnhealthy=0)),
      ["ai-factory-gpu-a100-mig: maxUnhealthy 0 allows no remediation at all"]),
-    ("accepts objects at the site's limit", lambda r, raw: _with_site_limit(r, raw, 3), []),
+    ("accepts objects at the site's limit", lambda r, raw: _with_site_limit(r, raw, 4), []),
     ("counts a check at most its nodes of the site",
-     lambda r, raw: _with_site_limit(broken(r, *nhc("a100-mig"), lambda o: o["spec"].update(maxUnhealthy=5)), raw, 3),
-     ["site/par1: NodeHealthChecks may remediate 4 nodes of the site at once"]),
+     lambda r, raw: _with_site_limit(broken(r, *nhc("a100-mig"), lambda o: o["spec"].update(maxUnhealthy=5)), raw, 4),
+     ["site/par1: NodeHealthChecks may remediate 5 nodes of the site at once"]),
     ("flags objects above the site's limit",
-     lambda r, raw: _with_site_limit(broken(r, *nhc("h100-train"), lambda o: o["spec"].update(maxUnhealthy=2)), raw, 3),
-     ["site/par1: NodeHealthChecks may remediate 4 nodes of the site at once"]),
+     lambda r, raw: _with_site_limit(broken(r, *nhc("h100-train"), lambda o: o["spec"].update(maxUnhealthy=2)), raw, 4),
+     ["site/par1: NodeHealthChecks may remediate 5 nodes of the site at once"]),
 ]
 
 
