@@ -9,15 +9,12 @@ from typing import Any, Callable
 
 import pytest
 
-from ai_factory.factory.checking import serving as serving_checks
 from ai_factory.factory.model.loading import ConfigError, validate
 from ai_factory.factory.planning.report import model_table
 from ai_factory.factory.rendering.bundle import Rendered
 from ai_factory.factory.rendering.charts import releases_of, template_all
 from tests.conftest import objects, one, render
-from tests.policy_stacks import custom, namespace, stack, violations
 from tests.test_bad_input import run_cli
-from tests.test_scheduling import broken
 
 SEARCH, ASSISTANT, PARTNER = 0, 1, 2
 ON_DYNAMO = {(SEARCH, 0): "llama-8b", (SEARCH, 1): "llama-70b", (ASSISTANT, 0): "qwen-1-5b"}
@@ -244,117 +241,6 @@ def test_the_cli_refuses_a_dynamo_model_without_the_layer_with_exit_2_and_writes
     assert result.returncode == 2, result.stderr
     assert "layers.dynamo.enabled: tenants[1].models[0].runtime ask for Dynamo" in result.stderr
     assert "Traceback" not in result.stderr and not out.exists()
-
-
-# --------------------------------------------------------------------------- offline checks
-
-
-def _service(name: str, service: str, change: Callable[[dict], None]) -> Callable[[Rendered], Rendered]:
-    return lambda r: broken(r, "DynamoGraphDeployment", name, lambda o: change(o["spec"]["services"][service]))
-
-
-def _main_limits(service: dict) -> dict:
-    return service["extraPodSpec"]["mainContainer"]["resources"]["limits"]
-
-
-DYNAMO_WORKERS = [
-    ("accepts the Dynamo render", lambda r: r, []),
-    ("flags a worker asking for a second GPU",
-     _service("llama-70b", "VllmDecodeWorker", lambda s: s["resources"]["requests"].update(gpu="5")),
-     ["DynamoGraphDeployment/tenant-search/llama-70b: spec.services.VllmDecodeWorker.resources.requests: asks for nvidia.com/gpu=5, not the nvidia.com/gpu=4 the plan gives one of its pods"]),
-    ("flags a worker whose main container names another MIG profile",
-     _service("llama-8b", "VllmWorker", lambda s: _main_limits(s).update({"nvidia.com/mig-7g.80gb": _main_limits(s).pop("nvidia.com/mig-3g.40gb")})),
-     ["spec.services.VllmWorker.extraPodSpec.mainContainer.resources.limits: asks for nvidia.com/mig-7g.80gb=1, not the nvidia.com/mig-3g.40gb=1"]),
-    ("flags a HAMi worker taking more of the slice's memory",
-     _service("qwen-1-5b", "VllmWorker", lambda s: s["resources"]["limits"]["custom"].update({"nvidia.com/gpumem": "24576"})),
-     ["spec.services.VllmWorker.resources.limits: asks for nvidia.com/gpu=1, nvidia.com/gpucores=25, nvidia.com/gpumem=24576"]),
-    ("flags a frontend asking for a GPU",
-     _service("llama-8b", "Frontend", lambda s: s["resources"]["limits"].update(gpu="1")),
-     ["spec.services.Frontend.resources.limits: a frontend asks for GPUs (nvidia.com/gpu=1); only workers run the model"]),
-    ("flags a deployment no tenant model declares",
-     lambda r: broken(r, "DynamoGraphDeployment", "qwen-1-5b", lambda o: o["metadata"].update(name="qwen-72b")),
-     ["DynamoGraphDeployment/tenant-assistant/qwen-72b: no Dynamo model qwen-72b of tenant assistant is declared"]),
-    ("accepts a deployment outside a tenant namespace (model_pods reports it)",
-     lambda r: broken(r, "DynamoGraphDeployment", "qwen-1-5b", lambda o: o["metadata"].update(namespace="dynamo-system")),
-     []),
-    ("flags requests and limits apart without a config",
-     lambda r: Rendered(None, r.kubernetes_version, _service("llama-70b", "VllmPrefillWorker", lambda s: s["resources"]["requests"].update(gpu="2"))(r).manifests, r.inventory),
-     ["spec.services.VllmPrefillWorker.resources.requests: asks for nvidia.com/gpu=2, not the nvidia.com/gpu=4 its Dynamo limits state"]),
-    ("accepts malformed services (the schema check reports them)",
-     lambda r: broken(r, "DynamoGraphDeployment", "llama-8b", lambda o: o["spec"]["services"].update(VllmWorker="worker", Frontend={"componentType": "frontend", "resources": []})),
-     []),
-]
-
-
-@pytest.mark.parametrize("change, expected", [r[1:] for r in DYNAMO_WORKERS], ids=[r[0] for r in DYNAMO_WORKERS])
-def test_dynamo_workers(rendered, change, expected):
-    found = [str(f) for f in serving_checks.dynamo_workers(change(rendered), None)]
-    assert len(found) == len(expected), found
-    assert all(any(e in f for f in found) for e in expected), found
-
-
-MODEL_PODS = [
-    ("accepts the Dynamo render", lambda r: r, []),
-    ("flags a Dynamo worker without the tenant's queue",
-     _service("llama-70b", "VllmPrefillWorker", lambda s: s["extraPodMetadata"]["labels"].pop("kueue.x-k8s.io/queue-name")),
-     ["DynamoGraphDeployment/tenant-search/llama-70b: spec.services.VllmPrefillWorker: its pods name no Kueue queue"]),
-    ("flags a Dynamo worker tolerating another trust domain",
-     _service("qwen-1-5b", "VllmWorker", lambda s: s["extraPodSpec"]["tolerations"][0].update(value="internal")),
-     ["spec.services.VllmWorker: tolerates the shared-GPU nodes of trust domain internal (its own is assistant)"]),
-    ("flags a Dynamo deployment outside a tenant namespace",
-     lambda r: broken(r, "DynamoGraphDeployment", "qwen-1-5b", lambda o: o["metadata"].update(namespace="dynamo-system")),
-     ["DynamoGraphDeployment/dynamo-system/qwen-1-5b: serves a model from dynamo-system, not a tenant's namespace"]),
-]
-
-
-@pytest.mark.parametrize("change, expected", [r[1:] for r in MODEL_PODS], ids=[r[0] for r in MODEL_PODS])
-def test_model_pods_of_dynamo(rendered, change, expected):
-    found = [str(f) for f in serving_checks.model_pods(change(rendered), None)]
-    assert len(found) == len(expected), found
-    assert all(any(e in f for f in found) for e in expected), found
-
-
-# --------------------------------------------------------------------------- the pack's policy
-
-
-def worker(gpu: str = "1", main_gpu: str = "1", queue: str | None = "default", component: str = "worker") -> dict[str, Any]:
-    labels = {"kueue.x-k8s.io/queue-name": queue} if queue else {}
-    return {
-        "componentType": component,
-        "resources": {"requests": {"cpu": "4", "gpu": gpu}, "limits": {"gpu": gpu}},
-        "extraPodMetadata": {"labels": labels},
-        "extraPodSpec": {"mainContainer": {"image": "nvcr.io/nvidia/ai-dynamo/vllm-runtime:1.1.0", "resources": {"requests": {"nvidia.com/gpu": main_gpu}, "limits": {"nvidia.com/gpu": main_gpu}}}},
-    }
-
-
-FRONTEND = {"componentType": "frontend", "extraPodMetadata": {"labels": {"kueue.x-k8s.io/queue-name": "default"}}, "extraPodSpec": {"mainContainer": {"image": "x"}}}
-
-
-def dynamo_stack(services_: dict[str, Any], ns: str = "tenant-a"):
-    def program() -> None:
-        namespace("dynamo-system")
-        namespace("tenant-a", tenant="a")
-        custom("default", "LocalQueue", {"clusterQueue": "a"}, namespace_name="tenant-a", api_version="kueue.x-k8s.io/v1beta1")
-        custom("m", "DynamoGraphDeployment", {"backendFramework": "vllm", "services": services_}, namespace_name=ns, api_version="nvidia.com/v1alpha1")
-
-    return stack(program)
-
-
-@pytest.mark.parametrize(
-    "services_, ns, expected",
-    [
-        pytest.param({"Frontend": FRONTEND, "VllmWorker": worker()}, "tenant-a", [], id="accepts-a-worker-at-one-gpu-shape"),
-        pytest.param({"Frontend": FRONTEND, "VllmWorker": worker()}, "dynamo-system", ["serves a model outside every tenant's namespace"], id="flags-a-deployment-outside-tenants"),
-        pytest.param({"VllmWorker": worker(queue=None)}, "tenant-a", ["service VllmWorker: its pods name no Kueue queue"], id="flags-no-queue"),
-        pytest.param({"VllmWorker": worker(queue="other")}, "tenant-a", ["its pods name queue other, which is not a LocalQueue of tenant-a"], id="flags-a-queue-of-no-localqueue"),
-        pytest.param({"VllmWorker": worker(main_gpu="2")}, "tenant-a", ["service VllmWorker: its GPU figures differ"], id="flags-main-container-gpus-apart"),
-        pytest.param({"Frontend": {**FRONTEND, "resources": {"limits": {"gpu": "1"}}}}, "tenant-a", ["service Frontend: a frontend asks for GPUs"], id="flags-a-frontend-with-a-gpu"),
-        pytest.param({"Planner": worker(component="planner")}, "tenant-a", ["service Planner: a planner asks for GPUs"], id="flags-any-non-worker-with-a-gpu"),
-    ],
-)
-def test_dynamo_models_in_tenant_bounds(services_, ns, expected):
-    found = [m for ms in violations(dynamo_stack(services_, ns), "dynamo-models-in-tenant-bounds").values() for m in ms]
-    assert [any(e in m for m in found) for e in expected] == [True] * len(expected) and len(found) == len(expected), found
 
 
 def test_the_workload_policies_read_a_dynamo_main_container_but_not_a_crds_schema(rendered):

@@ -68,3 +68,46 @@ def test_gateway_listeners_isolate_tenants(listeners, expected):
 def test_tenant_routes_own_hostnames(routes, expected):
     found = [m for ms in violations(environment([listener("a-0", "a")], routes), "tenant-routes-own-hostnames").values() for m in ms]
     assert [any(e in m for m in found) for e in expected] == [True] * len(expected) and len(found) == len(expected)
+
+
+# --------------------------------------------------------------------------- Dynamo
+
+
+def worker(gpu: str = "1", main_gpu: str = "1", queue: str | None = "default", component: str = "worker") -> dict[str, Any]:
+    labels = {"kueue.x-k8s.io/queue-name": queue} if queue else {}
+    return {
+        "componentType": component,
+        "resources": {"requests": {"cpu": "4", "gpu": gpu}, "limits": {"gpu": gpu}},
+        "extraPodMetadata": {"labels": labels},
+        "extraPodSpec": {"mainContainer": {"image": "nvcr.io/nvidia/ai-dynamo/vllm-runtime:1.1.0", "resources": {"requests": {"nvidia.com/gpu": main_gpu}, "limits": {"nvidia.com/gpu": main_gpu}}}},
+    }
+
+
+FRONTEND = {"componentType": "frontend", "extraPodMetadata": {"labels": {"kueue.x-k8s.io/queue-name": "default"}}, "extraPodSpec": {"mainContainer": {"image": "x"}}}
+
+
+def dynamo_stack(services_: dict[str, Any], ns: str = "tenant-a"):
+    def program() -> None:
+        namespace("dynamo-system")
+        namespace("tenant-a", tenant="a")
+        custom("default", "LocalQueue", {"clusterQueue": "a"}, namespace_name="tenant-a", api_version="kueue.x-k8s.io/v1beta1")
+        custom("m", "DynamoGraphDeployment", {"backendFramework": "vllm", "services": services_}, namespace_name=ns, api_version="nvidia.com/v1alpha1")
+
+    return stack(program)
+
+
+@pytest.mark.parametrize(
+    "services_, ns, expected",
+    [
+        pytest.param({"Frontend": FRONTEND, "VllmWorker": worker()}, "tenant-a", [], id="accepts-a-worker-at-one-gpu-shape"),
+        pytest.param({"Frontend": FRONTEND, "VllmWorker": worker()}, "dynamo-system", ["serves a model outside every tenant's namespace"], id="flags-a-deployment-outside-tenants"),
+        pytest.param({"VllmWorker": worker(queue=None)}, "tenant-a", ["service VllmWorker: its pods name no Kueue queue"], id="flags-no-queue"),
+        pytest.param({"VllmWorker": worker(queue="other")}, "tenant-a", ["its pods name queue other, which is not a LocalQueue of tenant-a"], id="flags-a-queue-of-no-localqueue"),
+        pytest.param({"VllmWorker": worker(main_gpu="2")}, "tenant-a", ["service VllmWorker: its GPU figures differ"], id="flags-main-container-gpus-apart"),
+        pytest.param({"Frontend": {**FRONTEND, "resources": {"limits": {"gpu": "1"}}}}, "tenant-a", ["service Frontend: a frontend asks for GPUs"], id="flags-a-frontend-with-a-gpu"),
+        pytest.param({"Planner": worker(component="planner")}, "tenant-a", ["service Planner: a planner asks for GPUs"], id="flags-any-non-worker-with-a-gpu"),
+    ],
+)
+def test_dynamo_models_in_tenant_bounds(services_, ns, expected):
+    found = [m for ms in violations(dynamo_stack(services_, ns), "dynamo-models-in-tenant-bounds").values() for m in ms]
+    assert [any(e in m for m in found) for e in expected] == [True] * len(expected) and len(found) == len(expected), found
