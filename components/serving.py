@@ -583,7 +583,8 @@ def images_allowed(raw: dict[str, Any]) -> list[str]:
     allowed = kyverno.get("allowed_registries", KyvernoLayer().allowed_registries)
     if not isinstance(allowed, list) or not all(isinstance(p, str) for p in allowed):
         return []  # a field error
-    models = [as_dict(m) for t in as_list(raw.get("tenants")) for m in as_list(as_dict(t).get("models"))]
+    # Dynamo's models run Dynamo's image (`components.dynamo.runtime_image_allowed`), not KServe's.
+    models = [as_dict(m) for t in as_list(raw.get("tenants")) for m in as_list(as_dict(t).get("models")) if as_dict(m).get("runtime") != "dynamo"]
     if not models:
         return []
     image = as_dict(layers.get("serving")).get("vllm_image", ServingLayer().vllm_image)

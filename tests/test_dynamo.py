@@ -230,6 +230,12 @@ def test_a_dynamo_model_that_cannot_be_served_is_one_problem_at_its_path(dynamo_
     assert err.value.problems[0].startswith(expected), err.value.problems
 
 
+def test_disaggregated_dynamo_models_need_neither_llm_ds_nor_kserves_images(dynamo_raw):
+    raw = copy.deepcopy(dynamo_raw[0])
+    raw["layers"]["kyverno"]["allowed_registries"] = ["nvcr.io/nvidia/*"]
+    assert validate(raw).layers.kyverno.allowed_registries == ["nvcr.io/nvidia/*"]
+
+
 def test_the_cli_refuses_a_dynamo_model_without_the_layer_with_exit_2_and_writes_nothing(tmp_path):
     from tests.test_bad_input import DEV_TEXT
 
