@@ -73,41 +73,61 @@ def test_tenant_routes_own_hostnames(routes, expected):
 # --------------------------------------------------------------------------- Dynamo
 
 
-def worker(gpu: str = "1", main_gpu: str = "1", queue: str | None = "default", component: str = "worker") -> dict[str, Any]:
-    labels = {"kueue.x-k8s.io/queue-name": queue} if queue else {}
+def worker(gpu: str = "1", limit: str | None = None, main: str | None = "1", main_limit: str | None = None, queue: str | None = "default", component: str = "worker") -> dict[str, Any]:
+    """A Dynamo service: `gpu`/`limit` in Dynamo's resources, `main`/`main_limit` on its main
+    container (None: no GPU there); limits default to the requests."""
+    main_resources = {side: {"nvidia.com/gpu": value} for side, value in (("requests", main), ("limits", main_limit or main)) if value}
     return {
         "componentType": component,
-        "resources": {"requests": {"cpu": "4", "gpu": gpu}, "limits": {"gpu": gpu}},
-        "extraPodMetadata": {"labels": labels},
-        "extraPodSpec": {"mainContainer": {"image": "nvcr.io/nvidia/ai-dynamo/vllm-runtime:1.1.0", "resources": {"requests": {"nvidia.com/gpu": main_gpu}, "limits": {"nvidia.com/gpu": main_gpu}}}},
+        "resources": {"requests": {"cpu": "4", "gpu": gpu}, "limits": {"gpu": limit or gpu}},
+        "extraPodMetadata": {"labels": {"kueue.x-k8s.io/queue-name": queue} if queue else {}},
+        "extraPodSpec": {"mainContainer": {"image": "nvcr.io/nvidia/ai-dynamo/vllm-runtime:1.1.0", "resources": main_resources}},
     }
 
 
 FRONTEND = {"componentType": "frontend", "extraPodMetadata": {"labels": {"kueue.x-k8s.io/queue-name": "default"}}, "extraPodSpec": {"mainContainer": {"image": "x"}}}
+GOOD = {"Frontend": FRONTEND, "VllmWorker": worker()}
 
 
-def dynamo_stack(services_: dict[str, Any], ns: str = "tenant-a"):
+def dynamo_stack(deployments: list[tuple[str, str, dict[str, Any]]]):
     def program() -> None:
         namespace("dynamo-system")
         namespace("tenant-a", tenant="a")
         custom("default", "LocalQueue", {"clusterQueue": "a"}, namespace_name="tenant-a", api_version="kueue.x-k8s.io/v1beta1")
-        custom("m", "DynamoGraphDeployment", {"backendFramework": "vllm", "services": services_}, namespace_name=ns, api_version="nvidia.com/v1alpha1")
+        for name, ns, services in deployments:
+            custom(name, "DynamoGraphDeployment", {"backendFramework": "vllm", "services": services}, namespace_name=ns, api_version="nvidia.com/v1alpha1")
 
     return stack(program)
 
 
 @pytest.mark.parametrize(
-    "services_, ns, expected",
+    "deployments, expected",
     [
-        pytest.param({"Frontend": FRONTEND, "VllmWorker": worker()}, "tenant-a", [], id="accepts-a-worker-at-one-gpu-shape"),
-        pytest.param({"Frontend": FRONTEND, "VllmWorker": worker()}, "dynamo-system", ["serves a model outside every tenant's namespace"], id="flags-a-deployment-outside-tenants"),
-        pytest.param({"VllmWorker": worker(queue=None)}, "tenant-a", ["service VllmWorker: its pods name no Kueue queue"], id="flags-no-queue"),
-        pytest.param({"VllmWorker": worker(queue="other")}, "tenant-a", ["its pods name queue other, which is not a LocalQueue of tenant-a"], id="flags-a-queue-of-no-localqueue"),
-        pytest.param({"VllmWorker": worker(main_gpu="2")}, "tenant-a", ["service VllmWorker: its GPU figures differ"], id="flags-main-container-gpus-apart"),
-        pytest.param({"Frontend": {**FRONTEND, "resources": {"limits": {"gpu": "1"}}}}, "tenant-a", ["service Frontend: a frontend asks for GPUs"], id="flags-a-frontend-with-a-gpu"),
-        pytest.param({"Planner": worker(component="planner")}, "tenant-a", ["service Planner: a planner asks for GPUs"], id="flags-any-non-worker-with-a-gpu"),
+        pytest.param([("m", "tenant-a", GOOD)], [], id="accepts-a-worker-at-one-gpu-shape"),
+        pytest.param([("m", "dynamo-system", GOOD)], ["serves a model outside every tenant's namespace"], id="flags-a-deployment-outside-tenants"),
+        pytest.param(
+            [("m", "dynamo-system", GOOD), ("n", "tenant-a", {"VllmWorker": worker(queue=None)})],
+            ["serves a model outside every tenant's namespace", "service VllmWorker: its pods name no Kueue queue"],
+            id="flags-each-deployment-after-one-outside-tenants",
+        ),
+        pytest.param([("m", "tenant-a", {"VllmWorker": worker(queue=None)})], ["service VllmWorker: its pods name no Kueue queue"], id="flags-no-queue"),
+        pytest.param([("m", "tenant-a", {"VllmWorker": worker(queue="other")})], ["its pods name queue other, which is not a LocalQueue of tenant-a"], id="flags-a-queue-of-no-localqueue"),
+        pytest.param(
+            [("m", "tenant-a", {"VllmWorker": worker(gpu="2", limit="1", main="1")})],
+            ["its GPU figures differ (resources.requests: nvidia.com/gpu=2; resources.limits: nvidia.com/gpu=1; mainContainer requests: nvidia.com/gpu=1; mainContainer limits: nvidia.com/gpu=1)"],
+            id="flags-dynamo-requests-apart",
+        ),
+        pytest.param([("m", "tenant-a", {"VllmWorker": worker(main="2", main_limit="1")})], ["mainContainer requests: nvidia.com/gpu=2; mainContainer limits: nvidia.com/gpu=1)"], id="flags-main-requests-apart"),
+        pytest.param([("m", "tenant-a", {"VllmWorker": worker(main="1", main_limit="2")})], ["mainContainer requests: nvidia.com/gpu=1; mainContainer limits: nvidia.com/gpu=2)"], id="flags-main-limits-apart"),
+        pytest.param([("m", "tenant-a", {"VllmWorker": worker(main=None)})], ["mainContainer requests: no GPU; mainContainer limits: no GPU)"], id="flags-a-main-container-without-the-gpus"),
+        pytest.param(
+            [("m", "tenant-a", {"Frontend": {**FRONTEND, "resources": {"limits": {"gpu": "1"}}}})],
+            ["service Frontend: a frontend asks for GPUs (resources.limits: nvidia.com/gpu=1); only workers run the model"],
+            id="flags-a-frontend-with-a-gpu",
+        ),
+        pytest.param([("m", "tenant-a", {"Planner": worker(component="planner")})], ["service Planner: a planner asks for GPUs"], id="flags-any-non-worker-with-a-gpu"),
     ],
 )
-def test_dynamo_models_in_tenant_bounds(services_, ns, expected):
-    found = [m for ms in violations(dynamo_stack(services_, ns), "dynamo-models-in-tenant-bounds").values() for m in ms]
+def test_dynamo_models_in_tenant_bounds(deployments, expected):
+    found = [m for ms in violations(dynamo_stack(deployments), "dynamo-models-in-tenant-bounds").values() for m in ms]
     assert [any(e in m for m in found) for e in expected] == [True] * len(expected) and len(found) == len(expected), found
