@@ -42,7 +42,7 @@ from ai_factory.components.serving import PORT as SERVING_PORT
 from ai_factory.factory.checking.routing import GATEWAY_CHECKS
 from ai_factory.factory.model.config import FactoryConfig, Tenant
 from ai_factory.factory.model.raw import as_dict, as_list
-from ai_factory.factory.model.serving import ModelEndpoint, endpoint
+from ai_factory.factory.model.serving import DYNAMO_PORT, ModelEndpoint, endpoint
 from ai_factory.factory.model.tenancy import TENANT_LABEL, TenantNames
 
 TOKEN = "ai-factory:serving:Gateway"
@@ -52,9 +52,10 @@ GATEWAY_PREFIX = "inference"
 MAX_LISTENERS = 64
 MODEL_HEADER = "X-Gateway-Model-Name"
 """The header the Inference Extension's body-based router copies the OpenAI `model` into."""
-POD_PORTS = {"InferenceService": SERVING_PORT, "LLMInferenceService": 8000}
-"""The port vLLM listens on in a model's pods (the serving layer's runtime; KServe's llm-d preset
-serves on 8000). Cilium applies policies after service translation, so they name the pod's port."""
+POD_PORTS = {"InferenceService": SERVING_PORT, "LLMInferenceService": 8000, "DynamoGraphDeployment": DYNAMO_PORT}
+"""The port a model's pods serve on (vLLM in the serving layer's runtime; KServe's llm-d preset
+serves on 8000; Dynamo's frontend). Cilium applies policies after service translation, so they
+name the pod's port."""
 NAMESPACE_LABEL = "k8s:io.kubernetes.pod.namespace"
 GATEWAY_ENTITY = "ingress"
 """Cilium's reserved identity of traffic its Gateway API Envoy forwards."""
@@ -76,9 +77,10 @@ class Routed:
 
 
 def routed(cfg: FactoryConfig) -> list[Routed]:
-    """The models the Gateway routes to: exposed models KServe serves behind a plain Service."""
+    """The models the Gateway routes to: exposed models behind a plain Service (KServe's
+    InferenceService, Dynamo's frontend)."""
     found = [Routed(endpoint(cfg, t, m), m.replicas.max) for t in cfg.tenants for m in t.models]
-    return [r for r in found if r.endpoint.expose and r.endpoint.kind == "InferenceService"]
+    return [r for r in found if r.endpoint.expose and r.endpoint.kind != "LLMInferenceService"]
 
 
 def pod_selector(endpoints: list[ModelEndpoint], namespace: str) -> dict[str, Any]:

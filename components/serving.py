@@ -70,11 +70,12 @@ from ai_factory.factory.model.serving import (
     endpoint,
     grant_problems,
     model_problems,
+    pod_gpu_resources,
     quota_problems,
     replica_shape,
 )
 from ai_factory.factory.model.tenancy import TenantNames
-from ai_factory.factory.planning.model import HAMI_CORES, HAMI_MEMORY, WHOLE_GPU, Plan
+from ai_factory.factory.planning.model import Plan
 from ai_factory.factory.planning.placement import Offering, offering_name, offerings
 
 TOKEN = "ai-factory:serving:Serving"
@@ -213,14 +214,7 @@ class ModelPlan:
 
 def gpu_resources(plan: ModelPlan) -> dict[str, str]:
     """Exactly the GPU resource one pod (one per node of a replica) asks for."""
-    shape = plan.shape
-    if shape.sharing == "mig":
-        return {GPU_MODELS[plan.pool.gpu.model].profile(shape.mig_profile or "").resource_name: "1"}
-    if shape.sharing == "hami":
-        return {WHOLE_GPU: "1", HAMI_MEMORY: str(shape.hami_memory_mib), HAMI_CORES: str(shape.hami_cores_percent)}
-    if shape.sharing == "dra":
-        return {}
-    return {WHOLE_GPU: str(gpus_per_pod(plan))}
+    return pod_gpu_resources(plan.pool, plan.shape)
 
 
 def container_resources(model: ServedModel | None, gpus: dict[str, str]) -> dict[str, Any]:
@@ -229,10 +223,6 @@ def container_resources(model: ServedModel | None, gpus: dict[str, str]) -> dict
     as the planner counts it against the tenant's quota (`factory.model.serving.host_demand`)."""
     host = model.resources if model is not None else ModelResources()
     return {"requests": {"cpu": host.cpu, "memory": host.memory, **gpus}, "limits": {"memory": host.memory, **gpus}}
-
-
-def gpus_per_pod(plan: ModelPlan) -> int:
-    return plan.shape.units // plan.shape.nodes
 
 
 def dra_template(plan: ModelPlan) -> str:
@@ -509,6 +499,26 @@ def serving_runtime(image: str) -> dict[str, Any]:
     }
 
 
+def source_secret_spec(model: ServedModel, names: TenantNames) -> dict[str, Any]:
+    """The ExternalSecret of a model's source credentials, from the tenant's own OpenBao store."""
+    assert model.credentials is not None
+    key = f"{secret_prefix(names)}{model.credentials.secret}"
+    return {
+        "refreshInterval": "1h",
+        "secretStoreRef": {"kind": "SecretStore", "name": STORE_NAME},
+        "target": {
+            "name": source_secret(model),
+            "creationPolicy": "Owner",
+            # No template data: the Secret keeps the fetched keys, with KServe's S3 settings as
+            # its annotations.
+            **({"template": {"metadata": {"annotations": secret_annotations(model)}}} if model.s3 else {}),
+        },
+        # Keys named as the variables they become, which is also what KServe's storage
+        # initializer reads S3 credentials as (`kserve.storage.s3.*Name`).
+        "data": [{"secretKey": variable, "remoteRef": {"key": key, "property": prop}} for variable, prop in sorted(credential_properties(model).items())],
+    }
+
+
 def hub_egress_policy(plan: ModelPlan) -> dict[str, Any]:
     """The model's pods may reach the Hugging Face Hub over HTTPS (DNS answers seen by Cilium's
     proxy, which FQDN rules need), nothing more than the tenant baseline otherwise."""
@@ -540,7 +550,7 @@ class ServingTenantHook:
 
     @classmethod
     def from_config(cls, cfg: FactoryConfig, plan: Plan) -> ServingTenantHook | None:
-        models = model_plans(cfg, plan)
+        models = model_plans(cfg, plan, runtime="kserve")
         if not models:
             return None
         layer = cfg.layers.serving
@@ -566,30 +576,7 @@ class ServingTenantHook:
         for plan in plans:
             model = plan.model
             if model.credentials is not None:
-                key = f"{secret_prefix(names)}{model.credentials.secret}"
-                custom(
-                    f"model-{model.name}-source",
-                    "external-secrets.io/v1",
-                    "ExternalSecret",
-                    source_secret(model),
-                    {
-                        "refreshInterval": "1h",
-                        "secretStoreRef": {"kind": "SecretStore", "name": STORE_NAME},
-                        "target": {
-                            "name": source_secret(model),
-                            "creationPolicy": "Owner",
-                            # No template data: the Secret keeps the fetched keys, with KServe's
-                            # S3 settings as its annotations.
-                            **({"template": {"metadata": {"annotations": secret_annotations(model)}}} if model.s3 else {}),
-                        },
-                        # Keys named as the variables they become, which is also what KServe's
-                        # storage initializer reads S3 credentials as (`kserve.storage.s3.*Name`).
-                        "data": [
-                            {"secretKey": variable, "remoteRef": {"key": key, "property": prop}}
-                            for variable, prop in sorted(credential_properties(model).items())
-                        ],
-                    },
-                )
+                custom(f"model-{model.name}-source", "external-secrets.io/v1", "ExternalSecret", source_secret(model), source_secret_spec(model, names))
             if plan.endpoint.kind == "InferenceService":
                 isvc = inference_service(plan, names, self.storage_class)
                 custom(f"model-{model.name}", f"{KSERVE}/v1beta1", "InferenceService", model.name, isvc["spec"], isvc["metadata_annotations"])
@@ -599,15 +586,16 @@ class ServingTenantHook:
                 custom(f"model-{model.name}-hub", "cilium.io/v2", "CiliumNetworkPolicy", f"{model.name}-model-hub", hub_egress_policy(plan))
 
 
-def model_plans(cfg: FactoryConfig, plan: Plan) -> dict[str, tuple[ModelPlan, ...]]:
-    """Per tenant with models, each model with its shape and offering (validation has accepted them)."""
+def model_plans(cfg: FactoryConfig, plan: Plan, runtime: str) -> dict[str, tuple[ModelPlan, ...]]:
+    """Per tenant with models on `runtime` (`kserve` or `dynamo`), each model with its shape and
+    offering (validation has accepted them)."""
     by_name = {o.name: o for o in offerings(plan)}
     metrics = cfg.layers.metrics
     prometheus = f"http://{PROMETHEUS_SERVICE}.{metrics.namespace}.svc:9090" if metrics.enabled else None
     result: dict[str, tuple[ModelPlan, ...]] = {}
     for tenant in cfg.tenants:
         found = []
-        for model in tenant.models:
+        for model in (m for m in tenant.models if m.runtime == runtime):
             pool = cfg.pool(model.gpus.pool)
             found.append(
                 ModelPlan(
@@ -637,7 +625,8 @@ def images_allowed(raw: dict[str, Any]) -> list[str]:
     allowed = kyverno.get("allowed_registries", KyvernoLayer().allowed_registries)
     if not isinstance(allowed, list) or not all(isinstance(p, str) for p in allowed):
         return []  # a field error
-    models = [as_dict(m) for t in as_list(raw.get("tenants")) for m in as_list(as_dict(t).get("models"))]
+    # Dynamo's models run Dynamo's image (`components.dynamo.runtime_image_allowed`), not KServe's.
+    models = [as_dict(m) for t in as_list(raw.get("tenants")) for m in as_list(as_dict(t).get("models")) if as_dict(m).get("runtime") != "dynamo"]
     if not models:
         return []
     image = as_dict(layers.get("serving")).get("vllm_image", ServingLayer().vllm_image)

@@ -434,9 +434,10 @@ def pod_security(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
 
 
 def _pod_specs(value: Any) -> Iterator[Mapping[str, Any]]:
-    """Every pod spec inside an object (Pod, workload templates, custom resources' templates)."""
+    """Every pod spec inside an object (Pod, workload templates, custom resources' templates, and
+    Dynamo's `extraPodSpec` with its `mainContainer`)."""
     if isinstance(value, Mapping):
-        if isinstance(value.get("containers"), list):
+        if isinstance(value.get("containers"), list) or _main_container(value) is not None:
             yield value
         for child in value.values():
             yield from _pod_specs(child)
@@ -461,8 +462,16 @@ def tenant_pods(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
                 yield _finding("tenant-pods", m, problem, tenant)
 
 
+def _main_container(spec: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The container a Dynamo `extraPodSpec` adds to the pod its operator builds: one naming its
+    image (a CRD's schema of the field, also a mapping, names none)."""
+    main = spec.get("mainContainer")
+    return main if isinstance(main, Mapping) and isinstance(main.get("image"), str) else None
+
+
 def _containers(spec: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    return [*(spec.get("initContainers") or []), *(spec.get("containers") or []), *(spec.get("ephemeralContainers") or [])]
+    main = [m] if (m := _main_container(spec)) is not None else []
+    return [*(spec.get("initContainers") or []), *(spec.get("containers") or []), *(spec.get("ephemeralContainers") or []), *main]
 
 
 def _host_access(spec: Mapping[str, Any]) -> Iterator[str]:

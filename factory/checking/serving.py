@@ -1,6 +1,6 @@
-"""Offline checks of served models (`components/serving.py`): a model's pods stay inside their
-tenant's GPUs and quota (its CPU and memory at the model's maximum replicas too), and no model
-cache is shared between tenants.
+"""Offline checks of served models (`components/serving.py`, `components/dynamo.py`): a model's
+pods stay inside their tenant's GPUs and quota (its CPU and memory at the model's maximum replicas
+too), and no model cache is shared between tenants.
 
 The generic pod checks (`isolation.tenant_pods`) look for pod specs by their `containers`; an
 `InferenceService` predictor keeps its container under `model`, so the model objects get their own
@@ -18,11 +18,14 @@ from ai_factory.factory.checking.oracles import Oracles
 from ai_factory.factory.model.quantity import cores, gib, parse_quantity
 from ai_factory.factory.model.serving import PICKER_POD, ROUTING_SIDECAR, HostDemand
 from ai_factory.factory.model.tenancy import DEFAULT_CONTAINER_LIMIT, DEFAULT_CONTAINER_REQUEST
+from ai_factory.factory.model.config import FactoryConfig
+from ai_factory.factory.model.serving import pod_gpu_resources, replica_shape
 from ai_factory.factory.model.tenancy import TRUST_DOMAIN_LABEL
+from ai_factory.factory.planning.model import WHOLE_GPU
 from ai_factory.factory.planning.placement import DEDICATED_LABEL
 from ai_factory.factory.rendering.bundle import Manifest, Rendered
 
-MODEL_KINDS = ("InferenceService", "LLMInferenceService")
+MODEL_KINDS = ("InferenceService", "LLMInferenceService", "DynamoGraphDeployment")
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 SHARED_CACHE_KINDS = ("LocalModelCache", "LocalModelNodeGroup", "LocalModelNamespaceCache")
 """KServe's node-local model cache: weights on a host path of the node, readable by every pod KServe
@@ -38,6 +41,11 @@ def _workloads(m: Manifest) -> Iterator[tuple[str, Mapping[str, Any], Mapping[st
         predictor = spec.get("predictor")
         if isinstance(predictor, Mapping):
             yield "spec.predictor", predictor, _mapping(predictor.get("labels"))
+        return
+    if m.kind == "DynamoGraphDeployment":
+        for name, service in sorted(_mapping(spec.get("services")).items()):
+            if isinstance(service, Mapping):
+                yield f"spec.services.{name}", _mapping(service.get("extraPodSpec")), _mapping(_mapping(service.get("extraPodMetadata")).get("labels"))
         return
     for path, part in (("spec", spec), ("spec.prefill", spec.get("prefill"))):
         if not isinstance(part, Mapping):
@@ -150,6 +158,8 @@ def model_demand(kind: str, spec: Any) -> HostDemand:
     workers, its endpoint picker (`router.scheduler`) and, with prefill, the decode pods' routing
     sidecars (KServe's presets, `factory.model.serving`)."""
     spec = _mapping(spec)
+    if kind == "DynamoGraphDeployment":
+        return _dynamo_demand(spec)
     if kind == "InferenceService":
         # KServe: `minReplicas` defaults to 1, a `maxReplicas` below it (0: unset) is the minimum.
         predictor = _mapping(spec.get("predictor"))
@@ -164,6 +174,17 @@ def model_demand(kind: str, spec: Any) -> HostDemand:
         total += ROUTING_SIDECAR.times(decode)
     if "scheduler" in _mapping(spec.get("router")):
         total += PICKER_POD
+    return total
+
+
+def _dynamo_demand(spec: Mapping[str, Any]) -> HostDemand:
+    """A DynamoGraphDeployment's components at their `replicas`, each pod its main container: no
+    autoscaler moves a Dynamo worker past what the object states."""
+    total = HostDemand()
+    for service in _mapping(spec.get("services")).values():
+        service = _mapping(service)
+        main = _mapping(_mapping(service.get("extraPodSpec")).get("mainContainer"))
+        total += (HostDemand(1) + _container(main)).times(_count(service.get("replicas"), 1))
     return total
 
 
@@ -211,3 +232,76 @@ def model_quota(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
             hard = _mapping(_mapping(quota.obj.get("spec")).get("hard"))
             for problem in quota_shortfalls(hard, demand):
                 yield Finding("model-quota", quota.ref, f"the models of tenant {owner.tenant} ({', '.join(refs)}) at their maximum replicas take {problem}", (owner.tenant,))
+# --------------------------------------------------------------------------- Dynamo
+
+GPU_RESOURCE_PREFIXES = ("nvidia.com/gpu", "nvidia.com/mig-")
+"""Whole GPUs, HAMi's `nvidia.com/gpumem`/`gpucores` and MIG instances."""
+
+
+def _gpus(resources: Any) -> dict[str, str]:
+    """The GPU part of a Kubernetes resource list."""
+    return {str(k): str(v) for k, v in _mapping(resources).items() if str(k).startswith(GPU_RESOURCE_PREFIXES)}
+
+
+def _dynamo_gpus(side: Any) -> dict[str, str]:
+    """The GPU part of a Dynamo `resources.requests`/`limits`, as the operator names them."""
+    side = _mapping(side)
+    found = _gpus(side.get("custom"))
+    if side.get("gpu") not in (None, ""):
+        found[str(side.get("gpuType") or WHOLE_GPU)] = str(side["gpu"])
+    return found
+
+
+def _planned_gpus(cfg: FactoryConfig | None, tenant: str, model: str) -> dict[str, str] | None:
+    """What the plan gives one worker pod of the tenant's Dynamo model; None when the render
+    carries no config, or the config declares no such model (reported apart)."""
+    if cfg is None:
+        return None
+    owner = next((t for t in cfg.tenants if t.name == tenant), None)
+    served = next((m for m in owner.models if m.name == model and m.runtime == "dynamo"), None) if owner else None
+    pool = next((p for p in cfg.fleet.pools if served and p.name == served.gpus.pool), None)
+    if owner is None or served is None or pool is None:
+        return None
+    return pod_gpu_resources(pool, replica_shape(pool, owner, served))
+
+
+def dynamo_workers(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
+    """Each DynamoGraphDeployment serves a Dynamo model its tenant declares; each worker asks for
+    exactly the GPUs the plan gives one of the model's pods, as requests and as limits, in Dynamo's
+    `resources` and on its main container alike; no other component asks for a GPU."""
+    view = View(rendered)
+    cfg = rendered.config
+    for m in view.of_kind("DynamoGraphDeployment"):
+        owner = view.tenant_at(m.namespace)
+        if owner is None:
+            continue  # `model_pods` reports it
+        tenants = (owner.tenant,)
+        planned = _planned_gpus(cfg, owner.tenant, m.name)
+        if cfg is not None and planned is None:
+            yield Finding("dynamo-workers", m.ref, f"no Dynamo model {m.name} of tenant {owner.tenant} is declared: nothing planned its GPUs", tenants)
+            continue
+        for name, service in sorted(_mapping(_mapping(m.obj.get("spec")).get("services")).items()):
+            service = _mapping(service)
+            resources = _mapping(service.get("resources"))
+            main = _mapping(_mapping(_mapping(service.get("extraPodSpec")).get("mainContainer")).get("resources"))
+            asked = {
+                "resources.requests": _dynamo_gpus(resources.get("requests")),
+                "resources.limits": _dynamo_gpus(resources.get("limits")),
+                "extraPodSpec.mainContainer.resources.requests": _gpus(main.get("requests")),
+                "extraPodSpec.mainContainer.resources.limits": _gpus(main.get("limits")),
+            }
+            where = f"spec.services.{name}"
+            if service.get("componentType") != "worker":
+                for path, gpus in asked.items():
+                    if gpus:
+                        yield Finding("dynamo-workers", m.ref, f"{where}.{path}: a {service.get('componentType') or 'component'} asks for GPUs ({_listed(gpus)}); only workers run the model", tenants)
+                continue
+            expected = planned if planned is not None else asked["resources.limits"]
+            for path, gpus in asked.items():
+                if gpus != expected:
+                    why = "the plan gives one of its pods" if planned is not None else "its Dynamo limits state"
+                    yield Finding("dynamo-workers", m.ref, f"{where}.{path}: asks for {_listed(gpus)}, not the {_listed(expected)} {why}", tenants)
+
+
+def _listed(gpus: Mapping[str, str]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(gpus.items())) or "no GPU"

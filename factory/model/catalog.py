@@ -211,6 +211,16 @@ CHARTS: dict[str, ChartSource] = {
         oracle_dir="kserve/charts/kserve-runtime-configs",
     ),
     # kubernetes-sigs/lws tag v0.10.0: the chart version is the tag (Chart.yaml says 0.1.0).
+    # SOURCE.yaml: the fork snapshot of upstream main at df888f68 (chart 1.1.0, its operator
+    # subchart 1.1.0; upstream has moved on to 1.3.0). Its CRDs are of group nvidia.com, which the
+    # GPU Operator's release owns in the bundle (one release per group): DynamoGraphDeployments are
+    # tenants' objects, ordered after this release by their tenant stack's dependency on the layer.
+    "dynamo-platform": ChartSource(
+        name="dynamo-platform",
+        repository="https://helm.ngc.nvidia.com/nvidia/ai-dynamo",
+        version="1.1.0",
+        oracle_dir="dynamo/chart",
+    ),
     "lws": ChartSource(
         name="lws",
         repository="oci://registry.k8s.io/lws/charts",

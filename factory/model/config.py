@@ -872,6 +872,22 @@ Hostname = Annotated[str, StringConstraints(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-
 """A fully qualified DNS name without wildcard, e.g. `team-a.inference.example.com`."""
 
 
+class DynamoLayer(Model):
+    """NVIDIA Dynamo (`components/dynamo.py`): the `dynamo-platform` chart's operator, installed
+    once, and per tenant model with `runtime: dynamo` a `DynamoGraphDeployment` in the tenant's
+    namespace (a frontend and vLLM prefill/decode workers). The alternative to KServe's
+    LLMInferenceService for environments that choose Dynamo; off by default."""
+
+    enabled: bool = False
+    namespace: DnsLabel = "dynamo-system"
+    chart: Chart = Chart.pinned("dynamo-platform")
+    runtime_image: Annotated[str, StringConstraints(pattern=r"^[a-z0-9][-a-z0-9.:/_]*(:[-A-Za-z0-9_.]+)?(@sha256:[0-9a-f]{64})?$", max_length=MAX_TEXT)] = (
+        "nvcr.io/nvidia/ai-dynamo/vllm-runtime:1.1.0"
+    )
+    """The image of a Dynamo model's frontend and workers (Dynamo's vLLM runtime, the operator's
+    release); it runs in tenants' namespaces, so `layers.kyverno.allowed_registries` must allow it."""
+
+
 class GatewayLayer(Model):
     """The shared inference Gateway (`components/gateway.py`): Gateway API on Cilium, one HTTPS
     listener per tenant hostname that admits only that tenant's routes, and per tenant one
@@ -1163,6 +1179,7 @@ class Layers(Model):
     health: HealthLayer = HealthLayer()
     metrics: MetricsLayer = MetricsLayer()
     serving: ServingLayer = ServingLayer()
+    dynamo: DynamoLayer = DynamoLayer()
     network: NetworkLayer = NetworkLayer()
     gateway: GatewayLayer = GatewayLayer()
     litellm: LiteLLMLayer = LiteLLMLayer()
@@ -1450,8 +1467,9 @@ class ModelScaling(Model):
 
 
 class Disaggregation(Model):
-    """Prefill/decode separation (KServe LLMInferenceService, llm-d): prefill replicas of the same
-    GPU shape hand their KV cache to the decode replicas (`replicas`)."""
+    """Prefill/decode separation (KServe LLMInferenceService with llm-d, or Dynamo's prefill and
+    decode workers): prefill replicas of the same GPU shape hand their KV cache to the decode
+    replicas (`replicas`)."""
 
     prefill_replicas: int = Field(default=1, ge=1, le=1000)
 
@@ -1469,6 +1487,10 @@ class ServedModel(Model):
     s3: S3Settings | None = None
     """Endpoint, region and TLS of an `s3://` source (with `credentials`); None: AWS S3 over HTTPS."""
     engine: Literal["vllm"] = "vllm"
+    runtime: Literal["kserve", "dynamo"] = "kserve"
+    """What serves the engine: `kserve` (an InferenceService, or an LLMInferenceService when
+    disaggregated or multi-node), or `dynamo` (an NVIDIA Dynamo `DynamoGraphDeployment`, which
+    needs `layers.dynamo`; its replicas stay on one node each)."""
     served_name: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][-A-Za-z0-9_./:]*$", max_length=128)] | None = None
     """The name clients call (OpenAI `model`); default: `<tenant>/<name>`."""
     gpus: ModelGpus

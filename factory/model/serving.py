@@ -10,7 +10,10 @@ object, never by re-typing KServe's naming rules:
 - a model served by an `LLMInferenceService` (disaggregated prefill/decode, or spanning nodes) is
   reached at the Service `<model>-kserve-workload-svc`, port 8000, HTTPS (KServe's own
   certificate), and is scheduled through the `InferencePool` `<model>-inference-pool` with its
-  endpoint picker.
+  endpoint picker;
+- a model on NVIDIA Dynamo (`runtime: dynamo`, a `DynamoGraphDeployment` named after the model) is
+  reached at the Service the Dynamo operator creates for its frontend, `<model>-frontend`, port
+  8000, plain HTTP; the frontend routes to the model's workers itself.
 
 Every model pod carries `pod_labels`, so a network policy can name exactly one model's pods.
 KServe creates no Ingress or HTTPRoute of its own (`disableIngressCreation`, and no `router.route`
@@ -30,11 +33,12 @@ from ai_factory.factory.model.gpus import GPU_MODELS
 from ai_factory.factory.model.quantity import cores, gib, parse_quantity
 from ai_factory.factory.model.raw import did_you_mean
 from ai_factory.factory.model.tenancy import DEFAULT_CONTAINER_LIMIT, DEFAULT_CONTAINER_REQUEST, LABEL_PREFIX, tenant_names
+from ai_factory.factory.planning.model import HAMI_CORES, HAMI_MEMORY, WHOLE_GPU
 
 MODEL_LABEL = f"{LABEL_PREFIX}/model"
 """On every pod of a served model: the model's name in its tenant."""
 
-ServingKind = Literal["InferenceService", "LLMInferenceService"]
+ServingKind = Literal["InferenceService", "LLMInferenceService", "DynamoGraphDeployment"]
 
 DTYPE_BYTES = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
 """Bytes per parameter of each weight precision."""
@@ -71,12 +75,25 @@ class ModelEndpoint:
         return f"{self.scheme}://{self.service}.{self.namespace}.svc.cluster.local:{self.port}/v1"
 
 
+DYNAMO_FRONTEND = "Frontend"
+"""The frontend's key among a DynamoGraphDeployment's services; the operator names its Service
+`<deployment>-frontend` (lowercased)."""
+DYNAMO_PORT = 8000
+"""The Dynamo frontend's HTTP port (`--http-port`)."""
+DYNAMO_FRONTEND_RESOURCES = {"cpu": "2", "memory": "4Gi"}
+"""The frontend pod's CPU and memory (the memory limit equals the request): it tokenizes and
+routes, on no GPU."""
+
+
 def serving_kind(cfg: FactoryConfig, model: ServedModel) -> ServingKind:
     return kind_on(cfg.pool(model.gpus.pool), model)
 
 
 def kind_on(pool: Pool, model: ServedModel) -> ServingKind:
-    """`LLMInferenceService` for a disaggregated model or one whose replica spans nodes."""
+    """`DynamoGraphDeployment` for a model on Dynamo; on KServe, `LLMInferenceService` for a
+    disaggregated model or one whose replica spans nodes."""
+    if model.runtime == "dynamo":
+        return "DynamoGraphDeployment"
     return "LLMInferenceService" if model.disaggregation or model.gpus.count > pool.gpu.per_node else "InferenceService"
 
 
@@ -100,6 +117,20 @@ def cache_gib(model: ServedModel) -> int:
 def endpoint(cfg: FactoryConfig, tenant: Tenant, model: ServedModel) -> ModelEndpoint:
     names = tenant_names(tenant)
     kind = serving_kind(cfg, model)
+    if kind == "DynamoGraphDeployment":
+        return ModelEndpoint(
+            tenant=tenant.name,
+            model=model.name,
+            namespace=names.namespace,
+            kind=kind,
+            object_name=model.name,
+            service=f"{model.name}-{DYNAMO_FRONTEND.lower()}",
+            port=DYNAMO_PORT,
+            scheme="http",
+            served_name=served_name(tenant, model),
+            expose=model.expose,
+            pod_labels=((MODEL_LABEL, model.name),),
+        )
     large = kind == "LLMInferenceService"
     return ModelEndpoint(
         tenant=tenant.name,
@@ -143,6 +174,19 @@ class ReplicaShape:
     mig_profile: str | None = None
     hami_memory_mib: int | None = None
     hami_cores_percent: int | None = None
+
+
+def pod_gpu_resources(pool: Pool, shape: ReplicaShape) -> dict[str, str]:
+    """Exactly the GPU resources one pod of a replica (one per node it spans) asks for, as requests
+    and as limits: whole `nvidia.com/gpu`, one MIG instance, one HAMi vGPU with its memory and
+    cores; none for a DRA pool (its pods claim from the tenant's ResourceClaimTemplate instead)."""
+    if shape.sharing == "mig":
+        return {GPU_MODELS[pool.gpu.model].profile(shape.mig_profile or "").resource_name: "1"}
+    if shape.sharing == "hami":
+        return {WHOLE_GPU: "1", HAMI_MEMORY: str(shape.hami_memory_mib), HAMI_CORES: str(shape.hami_cores_percent)}
+    if shape.sharing == "dra":
+        return {}
+    return {WHOLE_GPU: str(shape.units // shape.nodes)}
 
 
 def granted(tenant: Tenant, pool: str):
@@ -224,6 +268,12 @@ def model_problems(path: str, tenant: Tenant, model: ServedModel, pools: dict[st
         per_node = pool.gpu.per_node
         if gpus.count > per_node and gpus.count % per_node:
             problems.append(f"{path}.gpus.count: a replica over {per_node}-GPU nodes takes whole nodes; {gpus.count} is not a multiple of {per_node}")
+    if model.runtime == "dynamo" and model.source.startswith("s3://"):
+        problems.append(f"{path}.source: a Dynamo model loads from hf:// or pvc:// (Dynamo has no storage initializer for s3://); copy the weights to a claim of the tenant's, or serve it on KServe")
+    if model.runtime == "dynamo" and gpus.count > pool.gpu.per_node:
+        # Multi-node Dynamo workers need Grove or LeaderWorkerSet with Volcano's gang scheduling,
+        # which this layer does not install (`components/dynamo.py`).
+        problems.append(f"{path}.gpus.count: a Dynamo worker runs on one node; {gpus.count} GPUs are more than pool {pool.name!r} has per node ({pool.gpu.per_node}); serve it on KServe (`runtime: kserve`)")
     if problems:
         return problems
     shape = replica_shape(pool, tenant, model)
@@ -349,11 +399,13 @@ def model_pod(model: ServedModel) -> HostDemand:
 
 def host_demand(pool: Pool, tenant: Tenant, model: ServedModel) -> HostDemand:
     """Every pod of the model at its maximum replicas: a pod per node of each decode and prefill
-    replica, and for an LLMInferenceService its endpoint picker (and the decode pods' routing
+    replica, a Dynamo model's frontend, and for an LLMInferenceService its endpoint picker (and the decode pods' routing
     sidecars when disaggregated). KServe's storage initializer runs before the model container and
     asks less than it (`resources` bounds), so it adds nothing."""
     nodes = replica_shape(pool, tenant, model).nodes
     demand = model_pod(model).times(replicas_at_max(model) * nodes)
+    if kind_on(pool, model) == "DynamoGraphDeployment":  # and its one frontend
+        return demand + pod_demand(DYNAMO_FRONTEND_RESOURCES, {"memory": DYNAMO_FRONTEND_RESOURCES["memory"]})
     if kind_on(pool, model) == "LLMInferenceService":
         demand += PICKER_POD
         if model.disaggregation:

@@ -56,7 +56,7 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("owner", "the tenants the GPU serves"),
     ("mig config", "the mig-parted config MIG Manager applies to the node"),
     ("model", "a model the tenant serves (`tenants[].models`)"),
-    ("served as", "InferenceService, or LLMInferenceService when disaggregated or spanning nodes"),
+    ("served as", "InferenceService, or LLMInferenceService when disaggregated or spanning nodes, or DynamoGraphDeployment (`runtime: dynamo`)"),
     ("per replica", "the GPU resource one replica takes: whole GPUs, a MIG profile or a HAMi slice (memory/cores)"),
     ("replicas", "min-max replicas (decode replicas, plus prefill replicas when disaggregated)"),
     ("at max", "units of the tenant's grant the model holds at its maximum replicas; every model of a tenant fits its grant"),

@@ -92,9 +92,10 @@ def describe(resource_type: str, props: Mapping[str, Any], fallback: str = "") -
 
 def pod_specs(value: Any) -> Iterator[Mapping[str, Any]]:
     """Every pod spec inside an object or chart values: any mapping with a `containers` list, at
-    any depth (Pods, workload templates, and custom resources embedding pod templates alike)."""
+    any depth (Pods, workload templates, and custom resources embedding pod templates alike), or
+    with a `mainContainer` (Dynamo's `extraPodSpec`, whose operator adds the pod's main container)."""
     if isinstance(value, Mapping):
-        if any(isinstance(c, Mapping) for c in as_list(value.get("containers"))):
+        if any(isinstance(c, Mapping) for c in as_list(value.get("containers"))) or main_container(value) is not None:
             yield value
         for key, item in value.items():
             if key != "metadata":
@@ -109,6 +110,15 @@ def containers(pod_spec: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
         for container in as_list(pod_spec.get(key)):
             if isinstance(container, Mapping):
                 yield container
+    if (main := main_container(pod_spec)) is not None:
+        yield main
+
+
+def main_container(pod_spec: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The container a Dynamo `extraPodSpec` adds to the pod its operator builds: one naming its
+    image (a CRD's schema of the field, also a mapping, names none)."""
+    main = pod_spec.get("mainContainer")
+    return main if isinstance(main, Mapping) and isinstance(main.get("image"), str) else None
 
 
 # --------------------------------------------------------------------------- Helm

@@ -1,5 +1,6 @@
-"""The serving path: no tenant's route can capture another tenant's traffic, and a tenant's models
-at their maximum replicas fit its quota.
+"""The serving path: no tenant's route can capture another tenant's traffic, a tenant's models at
+their maximum replicas fit its quota, and a Dynamo model stays inside its tenant's namespace, queue
+and GPUs.
 
 A Gateway listener that admits tenants' routes admits one tenant's namespaces only, under a
 hostname (a listener without one takes every hostname) that no listener admitting another tenant
@@ -11,7 +12,16 @@ A model's pods at its maximum replicas (decode, prefill, pipeline stages, KServe
 picker) must fit its tenant namespace's ResourceQuota CPU, memory and pods, or it stalls below its
 maximum while its tenant's other pods are refused (`factory.checking.serving.model_demand`).
 
-References: Gateway API `allowedRoutes` and `ReferenceGrant` (GEP-709); issue 13 items 1 and 4.
+A `DynamoGraphDeployment` lives in a tenant's namespace; every component's pods name a Kueue
+queue of that namespace (so serving is admitted against the tenant's quota); a worker asks for
+the same GPUs as requests and as limits, in Dynamo's `resources` and on its main container alike
+(the operator merges both into one container: two different figures leave the pod's real request
+to merge order); no frontend or other component asks for a GPU. The pods' security context,
+tolerations and images are the workload policies' (`workloads.py`), which read Dynamo's
+`extraPodSpec` as a pod spec.
+
+References: Gateway API `allowedRoutes` and `ReferenceGrant` (GEP-709); issue 13 items 1, 3 and 4;
+the DynamoGraphDeployment CRD (`../shared/upstream/dynamo/crds`).
 """
 
 from __future__ import annotations
@@ -27,6 +37,10 @@ from ai_factory.policies.aif_policies.core import Violation, stack_policy
 from ai_factory.policies.aif_policies.kube import Cluster, Obj, as_list, as_map, selects
 
 ROUTE_KINDS = ("HTTPRoute", "GRPCRoute")
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+WHOLE_GPU = "nvidia.com/gpu"
+GPU_PREFIXES = ("nvidia.com/gpu", "nvidia.com/mig-")
+"""Whole GPUs, HAMi's memory and cores (`nvidia.com/gpumem`, `gpucores`), MIG instances."""
 
 
 def admitted_tenants(cluster: Cluster, gateway: Obj, listener: Mapping[str, Any]) -> list[str]:
@@ -96,6 +110,53 @@ def check_models_fit_tenant_quota(resources: Sequence[PolicyResource], config: M
             yield quota.resource, f"{quota.describe()} of tenant {cluster.namespace_tenant[quota.namespace]}: its models ({', '.join(names)}) at their maximum replicas take {problem}."
 
 
+def _gpus(resources: Any) -> dict[str, str]:
+    return {str(k): str(v) for k, v in as_map(resources).items() if str(k).startswith(GPU_PREFIXES)}
+
+
+def _dynamo_gpus(side: Any) -> dict[str, str]:
+    """GPU resources of a Dynamo `resources.requests`/`limits`, named as the operator names them."""
+    side = as_map(side)
+    found = _gpus(side.get("custom"))
+    if side.get("gpu") not in (None, ""):
+        found[str(side.get("gpuType") or WHOLE_GPU)] = str(side["gpu"])
+    return found
+
+
+def _listed(gpus: Mapping[str, str]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(gpus.items())) or "no GPU"
+
+
+def check_dynamo_models_in_tenant_bounds(resources: Sequence[PolicyResource], config: Mapping[str, Any]) -> Iterator[Violation]:
+    cluster = Cluster(resources)
+    queues = {(q.namespace, q.name) for q in cluster.of("LocalQueue")}
+    for dgd in cluster.of("DynamoGraphDeployment"):
+        tenant = cluster.tenant_of_namespace(dgd.namespace)
+        if tenant is None:
+            yield dgd.resource, f"{dgd.describe()} serves a model outside every tenant's namespace: its pods would escape every tenant's quota and isolation."
+            continue
+        for name, service in sorted(as_map(dgd.spec.get("services")).items()):
+            service = as_map(service)
+            where = f"{dgd.describe()} of tenant {tenant.name}, service {name}"
+            queue = as_map(as_map(service.get("extraPodMetadata")).get("labels")).get(QUEUE_LABEL)
+            if (dgd.namespace, queue) not in queues:
+                named = f"queue {queue}, which is not a LocalQueue of {dgd.namespace}" if queue else "no Kueue queue"
+                yield dgd.resource, f"{where}: its pods name {named}: they would not count against the tenant's quota."
+            dynamo = as_map(service.get("resources"))
+            main = as_map(as_map(as_map(service.get("extraPodSpec")).get("mainContainer")).get("resources"))
+            asked = {
+                "resources.requests": _dynamo_gpus(dynamo.get("requests")),
+                "resources.limits": _dynamo_gpus(dynamo.get("limits")),
+                "mainContainer requests": _gpus(main.get("requests")),
+                "mainContainer limits": _gpus(main.get("limits")),
+            }
+            if service.get("componentType") != "worker":
+                if any(asked.values()):
+                    yield dgd.resource, f"{where}: a {service.get('componentType') or 'component'} asks for GPUs ({'; '.join(f'{k}: {_listed(v)}' for k, v in asked.items() if v)}); only workers run the model."
+            elif len({tuple(sorted(v.items())) for v in asked.values()}) > 1:
+                yield dgd.resource, f"{where}: its GPU figures differ ({'; '.join(f'{k}: {_listed(v)}' for k, v in asked.items())}); a worker asks for one GPU shape, as requests and as limits."
+
+
 POLICIES = [
     stack_policy(
         "gateway-listeners-isolate-tenants",
@@ -111,5 +172,10 @@ POLICIES = [
         "models-fit-tenant-quota",
         "A tenant's models at their maximum replicas fit its namespace's ResourceQuota CPU, memory and pods.",
         check_models_fit_tenant_quota,
+    ),
+    stack_policy(
+        "dynamo-models-in-tenant-bounds",
+        "A DynamoGraphDeployment is in a tenant's namespace, its pods name a queue of that namespace, and only its workers ask for GPUs, one shape as requests and limits.",
+        check_dynamo_models_in_tenant_bounds,
     ),
 ]
