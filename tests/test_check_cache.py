@@ -16,7 +16,7 @@ from tests.tenancy_env import many_tenants
 
 @pytest.fixture(scope="module")
 def fleet(dev_raw):
-    raw = many_tenants(copy.deepcopy(dev_raw[0]), 4)
+    raw = many_tenants(copy.deepcopy(dev_raw[0]), 3)
     return raw, dev_raw[1], render_raw(raw, dev_raw[1], validate(raw), stack="dev")
 
 

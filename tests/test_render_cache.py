@@ -20,8 +20,8 @@ from tests.tenancy_env import many_tenants
 
 @pytest.fixture(scope="module")
 def fleet(dev_raw):
-    """Five generated tenants on dev's platform, and their cold render (no cache)."""
-    raw = many_tenants(copy.deepcopy(dev_raw[0]), 5)
+    """Three generated tenants on dev's platform, and their cold render (no cache)."""
+    raw = many_tenants(copy.deepcopy(dev_raw[0]), 3)
     return raw, dev_raw[1], render_raw(raw, dev_raw[1], validate(raw), stack="dev")
 
 
