@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Protocol
+from typing import Any, Iterable, Mapping, Protocol, TypeVar
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -11,6 +11,9 @@ from ai_factory.factory.model.catalog import ChartSource
 from ai_factory.factory.rendering.harness import COMPONENT_LAYER_KEY, COMPONENT_TENANT_KEY
 from ai_factory.factory.model.config import Tenant
 from ai_factory.factory.model.tenancy import LABEL_PREFIX, TENANT_LABEL, TenantNames
+
+T = TypeVar("T")
+V = TypeVar("V")
 
 POOL_LABEL = f"{LABEL_PREFIX}/pool"
 SITE_LABEL = f"{LABEL_PREFIX}/site"
@@ -130,8 +133,29 @@ class TenantHook(Protocol):
     (Automation API, one stack per tenant) can rebuild it without the platform's resources.
     `TenantStack` calls `attach` once per tenant; every resource it creates must be parented to
     `stack` (use `stack.child(...)`) so the tenant's objects live, and go, with the tenant.
+
+    A hook holding data of every tenant (their queues, their models) also defines
+    `narrowed(tenant) -> hook`: the same hook with only what that tenant's `attach` reads. Each
+    tenant stack is built from its narrowed hooks (`narrowed`), so its objects depend on its own
+    data only and the render cache keys it by that (`ai_factory.factory.rendering.cache`).
     """
 
     layer: str
 
     def attach(self, stack: FactoryComponent, tenant: Tenant, names: TenantNames) -> None: ...
+
+
+def narrowed(hook: TenantHook, tenant: str) -> TenantHook:
+    """`hook` with only what `tenant`'s objects are built from (the whole hook if it does not say)."""
+    narrow = getattr(hook, "narrowed", None)
+    return narrow(tenant) if narrow is not None else hook
+
+
+def tenant_items(items: Iterable[T], tenant: str) -> tuple[T, ...]:
+    """The items (queues, clusters, networks, each with a `tenant`) of one tenant."""
+    return tuple(i for i in items if i.tenant == tenant)  # type: ignore[attr-defined]
+
+
+def tenant_entry(by_tenant: Mapping[str, V], tenant: str) -> dict[str, V]:
+    """The entry of one tenant in a mapping by tenant name (none if it has none)."""
+    return {tenant: by_tenant[tenant]} if tenant in by_tenant else {}

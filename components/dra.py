@@ -21,13 +21,13 @@ namespace, through a `TenantHook` (`DraClaimTemplates`) that the tenant stack at
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pulumi
 import pulumi_kubernetes as k8s
 
-from ai_factory.components._common import GPU_MODEL_LABEL, FactoryComponent, helm_release, labels, namespace
+from ai_factory.components._common import GPU_MODEL_LABEL, FactoryComponent, helm_release, labels, namespace, tenant_entry
 from ai_factory.components.gpu_operator import tolerations
 from ai_factory.factory.model.catalog import ChartSource
 from ai_factory.factory.model.config import FactoryConfig, KubernetesSpec, Tenant
@@ -178,6 +178,10 @@ class DraClaimTemplates:
             for tenant in sorted(owners):
                 templates.setdefault(tenant, []).append(ClaimTemplate(f"{pool.name}-gpu", whole_gpu_class(pool.gpu_model)))
         return cls({tenant: tuple(found) for tenant, found in sorted(templates.items())})
+
+    def narrowed(self, tenant: str) -> DraClaimTemplates:
+        """Only the tenant's own claim templates (see `TenantHook`)."""
+        return replace(self, templates=tenant_entry(self.templates, tenant))
 
     def attach(self, stack: FactoryComponent, tenant: Tenant, names: TenantNames) -> None:
         for template in self.templates.get(tenant.name, ()):

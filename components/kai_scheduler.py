@@ -20,13 +20,13 @@ the quotas.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pulumi
 import pulumi_kubernetes as k8s
 
-from ai_factory.components._common import FactoryComponent, helm_release, labels, namespace
+from ai_factory.components._common import FactoryComponent, helm_release, labels, namespace, tenant_items
 from ai_factory.components._topology import SchedulingTopology, pool_topology
 from ai_factory.factory.model.catalog import ChartSource
 from ai_factory.factory.model.config import FactoryConfig, Tenant
@@ -128,6 +128,10 @@ class KaiTenantHook:
     @classmethod
     def from_config(cls, cfg: FactoryConfig, plan: Plan) -> KaiTenantHook:
         return cls(tuple(q for q in queue_plan(cfg, plan).kai_queues if q.tenant))
+
+    def narrowed(self, tenant: str) -> KaiTenantHook:
+        """Only the tenant's own queue (see `TenantHook`)."""
+        return replace(self, queues=tenant_items(self.queues, tenant))
 
     def attach(self, stack: FactoryComponent, tenant: Tenant, names: TenantNames) -> None:
         queue = planned_for(self.queues, tenant.name, "KAI queue")

@@ -23,7 +23,7 @@ one (`withinClusterQueue: LowerPriority`).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib.metadata import version
 from typing import Any
 
@@ -31,7 +31,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 import yaml
 
-from ai_factory.components._common import GPU_MODEL_LABEL, POOL_LABEL, ArgumentError, FactoryComponent, helm_release, labels, namespace
+from ai_factory.components._common import GPU_MODEL_LABEL, POOL_LABEL, ArgumentError, FactoryComponent, helm_release, labels, namespace, tenant_items
 from ai_factory.components._topology import SchedulingTopology, pool_topology
 from ai_factory.components.dra import whole_gpu_class
 from ai_factory.factory.model.catalog import ChartSource
@@ -313,6 +313,10 @@ class KueueTenantHook:
     @classmethod
     def from_config(cls, cfg: FactoryConfig, plan: Plan) -> KueueTenantHook:
         return cls.for_kueue(KueueArgs.from_config(cfg, plan), queue_plan(cfg, plan).cluster_queues)
+
+    def narrowed(self, tenant: str) -> KueueTenantHook:
+        """Only the tenant's own queue (see `TenantHook`)."""
+        return replace(self, queues=tenant_items(self.queues, tenant))
 
     def attach(self, stack: FactoryComponent, tenant: Tenant, names: TenantNames) -> None:
         queue = planned_for(self.queues, tenant.name, "ClusterQueue")

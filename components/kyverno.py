@@ -44,13 +44,13 @@ least 3 replicas (with a disruption budget), so a failing webhook cannot lock th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
 import pulumi
 import pulumi_kubernetes as k8s
 
-from ai_factory.components._common import FactoryComponent, helm_release, labels, namespace
+from ai_factory.components._common import FactoryComponent, helm_release, labels, namespace, tenant_entry
 from ai_factory.factory.model.catalog import ChartSource
 from ai_factory.factory.model.config import FactoryConfig, RuntimeClasses, Tenant
 from ai_factory.factory.planning.model import Plan
@@ -528,6 +528,10 @@ class TenantAdmissionHook:
             baseline_tenants=frozenset(e.tenant for e in cfg.layers.tenancy.pod_security_exceptions),
             tolerable={t.name: tolerable_taints(tenant_names(t), ceilings[t.name].offerings) for t in cfg.tenants},
         )
+
+    def narrowed(self, tenant: str) -> TenantAdmissionHook:
+        """Only the tenant's own GPU resources, exception and taints (see `TenantHook`)."""
+        return replace(self, allowed=tenant_entry(self.allowed, tenant), baseline_tenants=self.baseline_tenants & {tenant}, tolerable=tenant_entry(self.tolerable, tenant))
 
     def attach(self, stack: FactoryComponent, tenant: Tenant, names: TenantNames) -> None:
         allowed = set(self.allowed.get(names.tenant, ()))

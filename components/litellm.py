@@ -25,14 +25,14 @@ are checked against the transcription of its `values.yaml`. Its pods run under P
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pulumi
 import pulumi_kubernetes as k8s
 import pulumi_vault as vault
 
-from ai_factory.components._common import FactoryComponent, helm_release, labels, namespace
+from ai_factory.components._common import FactoryComponent, helm_release, labels, namespace, tenant_entry
 from ai_factory.components.cilium import DNS_PORTS, KUBE_DNS_SELECTOR
 from ai_factory.components.external_secrets import STORE_NAME, STORE_SERVICE_ACCOUNT, read_policy, secret_prefix, secret_store_spec, store_role
 from ai_factory.components.gateway import LITELLM_POD_LABELS, LITELLM_PORT, NAMESPACE_LABEL, POD_PORTS
@@ -273,6 +273,10 @@ class LiteLLMHook:
             openbao_token=args.openbao.admin_token,
             kv_mount=args.openbao.kv_mount,
         )
+
+    def narrowed(self, tenant: str) -> LiteLLMHook:
+        """Only the tenant's own team (see `TenantHook`)."""
+        return replace(self, teams=tenant_entry(self.teams, tenant))
 
     def attach(self, stack: FactoryComponent, tenant: Tenant, names: TenantNames) -> None:
         team = self.teams.get(names.tenant)

@@ -22,14 +22,14 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal
 
 import pulumi
 import pulumi_kubernetes as k8s
 import pulumi_vault as vault
 
-from ai_factory.components._common import FactoryComponent, labels
+from ai_factory.components._common import FactoryComponent, labels, tenant_entry
 from ai_factory.components.external_secrets import secret_store_spec, store_role
 from ai_factory.components.openbao import OpenBaoArgs, platform_path, service_address
 from ai_factory.components.registry import Layer
@@ -241,6 +241,10 @@ class MultiKueueTenantHook:
     @classmethod
     def from_config(cls, cfg: FactoryConfig, plan: Plan) -> MultiKueueTenantHook | None:
         return cls({d.tenant: d for d in dispatches(cfg)}, frozenset(t.name for t in multi_cluster_tenants(cfg)))
+
+    def narrowed(self, tenant: str) -> MultiKueueTenantHook:
+        """Only the tenant's own dispatch (see `TenantHook`)."""
+        return replace(self, dispatch=tenant_entry(self.dispatch, tenant), tenants=self.tenants & {tenant})
 
     def attach(self, stack: FactoryComponent, tenant: Tenant, names: TenantNames) -> None:
         if tenant.name not in self.tenants:

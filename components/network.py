@@ -42,13 +42,13 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pulumi
 import pulumi_kubernetes as k8s
 
-from ai_factory.components._common import POOL_LABEL, FactoryComponent, helm_release, labels, namespace
+from ai_factory.components._common import POOL_LABEL, FactoryComponent, helm_release, labels, namespace, tenant_items
 from ai_factory.components.gpu_operator import tolerations
 from ai_factory.components.kyverno import POD_KINDS, TENANT_NAMESPACES, _policy_spec, _rule
 from ai_factory.components.registry import Layer
@@ -387,6 +387,10 @@ class TenantNetworks:
     @classmethod
     def from_config(cls, cfg: FactoryConfig, plan: Plan) -> TenantNetworks:
         return cls(plan.networks, vpc_attachments(cfg))
+
+    def narrowed(self, tenant: str) -> TenantNetworks:
+        """Only the tenant's own networks and VPCs (see `TenantHook`)."""
+        return replace(self, networks=tenant_items(self.networks, tenant), vpcs=tenant_items(self.vpcs, tenant))
 
     def attach(self, stack: FactoryComponent, tenant: Tenant, names: TenantNames) -> None:
         for network in (n for n in self.networks if n.tenant == names.tenant):

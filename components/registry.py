@@ -88,9 +88,9 @@ class Layer:
     def hook(self, cfg: FactoryConfig, plan: Plan) -> TenantHook | None:
         return self.tenant_hook(cfg, plan) if self.tenant_hook and self.enabled(cfg) else None
 
-    def install(self, parent: FactoryComponent, cfg: FactoryConfig, plan: Plan, depends_on: Sequence[pulumi.Resource]) -> FactoryComponent:
-        """The layer's component as a child of the root component, named after it."""
-        return self.component(parent.child_name(self.name), self.args(cfg, plan), opts=parent.child(depends_on=list(depends_on)))
+    def install(self, parent: FactoryComponent, args: Any, depends_on: Sequence[pulumi.Resource]) -> FactoryComponent:
+        """The layer's component (from its `args(cfg, plan)`) as a child of the root component, named after it."""
+        return self.component(parent.child_name(self.name), args, opts=parent.child(depends_on=list(depends_on)))
 
 
 def _discover() -> tuple[Layer, ...]:

@@ -45,7 +45,7 @@ vLLM pitfalls handled:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fnmatch import fnmatchcase
 from typing import Any
 
@@ -53,7 +53,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 from pydantic import ValidationError
 
-from ai_factory.components._common import FactoryComponent, helm_release, labels, namespace
+from ai_factory.components._common import FactoryComponent, helm_release, labels, namespace, tenant_entry
 from ai_factory.components.external_secrets import STORE_NAME, secret_prefix
 from ai_factory.components.kyverno import QUEUE_LABEL
 from ai_factory.components.metrics import PROMETHEUS_SERVICE, TENANT_METRICS_PORT
@@ -555,6 +555,10 @@ class ServingTenantHook:
             return None
         layer = cfg.layers.serving
         return cls(models=models, image=layer.vllm_image, storage_class=layer.cache_storage_class)
+
+    def narrowed(self, tenant: str) -> ServingTenantHook:
+        """Only the tenant's own models (see `TenantHook`)."""
+        return replace(self, models=tenant_entry(self.models, tenant))
 
     def attach(self, stack: FactoryComponent, tenant: Tenant, names: TenantNames) -> None:
         plans = self.models.get(tenant.name, ())

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Any, Mapping
 
@@ -56,7 +56,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 import yaml
 
-from ai_factory.components._common import ArgumentError, FactoryComponent, helm_release, labels, namespace
+from ai_factory.components._common import ArgumentError, FactoryComponent, helm_release, labels, namespace, tenant_items
 from ai_factory.components._topology import HOSTNAME_LABEL
 from ai_factory.components.external_secrets import STORE_NAME, secret_prefix
 from ai_factory.components.registry import Layer
@@ -386,6 +386,10 @@ class SlinkyTenantHook:
                 for c in layer.clusters
             ),
         )
+
+    def narrowed(self, tenant: str) -> SlinkyTenantHook:
+        """Only the tenant's own Slurm cluster (see `TenantHook`)."""
+        return replace(self, clusters=tenant_items(self.clusters, tenant))
 
     def attach(self, stack: FactoryComponent, tenant: Tenant, names: TenantNames) -> None:
         cluster = next((c for c in self.clusters if c.tenant == tenant.name), None)

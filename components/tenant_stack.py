@@ -51,7 +51,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 import yaml
 
-from ai_factory.components._common import FactoryComponent, TenantHook, helm_release, labels, namespace
+from ai_factory.components._common import FactoryComponent, TenantHook, helm_release, labels, namespace, narrowed
 from ai_factory.components.dra import CHART_DEVICE_CLASSES, whole_gpu_class
 from ai_factory.factory.model.catalog import ChartSource
 from ai_factory.factory.model.config import FactoryConfig, Identity, PlatformFlow, Tenant, TenantQuota
@@ -179,7 +179,8 @@ def tenant_stack_args(cfg: FactoryConfig, plan: Plan, tenant: Tenant, hooks: Seq
         kubernetes_version=cfg.kubernetes.version,
         vcluster=vcluster,
         pod_security_exception=f"{exception.reason} (approved by {exception.approved_by})" if exception else None,
-        hooks=tuple(hooks),
+        # Each hook narrowed to the tenant: its objects depend on its own data only (and are cached so).
+        hooks=tuple(narrowed(h, tenant.name) for h in hooks),
     )
 
 

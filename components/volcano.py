@@ -11,13 +11,13 @@ with no GPU capability, so GPU work cannot bypass the tenants' queues through it
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pulumi
 import pulumi_kubernetes as k8s
 
-from ai_factory.components._common import FactoryComponent, helm_release, labels, namespace
+from ai_factory.components._common import FactoryComponent, helm_release, labels, namespace, tenant_items
 from ai_factory.factory.model.catalog import ChartSource
 from ai_factory.factory.model.config import FactoryConfig, Tenant
 from ai_factory.factory.planning.model import Plan
@@ -86,6 +86,10 @@ class VolcanoTenantHook:
     @classmethod
     def from_config(cls, cfg: FactoryConfig, plan: Plan) -> VolcanoTenantHook:
         return cls(queue_plan(cfg, plan).volcano_queues)
+
+    def narrowed(self, tenant: str) -> VolcanoTenantHook:
+        """Only the tenant's own queue (see `TenantHook`)."""
+        return replace(self, queues=tenant_items(self.queues, tenant))
 
     def attach(self, stack: FactoryComponent, tenant: Tenant, names: TenantNames) -> None:
         queue = planned_for(self.queues, tenant.name, "Volcano queue")

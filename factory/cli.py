@@ -37,12 +37,21 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     quiet = argparse.ArgumentParser(add_help=False)
     quiet.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr (shown only when stderr is a terminal)")
+    cached = argparse.ArgumentParser(add_help=False)
+    cached.add_argument(
+        "--cache",
+        type=Path,
+        metavar="DIR",
+        help="render and check cache: unchanged layers and tenants are read back, not rendered or checked again "
+        "(default: $FACTORY_CACHE_DIR, else .factory-cache in the project directory)",
+    )
+    cached.add_argument("--no-cache", action="store_true", help="render and check everything, reading and writing no cache")
 
-    render = commands.add_parser("render", parents=[quiet], help="render an environment to manifests, a Flux bundle and an inventory")
+    render = commands.add_parser("render", parents=[quiet, cached], help="render an environment to manifests, a Flux bundle and an inventory")
     render.add_argument("env", help="environment name (reads Pulumi.<env>.yaml) or a stack file's path")
     render.add_argument("--out", type=Path, help="output directory (default: build/<env>)")
 
-    check = commands.add_parser("check", parents=[quiet], help="validate an environment (or a rendered directory) against the upstream oracles")
+    check = commands.add_parser("check", parents=[quiet, cached], help="validate an environment (or a rendered directory) against the upstream oracles")
     check.add_argument("target", help="environment name, a stack file's path, or a directory written by `render`")
     check.add_argument("--upstream", type=Path, help="oracle directory (default: $FACTORY_UPSTREAM_DIR or ../shared/upstream)")
     check.add_argument(
@@ -212,7 +221,7 @@ def _run(args: argparse.Namespace) -> int:
         if not Path(target).is_dir():
             read_stack_file(stack_file(target), decrypt_check=True)
     if args.command == "render":
-        return _render(args.env, args.out or Path("build") / stack_name(stack_file(args.env)), args.quiet)
+        return _render(args.env, args.out or Path("build") / stack_name(stack_file(args.env)), args.quiet, _cache_dir(args))
     if args.command == "plan":
         return _plan(args, args.out or Path("build") / stack_name(stack_file(args.env)) / "plan.json")
     if args.command == "bill":
@@ -233,16 +242,22 @@ def _run(args: argparse.Namespace) -> int:
         from ai_factory.factory.acceptance.report import accept
 
         return accept(args.env, args.node, args.results, args.format, args.apply)
-    return _check(args.target, args.upstream, args.charts, args.quiet, args.format)
+    return _check(args.target, args.upstream, args.charts, args.quiet, args.format, _cache_dir(args))
 
 
-def _render(env: str, out: Path, quiet: bool) -> int:
+def _cache_dir(args: argparse.Namespace) -> Path | None:
+    from ai_factory.factory.rendering.cache import default_cache_dir
+
+    return None if args.no_cache else args.cache or default_cache_dir()
+
+
+def _render(env: str, out: Path, quiet: bool, cache: Path | None = None) -> int:
     from ai_factory.factory.progress import Steps
     from ai_factory.factory.rendering.bundle import render_clusters
 
     started = time.perf_counter()
     with Steps(quiet) as steps:
-        renders = render_clusters(env, on_resource=steps.step("rendering: resources"))
+        renders = render_clusters(env, on_resource=steps.step("rendering: resources"), cache=cache)
         single = len(renders) == 1 and next(iter(renders)) == stack_name(stack_file(env))
         for cluster, rendered in renders.items():
             rendered.write(out if single else out / cluster, on_file=steps.step("writing: files", total=len(rendered.manifests) + 1))
@@ -455,7 +470,7 @@ def refuse_outside_matrix(env: str, stack: Path) -> None:
         raise ConfigError(problems, source=str(stack))
 
 
-def _check(target: str, upstream: Path | None, charts_dir: Path | None, quiet: bool, fmt: str = "text") -> int:
+def _check(target: str, upstream: Path | None, charts_dir: Path | None, quiet: bool, fmt: str = "text", cache: Path | None = None) -> int:
     from dataclasses import replace
 
     from ai_factory.factory.checking.charts import Report, check_environment
@@ -469,7 +484,7 @@ def _check(target: str, upstream: Path | None, charts_dir: Path | None, quiet: b
         root = upstream or locate_upstream_dir()
         if root is not None and not root.is_dir():
             raise OracleError(f"oracle directory {root} is not a directory")
-        cache = locate_chart_dir(charts_dir)
+        charts_cache = locate_chart_dir(charts_dir)
     except (OracleError, ChartCacheError) as err:
         print(f"check: {err}", file=sys.stderr)
         return EXIT_CONFIG
@@ -483,7 +498,7 @@ def _check(target: str, upstream: Path | None, charts_dir: Path | None, quiet: b
                 steps.step("reading the rendered directory")
                 renders = {"": load_rendered(path)}
             else:
-                renders = render_clusters(target, on_resource=steps.step("rendering: resources"))
+                renders = render_clusters(target, on_resource=steps.step("rendering: resources"), cache=cache)
         except ConfigError as err:
             if fmt == "text":
                 raise
@@ -491,7 +506,9 @@ def _check(target: str, upstream: Path | None, charts_dir: Path | None, quiet: b
             print(err.render(), file=sys.stderr)
             return EXIT_CONFIG
         multi = stack is not None and list(renders) != [stack_name(stack)]
-        reports = {cluster: check_environment(rendered, root, cache, locate_helm(), step=steps.step) for cluster, rendered in renders.items()}
+        reports = {
+            cluster: check_environment(rendered, root, charts_cache, locate_helm(), step=steps.step, cache=cache) for cluster, rendered in renders.items()
+        }
     per_cluster = {c: [replace(f, ref=f"{c}: {f.ref}") if multi else f for f in r.findings] for c, r in reports.items()}
     if multi:
         from ai_factory.factory.checking.fleet import fleet_findings
@@ -515,7 +532,7 @@ def _check(target: str, upstream: Path | None, charts_dir: Path | None, quiet: b
         print(render_report(fmt, results, target, report.objects, report.not_run), end="")
     for line in report.not_run:
         print(f"check: not run: {line}", file=sys.stderr)
-    against = ", ".join(str(p) for p in (root, cache) if p) or "no oracle directory and no chart cache"
+    against = ", ".join(str(p) for p in (root, charts_cache) if p) or "no oracle directory and no chart cache"
     print(
         f"checked {report.objects} objects ({report.charts_rendered} chart(s) rendered) against {against}: "
         f"{len(report.findings)} finding(s), {len(report.not_run)} check famil{'y' if len(report.not_run) == 1 else 'ies'} not run",

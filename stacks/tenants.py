@@ -102,6 +102,7 @@ async def tenant_program() -> None:
         raise pulumi.RunError(ConfigError(problems, source=source).render())
     placed = next(t for t in cfg.tenants if t.name == tenant.name)  # on one cluster of several: its demands there
     stack = own_tenant_stack(cfg, plan, placed, tenant_hooks(cfg, plan))
+    assert stack is not None  # built: no render cache here
     pulumi.export("tenant", tenant.model_dump(mode="json"))
     for output in TENANT_OUTPUTS:
         pulumi.export(output, getattr(stack, output))

@@ -170,7 +170,7 @@ def test_factory_check_reports_the_pack_violations_for_an_environment_and_its_re
         "charts-pinned: " + release + "repository https://charts.example.com/nvidia is not a repository of the catalog",
         "gpu-operator-secure-toolkit: " + release + "chart version 'v25.0.0' is older than v25.3.1",
     ]
-    assert policy_check.policies in CHECKS
+    assert policy_check.resource_policies in CHECKS and policy_check.stack_policies in CHECKS
     rendered = render_env(str(stack_file))
     from_environment = sorted(str(f) for f in policy_check.policies(rendered, None))
     assert [line[: len(e)] for line, e in zip(from_environment, expected)] == expected and len(from_environment) == 2

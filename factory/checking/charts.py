@@ -13,6 +13,8 @@ incomplete", never "clean".
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -52,9 +54,11 @@ def check_environment(
     helm: str | None,
     store: Path | None = None,
     step: Step | None = None,
+    cache: Path | None = None,
 ) -> Report:
     """`step` (progress): called to start each long step, with its description and size; it returns
-    the callback to call once per unit done (`ai_factory.factory.progress.Steps.step`)."""
+    the callback to call once per unit done (`ai_factory.factory.progress.Steps.step`). `cache`:
+    the check cache directory (`check.run_checks`)."""
     oracles = Oracles(upstream)
     releases, _ = releases_of(rendered)
     not_run: list[str] = []
@@ -92,7 +96,9 @@ def check_environment(
         rendered.graph,
         kustomizations=rendered.kustomizations,
     )
-    findings += run_checks(union, oracles, on_check=step("checking", len(checks(union))) if step is not None else None)
+    on_check = step("checking", len(checks(union))) if step is not None else None
+    state = oracle_digest(upstream, outputs) if cache is not None else ""
+    findings += run_checks(union, oracles, on_check=on_check, cache=cache, oracle_state=state)
     kinds = unchecked_kinds(union, oracles)
     if kinds:
         not_run.append(
@@ -103,3 +109,15 @@ def check_environment(
     if values:
         not_run.append(f"Helm values of {', '.join(values)}: neither the chart cache nor an oracle directory has the chart's values")
     return Report(sorted(set(findings)), len(union.manifests), sum(1 for out in outputs if out.error is None), not_run)
+
+
+def oracle_digest(upstream: Path | None, outputs: list[ChartOutput]) -> str:
+    """What the oracles of a check know, as a digest: every file of the oracle directory (names
+    and contents) and each chart's package and rendered CRDs."""
+    sha = hashlib.sha256()
+    for path in sorted(p for p in upstream.rglob("*") if p.is_file()) if upstream is not None else ():
+        sha.update(f"{path.relative_to(upstream)}\0".encode() + path.read_bytes() + b"\0")
+    for out in sorted(outputs, key=lambda o: o.origin):
+        sha.update(f"{out.origin}\0".encode() + hashlib.sha256(out.chart.read_bytes()).digest())
+        sha.update(json.dumps([out.crds, out.error], sort_keys=True).encode())
+    return sha.hexdigest()

@@ -3,11 +3,23 @@
 Each check is a function `(Rendered, Oracles) -> Iterable[Finding]`: the checks every render gets
 (`CHECKS`), plus those each layer present in the render contributes through its registry
 declaration (`Layer.checks`). A finding names the check, the object and the tenants involved.
+
+Checks of one object at a time (`PER_PART`: the schema, the Helm values, the pack's resource
+policies) give, over a render, the union of what they give over its parts (`parts`: each
+tenant's objects and resources, and each platform layer's). With a check cache their findings
+are stored per part under a digest of the part's content, the oracles, the pack configuration
+and the library, and only changed parts are checked again. Every other check reads across
+tenants and layers (isolation, scheduling, ordering, the pack's stack policies) and runs over
+the whole render every time: they are linear in the objects.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+import hashlib
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import msgspec
 
 from ai_factory.components.registry import checks_for, external_crds
 from ai_factory.factory.checking import hardening, isolation, ordering
@@ -15,7 +27,9 @@ from ai_factory.factory.checking import policies as policy_check
 from ai_factory.factory.checking.findings import Finding
 from ai_factory.factory.checking.oracles import Oracles, is_core_api
 from ai_factory.factory.rendering.bundle import Manifest, Rendered
+from ai_factory.factory.rendering.cache import digest, library_digest, read_entry, write_entry
 from ai_factory.factory.rendering.charts import releases_of
+from ai_factory.factory.rendering.harness import Graph
 
 
 Check = Callable[[Rendered, Oracles], Iterable[Finding]]
@@ -27,7 +41,7 @@ def schema(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
     directory, custom resources of kinds no chart defines are left out (`unchecked_kinds`); so are
     those of a cluster prerequisite's group (`Layer.external_crds`, e.g. the cert-manager
     certificates KServe's chart renders) when the oracle directory has no CRD for them."""
-    external = external_crds({m.layer for m in rendered.manifests})
+    external = external_crds(rendered.layers())
     for m in rendered.manifests:
         if m.is_remote or _unchecked_kind(m, oracles, external):  # a remote manifest is a URL, checked as a pin (bundle-order)
             continue
@@ -77,7 +91,19 @@ def _tenants(m: Manifest) -> tuple[str, ...]:
     return (m.tenant,) if m.tenant else ()
 
 
-CHECKS: list[Check] = [rendered_files, schema, helm_values, *isolation.CHECKS, *hardening.CHECKS, policy_check.policies, *ordering.CHECKS]
+CHECKS: list[Check] = [
+    rendered_files,
+    schema,
+    helm_values,
+    *isolation.CHECKS,
+    *hardening.CHECKS,
+    policy_check.resource_policies,
+    policy_check.stack_policies,
+    *ordering.CHECKS,
+]
+PER_PART: tuple[Check, ...] = (schema, helm_values, policy_check.resource_policies)
+"""Checks whose findings over a render are the union of their findings over its `parts`
+(tests/test_check_cache.py holds them to it)."""
 
 
 def checks(rendered: Rendered) -> list[Check]:
@@ -85,13 +111,77 @@ def checks(rendered: Rendered) -> list[Check]:
     return [*CHECKS, *checks_for({m.layer for m in rendered.manifests})]
 
 
-def run_checks(rendered: Rendered, oracles: Oracles, on_check: Callable[[], None] | None = None) -> list[Finding]:
-    """`on_check`: called once each check has run (progress)."""
+def run_checks(
+    rendered: Rendered, oracles: Oracles, on_check: Callable[[], None] | None = None, cache: Path | None = None, oracle_state: str = ""
+) -> list[Finding]:
+    """`on_check`: called once each check has run (progress). `cache`: the check cache directory,
+    for the `PER_PART` checks of a render with its resource graph (a rendered directory's
+    resources are matched to their inventory across the whole, so it is checked whole);
+    `oracle_state`: a digest of what the oracles know (`oracle_digest`)."""
     findings: set[Finding] = set()
+    by_part = cache is not None and rendered.graph is not None
     for check in checks(rendered):
-        # Every check guarded as the isolation checks are: an object malformed in a way no check
-        # expected ends that check with a finding, never `factory check` with a traceback.
-        findings.update(isolation.guarded(check)(rendered, oracles))
+        if by_part and check in PER_PART:
+            continue
+        findings.update(_guarded(check)(rendered, oracles))
         if on_check is not None:
             on_check()
+    if by_part:
+        assert cache is not None
+        context = [library_digest(), oracle_state, rendered.kubernetes_version, sorted(rendered.layers()), policy_check.pack_config(rendered)]
+        for part in parts(rendered).values():
+            findings.update(_part_findings(part, oracles, cache, context))
+        for _ in PER_PART if on_check is not None else ():
+            on_check()
     return sorted(findings)
+
+
+def _guarded(check: Check) -> Check:
+    # Every check guarded as the isolation checks are: an object malformed in a way no check
+    # expected ends that check with a finding, never `factory check` with a traceback.
+    return isolation.guarded(check)
+
+
+def parts(rendered: Rendered) -> dict[tuple[str, str], Rendered]:
+    """The render cut by tenant (its objects and resources, whatever their layer) and, for the
+    platform, by layer; each part knows the whole render's layers (`Rendered.layers`)."""
+    manifests: dict[tuple[str, str], list[Manifest]] = {}
+    for m in rendered.manifests:
+        manifests.setdefault(_part_of(m.tenant, m.layer), []).append(m)
+    resources: dict[tuple[str, str], list] = {}
+    for r in rendered.graph.resources if rendered.graph is not None else ():
+        resources.setdefault(_part_of(r.tenant, r.layer), []).append(r)
+    layers = rendered.layers()
+    return {
+        part: Rendered(
+            rendered.config,
+            rendered.kubernetes_version,
+            manifests.get(part, []),
+            [],
+            Graph.subset(resources.get(part, [])),
+            whole_layers=layers,
+        )
+        for part in sorted(set(manifests) | set(resources))
+    }
+
+
+def _part_of(tenant: str | None, layer: str) -> tuple[str, str]:
+    return ("tenant", tenant) if tenant else ("layer", layer)
+
+
+def _part_findings(part: Rendered, oracles: Oracles, cache: Path, context: list[Any]) -> list[Finding]:
+    content = [
+        [[m.obj, m.layer, m.tenant, m.origin, m.stage] for m in part.manifests],
+        [[r.type, r.name, r.urn, r.inputs, r.parent_urn, r.protect, r.retain_on_delete, r.custom, r.tenant, r.layer] for r in part.graph.resources],
+    ]
+    key = digest(*context, [c.__name__ for c in PER_PART], hashlib.sha256(msgspec.json.encode(content)).hexdigest())
+    path = cache / "checks" / key[:2] / f"{key}.json"
+    entry = read_entry(path)
+    try:
+        if entry["key"] == key:
+            return [Finding(f["check"], f["ref"], f["message"], tuple(f["tenants"])) for f in entry["findings"]]
+    except (KeyError, TypeError):
+        pass  # absent or unreadable: checked again
+    found = sorted({f for check in PER_PART for f in _guarded(check)(part, oracles)})
+    write_entry(path, {"key": key, "findings": [{"check": f.check, "ref": f.ref, "message": f.message, "tenants": list(f.tenants)} for f in found]})
+    return found

@@ -181,12 +181,17 @@ def _match(types: tuple[str, ...], manifest: Manifest, name: str, unmatched: dic
 # --------------------------------------------------------------------------- running the pack
 
 
-def run_policies(resources: list[PolicyResource], config: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, PolicyResource | None, str]]:
-    """(policy name, resource or None for the stack, message) for every violation, in the words
-    the pack reports them."""
+POLICY_KINDS = (ResourceValidationPolicy, StackValidationPolicy)
+
+
+def run_policies(
+    resources: list[PolicyResource], config: Mapping[str, Mapping[str, Any]], kinds: tuple[type, ...] = POLICY_KINDS
+) -> list[tuple[str, PolicyResource | None, str]]:
+    """(policy name, resource or None for the stack, message) for every violation of the policies
+    of these `kinds`, in the words the pack reports them."""
     violations: list[tuple[str, PolicyResource | None, str]] = []
     by_urn = {r.urn: r for r in resources}
-    for policy in POLICIES:
+    for policy in (p for p in POLICIES if isinstance(p, kinds)):
         given = dict(config.get(policy.name) or {})
         level = given.pop("enforcementLevel", (config.get("all") or {}).get("enforcementLevel"))
         if level == EnforcementLevel.DISABLED.value:
@@ -218,14 +223,29 @@ def _stack_of(graph: Graph | None) -> str | None:
     return urn.removeprefix("urn:pulumi:").split("::", 1)[0] if urn.startswith("urn:pulumi:") else None
 
 
-def policies(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
+def policies(rendered: Rendered, oracles: Oracles, kinds: tuple[type, ...] = POLICY_KINDS) -> Iterable[Finding]:
     """The CrossGuard pack (`policies/`) over the rendered resource graph; a finding is named after
     the policy and says what the pack says."""
     if rendered.graph is not None:
         resources, tenants = resources_from_graph(rendered.graph)
     else:
         resources, tenants = resources_from_directory(rendered)
-    for policy_name, resource, message in run_policies(resources, policy_config(_stack_of(rendered.graph))):
+    for policy_name, resource, message in run_policies(resources, policy_config(_stack_of(rendered.graph)), kinds):
         ref = f"{resource.resource_type}::{resource.name}" if resource is not None else STACK_REF
         tenant = tenants.get(resource.urn) if resource is not None else None
         yield Finding(policy_name, ref, message, (tenant,) if tenant else ())
+
+
+def resource_policies(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
+    """The pack's resource policies: each sees one resource, its inputs and options."""
+    return policies(rendered, oracles, (ResourceValidationPolicy,))
+
+
+def stack_policies(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
+    """The pack's stack policies: each sees every resource of the stack."""
+    return policies(rendered, oracles, (StackValidationPolicy,))
+
+
+def pack_config(rendered: Rendered) -> dict[str, dict[str, Any]]:
+    """The pack configuration the policies of this render run with."""
+    return policy_config(_stack_of(rendered.graph))

@@ -43,6 +43,7 @@ import yaml
 
 from ai_factory.factory.model.catalog import MANIFESTS, ManifestSource, crd_groups
 from ai_factory.factory.model.config import FactoryConfig
+from ai_factory.factory.rendering.cache import Unit, UnitCache
 from ai_factory.factory.rendering.harness import DuplicateResourceError, Graph, RecordingMocks, RecordingMonitor, Resource, run_program
 from ai_factory.factory.model.tenancy import TENANT_LABEL
 from ai_factory.factory.planning.from_config import plan_for
@@ -103,6 +104,11 @@ class Manifest:
     """The Pulumi resource the object comes from (`type::name`)."""
     stage: str = ""
     """Where the bundle applies it (`STAGES`, or `PATCHES`); set by `Staging`."""
+    text: str | None = None
+    """Its file's text, when read back from the render cache with its resource (else dumped from `obj`)."""
+
+    def yaml(self) -> str:
+        return self.text if self.text is not None else dump_yaml(self.obj)
 
     @property
     def kind(self) -> str:
@@ -160,9 +166,15 @@ class Rendered:
     check` reports each as a finding instead of stopping."""
     kustomizations: list[dict[str, Any]] = field(default_factory=list)
     """The Flux Kustomizations applying the stages, in dependency order."""
+    whole_layers: frozenset[str] | None = None
+    """For a part of a render (`check.parts`): the layers of the whole render."""
+
+    def layers(self) -> frozenset[str]:
+        """The layers the render holds objects of (the whole render's, for a part)."""
+        return self.whole_layers if self.whole_layers is not None else frozenset(m.layer for m in self.manifests)
 
     def files(self) -> dict[str, str]:
-        files = {m.path: dump_yaml(m.obj) for m in self.manifests}
+        files = {m.path: m.yaml() for m in self.manifests}
         files.update({f"flux/{k['metadata']['name']}.yaml": dump_yaml(k) for k in self.kustomizations})
         files.update(kustomize_files(files))
         files["inventory.json"] = json.dumps(
@@ -245,19 +257,20 @@ def dump_yaml(obj: Any, dumper: type[yaml.SafeDumper] = _Dumper) -> str:
 # --------------------------------------------------------------------------- running the program
 
 
-def render_env(env: str, on_resource: Callable[[], None] | None = None) -> Rendered:
+def render_env(env: str, on_resource: Callable[[], None] | None = None, cache: Path | None = None) -> Rendered:
     """Validate the environment's stack file (failing before anything is registered), then run the
     platform program exactly as `pulumi up` would, with the stack's config seeded into the runtime.
 
     `env` is an environment name (`Pulumi.<env>.yaml` of the project) or a stack file's path;
-    `on_resource` is called once per resource the program registers (progress)."""
+    `on_resource` is called once per resource the program registers (progress); `cache`: the
+    render cache directory (see `render_raw`)."""
     path = stack_file(env)
     raw, secret_sections = read_stack_file(path)
     # The program adds the registered tenants itself, as under `pulumi up`; validated with them here.
     cfg = validate(environment_raw(raw, stack_name(path), path.resolve().parent), source=str(path))
     refuse_whole_fleet(cfg, str(path))
     plan_for(cfg)  # demands that do not fit are reported here, before anything is registered
-    return render_raw(raw, secret_sections, cfg, stack=stack_name(path), project=stack_project(path), on_resource=on_resource)
+    return render_raw(raw, secret_sections, cfg, stack=stack_name(path), project=stack_project(path), on_resource=on_resource, cache=cache)
 
 
 def refuse_whole_fleet(cfg: FactoryConfig, source: str) -> None:
@@ -278,7 +291,7 @@ def cluster_stack(env: str, cluster: str) -> str:
     return f"{env}-{cluster}"
 
 
-def render_clusters(env: str, on_resource: Callable[[], None] | None = None) -> dict[str, Rendered]:
+def render_clusters(env: str, on_resource: Callable[[], None] | None = None, cache: Path | None = None) -> dict[str, Rendered]:
     """Every cluster of the environment rendered as its own stack renders it (`kubernetes.cluster`
     set, the stack `<env>-<cluster>`), by cluster name in the sites' order. An environment that
     declares no cluster is one render, keyed by its name."""
@@ -288,14 +301,20 @@ def render_clusters(env: str, on_resource: Callable[[], None] | None = None) -> 
     raw, secret_sections = read_stack_file(path)
     cfg = validate(environment_raw(raw, stack_name(path), path.resolve().parent), source=str(path))
     if not clusters(cfg):
-        return {stack_name(path): render_env(env, on_resource)}
+        return {stack_name(path): render_env(env, on_resource, cache)}
     renders = {}
     for placed in clusters(cfg):
         cluster_raw = {**raw, "kubernetes": {**(raw.get("kubernetes") or {}), "cluster": placed.name}}
         view = validate(environment_raw(cluster_raw, cluster_stack(stack_name(path), placed.name), path.resolve().parent), source=str(path))
         plan_for(view)
         renders[placed.name] = render_raw(
-            cluster_raw, secret_sections, view, stack=cluster_stack(stack_name(path), placed.name), project=stack_project(path), on_resource=on_resource
+            cluster_raw,
+            secret_sections,
+            view,
+            stack=cluster_stack(stack_name(path), placed.name),
+            project=stack_project(path),
+            on_resource=on_resource,
+            cache=cache,
         )
     return renders
 
@@ -315,6 +334,7 @@ def render_raw(
     on_resource: Callable[[], None] | None = None,
     workers: int | None = None,
     offboarded: frozenset[str] = frozenset(),
+    cache: Path | None = None,
 ) -> Rendered:
     """`plan`: deploy this plan instead of planning from the stack's recorded one (see `program.main`).
     `project`: the Pulumi project the program runs in, whose name is the config namespace.
@@ -322,14 +342,21 @@ def render_raw(
     `PARALLEL_MIN_TENANTS` tenants). Each runs the whole program for its share of the tenants
     (every share builds the same platform); the shares' tenant resources are merged by URN, so
     the render is the serial one byte for byte. `on_resource` counts this process's share.
-    `offboarded`: registered tenants the program leaves out (see `program.main`)."""
+    `offboarded`: registered tenants the program leaves out (see `program.main`).
+    `cache`: the render cache directory (`cache.UnitCache`): layers and tenant stacks found there
+    are read back, not registered again. The first render of a stack into a cache uses the
+    workers; later ones run in this process (a change builds few units)."""
     config = {f"{project}:{section}": json.dumps(value, default=_placeholder) for section, value in raw.items()}
     secret_keys = [f"{project}:{s}" for s in secret_sections]
     names = sorted(t.name for t in cfg.tenants)
+    units = UnitCache(cache, f"{project}.{stack}") if cache is not None else None
     if workers is None:
-        workers = min(os.cpu_count() or 1, len(names) // PARALLEL_MIN_TENANTS)
+        workers = 1 if units is not None and units.seen else min(os.cpu_count() or 1, len(names) // PARALLEL_MIN_TENANTS)
     if workers <= 1:
-        return from_graph(_run_share(project, stack, config, secret_keys, plan, offboarded, None, on_resource), cfg)
+        graph = _run_share(project, stack, config, secret_keys, plan, offboarded, None, on_resource, units)
+        if units is None:
+            return from_graph(graph, cfg)
+        return _cached(units, units.complete(graph.resources), cfg)
     shares = [frozenset(names[i::workers]) for i in range(workers)]
     # Plain interpreters, not multiprocessing's: a worker starts with no Pulumi runtime state, and
     # without importing the caller's main module (a script calling this need not guard its body).
@@ -340,19 +367,22 @@ def render_raw(
     try:
         # A pipe's buffer is small: write from threads so that our own share need not wait for it.
         feeders = [
-            threading.Thread(target=_feed, args=(process, pickle.dumps((project, stack, config, secret_keys, plan, offboarded, share))), daemon=True)
+            threading.Thread(target=_feed, args=(process, pickle.dumps((project, stack, config, secret_keys, plan, offboarded, share, cache))), daemon=True)
             for process, share in zip(started, shares[1:])
         ]
         for feeder in feeders:
             feeder.start()
-        resources = list(_run_share(project, stack, config, secret_keys, plan, offboarded, shares[0], on_resource).resources)
+        resources = list(_run_share(project, stack, config, secret_keys, plan, offboarded, shares[0], on_resource, units).resources)
         for process, feeder in zip(started, feeders):
             feeder.join()
             process.stdin = None  # written and closed by its feeder
             out, err = process.communicate()
             if process.returncode != 0:
                 raise RuntimeError(f"a render worker failed:\n{err.decode(errors='replace')[-4000:]}")
-            resources += pickle.loads(out)
+            share_resources, share_units = pickle.loads(out)
+            resources += share_resources
+            if units is not None:
+                units.adopt(share_units)
     finally:
         for process in started:
             if process.poll() is None:
@@ -363,7 +393,19 @@ def render_raw(
         if r.key in seen:
             raise DuplicateResourceError(f"two resources are named {r.name!r} with type {r.type}")
         seen.add(r.key)
+    if units is not None:
+        return _cached(units, units.complete(resources), cfg)
     return from_graph(Graph(sorted(resources, key=lambda r: r.urn)), cfg)
+
+
+def _cached(units: UnitCache, resources: list[Resource], cfg: FactoryConfig) -> Rendered:
+    """The render of a cache's units: the cached ones' files as they were written, the built ones stored."""
+    rendered = from_graph(Graph(sorted(resources, key=lambda r: r.urn)), cfg, units.texts())
+    made: dict[str, list[Manifest]] = {}
+    for m in rendered.manifests:
+        made.setdefault(m.origin, []).append(m)
+    units.store({key: {m.ref: m.yaml() for m in found} for key, found in made.items()})
+    return rendered
 
 
 def _run_share(
@@ -375,11 +417,12 @@ def _run_share(
     offboarded: frozenset[str],
     tenants: frozenset[str] | None,
     on_resource: Callable[[], None] | None = None,
+    units: UnitCache | None = None,
 ) -> Graph:
     from ai_factory.factory.rendering.program import main
 
     return run_program(
-        functools.partial(main, plan, with_tenant_stacks=True, only_tenants=tenants, offboarded=offboarded),
+        functools.partial(main, plan, with_tenant_stacks=True, only_tenants=tenants, offboarded=offboarded, units=units),
         project=project,
         stack=stack,
         config=config,
@@ -409,13 +452,23 @@ def _worker() -> None:
 
 
 def _tenant_share(
-    project: str, stack: str, config: dict[str, str], secret_keys: list[str], plan: Plan | None, offboarded: frozenset[str], tenants: frozenset[str]
-) -> list[Resource]:
-    """A worker's share: its tenants' resources, unlinked (the merged graph links them again)."""
-    share = [r for r in _run_share(project, stack, config, secret_keys, plan, offboarded, tenants).resources if r.tenant in tenants]
+    project: str,
+    stack: str,
+    config: dict[str, str],
+    secret_keys: list[str],
+    plan: Plan | None,
+    offboarded: frozenset[str],
+    tenants: frozenset[str],
+    cache: Path | None,
+) -> tuple[list[Resource], dict[str, Unit]]:
+    """A worker's share: its tenants' resources, unlinked (the merged graph links them again), and
+    with a cache what it found of its tenants' units (the caller merges and stores them)."""
+    units = UnitCache(cache, "") if cache is not None else None
+    share = [r for r in _run_share(project, stack, config, secret_keys, plan, offboarded, tenants, units=units).resources if r.tenant in tenants]
     for r in share:
         r.parent, r.dependencies = None, []
-    return share
+    found = {name: unit for name, unit in units.units.items() if name.removeprefix("tenant:") in tenants} if units is not None else {}
+    return share, found
 
 
 def _placeholder(value: Any) -> str:
@@ -426,8 +479,10 @@ def _placeholder(value: Any) -> str:
     raise TypeError(f"cannot serialise {type(value).__name__}")
 
 
-def from_graph(graph: Graph, cfg: FactoryConfig) -> Rendered:
+def from_graph(graph: Graph, cfg: FactoryConfig, texts: Mapping[str, Mapping[str, str]] | None = None) -> Rendered:
+    """`texts`: the file texts of some resources' objects, by resource key and object (`Manifest.ref`; the render cache's)."""
     manifests: list[Manifest] = []
+    made_by: dict[str, list[Manifest]] = {}
     owned: dict[str, tuple[str, ...]] = {}
     for resource in graph.resources:
         made: list[Manifest] = []
@@ -445,10 +500,15 @@ def from_graph(graph: Graph, cfg: FactoryConfig) -> Rendered:
         for m in made if resource.retain_on_delete else ():
             m.obj.setdefault("metadata", {}).setdefault("annotations", {}).update(KEEP_ANNOTATIONS)
         manifests += made
+        if made:
+            made_by[resource.key] = made
     staging = Staging(manifests, graph, owned)
     stack = stack_of(graph)
     for m in manifests:
         _label(m, stack)
+    for key, known in (texts or {}).items():
+        for m in made_by.get(key, ()):
+            m.text = known.get(m.ref)
     seen: dict[str, str] = {}
     for m in manifests:
         if m.path in seen:
@@ -574,6 +634,8 @@ class Staging:
         return STAGES.index("sources")
 
     def rank(self, i: int) -> int:
+        if i not in self._ranks and self.rule(i) == len(STAGES) - 1:
+            self._ranks[i] = self.rule(i)  # the last stage already: nothing can lift it (a tenant's objects)
         if i not in self._ranks:
             floor = self.rule(i)
             for resource in self.lineage(i):

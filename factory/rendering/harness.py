@@ -82,6 +82,13 @@ class Graph:
             r.parent = by_urn.get(r.parent_urn)
             r.dependencies = [by_urn[u] for u in r.dependency_urns if u in by_urn]
 
+    @classmethod
+    def subset(cls, resources: list[Resource]) -> Graph:
+        """Some resources of a graph, keeping their links into the whole."""
+        graph = cls.__new__(cls)
+        graph.resources = resources
+        return graph
+
     def of_type(self, type_: str) -> list[Resource]:
         return [r for r in self.resources if r.type == type_]
 

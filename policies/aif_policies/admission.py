@@ -34,7 +34,7 @@ from ai_factory.components.kyverno import (
 )
 from ai_factory.factory.model.tenancy import TRUST_LABEL
 from ai_factory.policies.aif_policies.core import Violation, stack_policy
-from ai_factory.policies.aif_policies.kube import Cluster, Obj, as_list, as_map, chart_named, selects
+from ai_factory.policies.aif_policies.kube import Obj, as_list, as_map, chart_named, selects, cluster_of
 from ai_factory.policies.aif_policies.workloads import allowed_registries
 
 
@@ -127,7 +127,7 @@ def policy_problems(policy: Obj, protected: Mapping[str, Mapping[str, Any]], exp
 
 
 def check_admission_policies_enforced(resources: Sequence[PolicyResource], config: Mapping[str, Any]) -> Iterator[Violation]:
-    cluster = Cluster(resources)
+    cluster = cluster_of(resources)
     tenant_namespaces = {ns: cluster.namespace_labels.get(ns, {}) for ns in cluster.namespace_tenant}
     if not tenant_namespaces:
         return

@@ -17,7 +17,7 @@ from pulumi_policy import PolicyResource
 
 from ai_factory.factory.checking.fabric import Item, attachment_problems, key_problems, selector_problems
 from ai_factory.policies.aif_policies.core import Violation, stack_policy
-from ai_factory.policies.aif_policies.kube import Cluster, Obj
+from ai_factory.policies.aif_policies.kube import Cluster, Obj, cluster_of
 
 
 def _items(cluster: Cluster) -> list[Item]:
@@ -34,17 +34,17 @@ def _violations(problems: Iterator[tuple[Obj, str]]) -> Iterator[Violation]:
 
 
 def check_fabric_keys_apart(resources: Sequence[PolicyResource], config: Mapping[str, Any]) -> Iterator[Violation]:
-    cluster = Cluster(resources)
+    cluster = cluster_of(resources)
     yield from _violations(key_problems(_items(cluster), _nodes(cluster)))
 
 
 def check_fabric_attachments_own(resources: Sequence[PolicyResource], config: Mapping[str, Any]) -> Iterator[Violation]:
-    cluster = Cluster(resources)
+    cluster = cluster_of(resources)
     yield from _violations(attachment_problems(_items(cluster), lambda ns: t.name if (t := cluster.tenant_of_namespace(ns)) else None))
 
 
 def check_nic_policies_one_pool(resources: Sequence[PolicyResource], config: Mapping[str, Any]) -> Iterator[Violation]:
-    cluster = Cluster(resources)
+    cluster = cluster_of(resources)
     yield from _violations(selector_problems(_items(cluster), _nodes(cluster)))
 
 

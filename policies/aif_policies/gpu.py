@@ -48,6 +48,7 @@ from ai_factory.policies.aif_policies.kube import (
     kind_of,
     quantity,
     selects,
+    cluster_of,
 )
 
 HAMI_DEFAULT_NODE_SELECTOR = {"gpu": "on"}
@@ -207,7 +208,7 @@ def _tainted(node: Obj, key: str, value: str) -> bool:
 
 
 def check_gpu_no_cross_domain_sharing(resources: Sequence[PolicyResource], config: Mapping[str, Any]) -> Iterator[Violation]:
-    cluster = Cluster(resources)
+    cluster = cluster_of(resources)
     fleet = Fleet(cluster)
     for node in fleet.nodes.values():
         sharing = fleet.sharing(node)
@@ -256,7 +257,7 @@ def check_gpu_no_cross_domain_sharing(resources: Sequence[PolicyResource], confi
 
 
 def check_low_trust_whole_gpus(resources: Sequence[PolicyResource], config: Mapping[str, Any]) -> Iterator[Violation]:
-    cluster = Cluster(resources)
+    cluster = cluster_of(resources)
     fleet = Fleet(cluster)
     low = {t.name: t for t in cluster.tenants.values() if t.trust == "low"}
     for quota in cluster.of("ResourceQuota"):
@@ -378,7 +379,7 @@ def check_mig_layouts_legal(resource_type: str, props: Mapping[str, Any], config
 
 
 def check_hami_device_plugin_disjoint(resources: Sequence[PolicyResource], config: Mapping[str, Any]) -> Iterator[Violation]:
-    cluster = Cluster(resources)
+    cluster = cluster_of(resources)
     fleet = Fleet(cluster)
     operator_plugin = any(
         as_map(chart.values.get("devicePlugin")).get("enabled", True) is not False
@@ -426,7 +427,7 @@ SCHEDULER_QUEUE_GROUPS = ("scheduling.run.ai", "scheduling.volcano.sh")
 
 
 def check_gpu_namespaces_queued(resources: Sequence[PolicyResource], config: Mapping[str, Any]) -> Iterator[Violation]:
-    cluster = Cluster(resources)
+    cluster = cluster_of(resources)
     queues = {q.name: q for q in cluster.of("ClusterQueue")}
     kueue = bool(queues) or bool(chart_named(resources, "kueue"))
     scheduler_queues = {
@@ -505,7 +506,7 @@ def flavor_supply(fleet: Fleet, flavor: Obj) -> dict[str, Fraction] | None:
 
 
 def check_gpu_quota_within_supply(resources: Sequence[PolicyResource], config: Mapping[str, Any]) -> Iterator[Violation]:
-    cluster = Cluster(resources)
+    cluster = cluster_of(resources)
     fleet = Fleet(cluster)
     promised: dict[tuple[str, str], list[tuple[str, Fraction]]] = defaultdict(list)
     remote = dispatch_queues(cluster)  # their quota is the workers' (`factory check`'s fleet-dispatch compares them)

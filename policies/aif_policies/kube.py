@@ -294,6 +294,18 @@ class Cluster:
         return {o.name: o for o in self.of("NodePatch", "Node")}
 
 
+_last_cluster: tuple[Sequence[PolicyResource], Cluster] | None = None
+
+
+def cluster_of(resources: Sequence[PolicyResource]) -> Cluster:
+    """The index of a stack's resources, built once for all the stack policies of a run (each is
+    handed the same resource list): built per policy, it was most of the pack's time."""
+    global _last_cluster
+    if _last_cluster is None or _last_cluster[0] is not resources:
+        _last_cluster = (resources, Cluster(resources))
+    return _last_cluster[1]
+
+
 def selects(selector: Any, object_labels: Mapping[str, Any]) -> bool:
     """Whether a Kubernetes label selector (matchLabels and matchExpressions) selects the labels.
     An empty selector selects everything; an absent one is the caller's business."""

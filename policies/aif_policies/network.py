@@ -22,7 +22,7 @@ from typing import Any, Iterator
 from pulumi_policy import PolicyResource
 
 from ai_factory.policies.aif_policies.core import Violation, stack_policy
-from ai_factory.policies.aif_policies.kube import Cluster, Obj, Tenant, as_list, as_map
+from ai_factory.policies.aif_policies.kube import Cluster, Obj, Tenant, as_list, as_map, cluster_of
 
 NAMESPACE_KEYS = ("k8s:io.kubernetes.pod.namespace", "io.kubernetes.pod.namespace", "any:io.kubernetes.pod.namespace")
 INTERNAL_RANGES = tuple(
@@ -101,7 +101,7 @@ def open_rule(rule: Mapping[str, Any], dialect: str) -> bool:
 
 
 def check_tenant_egress_bounded(resources: Sequence[PolicyResource], config: Mapping[str, Any]) -> Iterator[Violation]:
-    for policy, tenant, rule, dialect in tenant_egress(Cluster(resources)):
+    for policy, tenant, rule, dialect in tenant_egress(cluster_of(resources)):
         problems = [p for p in map(cidr_problem, _blocks(rule, dialect)) if p]
         if open_rule(rule, dialect):
             problems.append("every destination (an egress rule naming none)")
@@ -117,7 +117,7 @@ def check_tenant_egress_bounded(resources: Sequence[PolicyResource], config: Map
 
 
 def check_tenant_services_internal(resources: Sequence[PolicyResource], config: Mapping[str, Any]) -> Iterator[Violation]:
-    cluster = Cluster(resources)
+    cluster = cluster_of(resources)
     for service in cluster.of("Service"):
         tenant = cluster.tenant_of_namespace(service.namespace)
         if tenant is None:

@@ -16,7 +16,7 @@ from pulumi_policy import PolicyResource
 
 from ai_factory.factory.model.catalog import CHARTS
 from ai_factory.policies.aif_policies.core import Violation, protected, resource_policy, retain_on_delete, stack_policy
-from ai_factory.policies.aif_policies.kube import HELM_TYPES, Cluster, as_list, as_map, describe, group_of, helm_chart
+from ai_factory.policies.aif_policies.kube import HELM_TYPES, as_list, as_map, cluster_of, describe, group_of, helm_chart
 
 STATEFUL_KINDS = {
     # kind: API group. Deleting one of these deletes data (CRDs take every custom resource with them).
@@ -108,7 +108,7 @@ def protection_problem(resource: PolicyResource) -> str | None:
 
 
 def check_stateful_resources_protected(resources: Sequence[PolicyResource], config: Mapping[str, Any]) -> Iterator[Violation]:
-    cluster = Cluster(resources)
+    cluster = cluster_of(resources)
     namespaces = {ns.name: ns for ns in cluster.of("Namespace")}
     classes = {sc.name: sc for sc in cluster.of("StorageClass")}
     holders: dict[str, str] = {}

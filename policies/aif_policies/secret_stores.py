@@ -16,7 +16,7 @@ from pulumi_policy import PolicyResource
 from ai_factory.components.external_secrets import CLUSTER_WIDE_KINDS
 from ai_factory.factory.checking import secrets as secret_checks
 from ai_factory.policies.aif_policies.core import Violation, stack_policy
-from ai_factory.policies.aif_policies.kube import Cluster, as_list, as_map, chart_named, selects
+from ai_factory.policies.aif_policies.kube import Cluster, as_list, as_map, chart_named, selects, cluster_of
 
 
 def selected_tenants(cluster: Cluster, spec: Mapping[str, Any]) -> set[str]:
@@ -31,7 +31,7 @@ def selected_tenants(cluster: Cluster, spec: Mapping[str, Any]) -> set[str]:
 
 
 def check_tenant_secret_stores_scoped(resources: Sequence[PolicyResource], config: Mapping[str, Any]) -> Iterator[Violation]:
-    cluster = Cluster(resources)
+    cluster = cluster_of(resources)
     for copier in cluster.of("ClusterExternalSecret"):
         tenants = sorted(selected_tenants(cluster, copier.spec))
         if len(tenants) > 1:

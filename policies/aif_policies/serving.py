@@ -34,7 +34,7 @@ from pulumi_policy import PolicyResource
 from ai_factory.factory.checking.serving import MODEL_KINDS, model_demand, quota_shortfalls
 from ai_factory.factory.model.serving import HostDemand
 from ai_factory.policies.aif_policies.core import Violation, stack_policy
-from ai_factory.policies.aif_policies.kube import Cluster, Obj, as_list, as_map, selects
+from ai_factory.policies.aif_policies.kube import Cluster, Obj, as_list, as_map, selects, cluster_of
 
 ROUTE_KINDS = ("HTTPRoute", "GRPCRoute")
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -57,7 +57,7 @@ def admitted_tenants(cluster: Cluster, gateway: Obj, listener: Mapping[str, Any]
 
 
 def check_gateway_listeners_isolate_tenants(resources: Sequence[PolicyResource], config: Mapping[str, Any]) -> Iterator[Violation]:
-    cluster = Cluster(resources)
+    cluster = cluster_of(resources)
     holders: dict[str, set[str]] = {}
     for gateway in cluster.of("Gateway"):
         for listener in as_list(gateway.spec.get("listeners")):
@@ -76,7 +76,7 @@ def check_gateway_listeners_isolate_tenants(resources: Sequence[PolicyResource],
 
 
 def check_tenant_routes_own_hostnames(resources: Sequence[PolicyResource], config: Mapping[str, Any]) -> Iterator[Violation]:
-    cluster = Cluster(resources)
+    cluster = cluster_of(resources)
     claims: dict[str, set[str]] = {}
     routes = [(r, t) for r in cluster.of(*ROUTE_KINDS) if (t := cluster.tenant_of_namespace(r.namespace))]
     for route, tenant in routes:

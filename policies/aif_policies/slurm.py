@@ -16,7 +16,7 @@ from pulumi_policy import PolicyResource
 
 from ai_factory.factory.checking.slurm import SLURM_CHART, foreign_nodes, nodeset_problems, nodesets
 from ai_factory.policies.aif_policies.core import Violation, resource_policy, stack_policy
-from ai_factory.policies.aif_policies.kube import HELM_TYPES, Cluster, chart_named, describe, helm_chart
+from ai_factory.policies.aif_policies.kube import HELM_TYPES, chart_named, describe, helm_chart, cluster_of
 
 
 def check_slurm_gres_match_plan(resource_type: str, props: Mapping[str, Any], config: Mapping[str, Any]) -> Iterator[str]:
@@ -28,7 +28,7 @@ def check_slurm_gres_match_plan(resource_type: str, props: Mapping[str, Any], co
 
 
 def check_slurm_partitions_in_trust_domain(resources: Sequence[PolicyResource], config: Mapping[str, Any]) -> Iterator[Violation]:
-    cluster = Cluster(resources)
+    cluster = cluster_of(resources)
     node_labels = {name: node.labels for name, node in cluster.nodes().items()}
     for release, chart in chart_named(resources, SLURM_CHART):
         tenant = cluster.tenant_of_namespace(chart.namespace)

@@ -18,7 +18,7 @@ from pulumi_policy import PolicyResource
 from ai_factory.components.tenant_stack import OWNERS_ANNOTATION
 from ai_factory.factory.model.tenancy import OIDC_PREFIX, TENANT_LABEL
 from ai_factory.policies.aif_policies.core import Violation, stack_policy
-from ai_factory.policies.aif_policies.kube import TENANT_STACK, Cluster, ancestors, as_list, as_map
+from ai_factory.policies.aif_policies.kube import TENANT_STACK, Cluster, ancestors, as_list, as_map, cluster_of
 
 PLATFORM_SUBJECTS = {
     "platformSubjects": {
@@ -104,7 +104,7 @@ def _platform_subjects(config: Mapping[str, Any]) -> set[str]:
 
 
 def check_tenant_objects_labelled(resources: Sequence[PolicyResource], config: Mapping[str, Any]) -> Iterator[Violation]:
-    cluster = Cluster(resources)
+    cluster = cluster_of(resources)
     for obj in cluster.objects:
         if obj.kind.endswith("Patch"):
             continue  # a patch of an object the platform does not own (a Node)
@@ -128,7 +128,7 @@ def check_tenant_objects_labelled(resources: Sequence[PolicyResource], config: M
 
 
 def check_no_cross_tenant_rbac(resources: Sequence[PolicyResource], config: Mapping[str, Any]) -> Iterator[Violation]:
-    cluster = Cluster(resources)
+    cluster = cluster_of(resources)
     owners = identity_owners(cluster, _platform_subjects(config))
     for binding in cluster.of("RoleBinding"):
         tenant = cluster.namespace_tenant.get(binding.namespace or "")
@@ -149,7 +149,7 @@ def check_no_cross_tenant_rbac(resources: Sequence[PolicyResource], config: Mapp
 
 
 def check_no_cluster_scoped_tenant_grants(resources: Sequence[PolicyResource], config: Mapping[str, Any]) -> Iterator[Violation]:
-    cluster = Cluster(resources)
+    cluster = cluster_of(resources)
     owners = identity_owners(cluster, _platform_subjects(config))
     for binding in cluster.of("ClusterRoleBinding"):
         role = as_map(binding.props.get("roleRef")).get("name")
@@ -214,7 +214,7 @@ def rule_problems(rule: Mapping[str, Any]) -> Iterator[str]:
 
 
 def check_tenant_cannot_edit_isolation(resources: Sequence[PolicyResource], config: Mapping[str, Any]) -> Iterator[Violation]:
-    cluster = Cluster(resources)
+    cluster = cluster_of(resources)
     platform_subjects = _platform_subjects(config)
     roles = {(r.namespace, r.name): r for r in cluster.of("Role")}
     cluster_roles = {r.name: r for r in cluster.of("ClusterRole")}

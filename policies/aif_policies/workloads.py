@@ -30,7 +30,7 @@ from ai_factory.components.kyverno import (
 )
 from ai_factory.components.tenant_stack import TOLERATIONS_WHITELIST_ANNOTATION
 from ai_factory.policies.aif_policies.core import Violation, stack_policy
-from ai_factory.policies.aif_policies.kube import Cluster, Obj, as_list, as_map, containers, pod_specs, runs_pods
+from ai_factory.policies.aif_policies.kube import Cluster, Obj, as_list, as_map, containers, pod_specs, runs_pods, cluster_of
 
 POD_SECURITY_ENFORCE = "pod-security.kubernetes.io/enforce"
 SAFE_SYSCTLS = frozenset(
@@ -123,7 +123,7 @@ def security_context_problems(spec: Mapping[str, Any], level: str, read_only_roo
 
 
 def check_tenant_pod_security_context(resources: Sequence[PolicyResource], config: Mapping[str, Any]) -> Iterator[Violation]:
-    cluster = Cluster(resources)
+    cluster = cluster_of(resources)
     for obj, tenant, namespace, spec in tenant_workloads(cluster):
         level = str(cluster.namespace_labels.get(namespace, {}).get(POD_SECURITY_ENFORCE) or "restricted")
         low_trust = cluster.tenants[tenant].trust == "low"
@@ -142,7 +142,7 @@ def missing_resources(container: Mapping[str, Any]) -> list[str]:
 
 
 def check_tenant_pod_resources(resources: Sequence[PolicyResource], config: Mapping[str, Any]) -> Iterator[Violation]:
-    for obj, tenant, _, spec in tenant_workloads(Cluster(resources)):
+    for obj, tenant, _, spec in tenant_workloads(cluster_of(resources)):
         for key in ("initContainers", "containers"):  # ephemeral containers take no resources
             for container in as_list(spec.get(key)):
                 missing = missing_resources(as_map(container))
@@ -171,7 +171,7 @@ def allowed_registries(cluster: Cluster) -> list[str] | None:
 
 
 def check_tenant_pod_registries(resources: Sequence[PolicyResource], config: Mapping[str, Any]) -> Iterator[Violation]:
-    cluster = Cluster(resources)
+    cluster = cluster_of(resources)
     patterns = allowed_registries(cluster)
     if patterns is None:
         return  # no admission list to hold pods to: `admission-policies-enforced` reports its absence
@@ -226,7 +226,7 @@ def toleration_problem(toleration: Mapping[str, Any], allowed: Sequence[Mapping[
 
 
 def check_tenant_pod_placement(resources: Sequence[PolicyResource], config: Mapping[str, Any]) -> Iterator[Violation]:
-    cluster = Cluster(resources)
+    cluster = cluster_of(resources)
     for obj, tenant, namespace, spec in tenant_workloads(cluster):
         where = _where(obj, tenant)
         if spec.get("nodeName"):

@@ -1,0 +1,112 @@
+"""A review after a one-tenant change: render and check a generated environment cold into a fresh
+render and check cache, then again after one tenant's quota changed; print the CPU and wall
+seconds, peak memory and what the cache rebuilt, with the machine's load average.
+
+    python benchmarks/tenant_change.py            # 1,000 tenants
+    python benchmarks/tenant_change.py 200        # another size
+    python benchmarks/tenant_change.py 200 --verify   # also a cold render of the changed
+                                                      # environment, compared byte for byte
+
+Each step runs in a fresh process (its peak RSS is its own; render workers apart). Checks run
+without chart rendering (no helm needed); the oracle directory is the default one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def environment(tenants: int, changed: bool) -> tuple[dict, set[str]]:
+    sys.path.insert(0, str(REPO))
+    from benchmarks.render_scale import environment as generated
+
+    raw, secret_sections = generated(tenants)
+    if changed:
+        raw["tenants"][1]["quota"] = {"cpu": "77"}
+    return raw, secret_sections
+
+
+def step(tenants: int, changed: bool, cache: str | None, out: str | None) -> dict:
+    from ai_factory.factory.checking.charts import check_environment
+    from ai_factory.factory.checking.oracles import locate_upstream_dir
+    from ai_factory.factory.model.loading import validate
+    from ai_factory.factory.rendering.bundle import render_raw
+
+    raw, secret_sections = environment(tenants, changed)
+    started, cpu = time.perf_counter(), time.process_time()
+    rendered = render_raw(raw, secret_sections, validate(raw), stack="bench", cache=Path(cache) if cache else None)
+    files = rendered.files()
+    render_s, render_cpu = time.perf_counter() - started, time.process_time() - cpu
+    started, cpu = time.perf_counter(), time.process_time()
+    report = check_environment(rendered, locate_upstream_dir(), None, None, cache=Path(cache) if cache else None)
+    check_s, check_cpu = time.perf_counter() - started, time.process_time() - cpu
+    if out:
+        Path(out).write_text(json.dumps(files, sort_keys=True))
+    workers = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {
+        "resources": len(rendered.inventory),
+        "objects": len(rendered.manifests),
+        "render_s": round(render_s, 2),
+        "render_cpu_s": round(render_cpu, 2),
+        "worker_cpu_s": round(workers.ru_utime + workers.ru_stime, 2),
+        "check_s": round(check_s, 2),
+        "check_cpu_s": round(check_cpu, 2),
+        "findings": len(report.findings),
+        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+        "worker_peak_rss_mib": round(workers.ru_maxrss / 1024),
+    }
+
+
+def units_built(cache: Path, before: dict[str, str]) -> list[str]:
+    after = json.loads((cache / "stacks" / "ai-factory.bench.json").read_text())["units"]
+    return sorted(u for u, key in after.items() if before.get(u) != key)
+
+
+def run(tenants: int, changed: bool, cache: Path | None, out: Path | None) -> dict:
+    command = [sys.executable, __file__, "--step", str(tenants), "1" if changed else "0", str(cache or ""), str(out or "")]
+    result = subprocess.run(command, capture_output=True, text=True, check=True, cwd=REPO)
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str]) -> None:
+    if argv and argv[0] == "--step":
+        print(json.dumps(step(int(argv[1]), argv[2] == "1", argv[3] or None, argv[4] or None)))
+        return
+    tenants = int(next((a for a in argv if a.isdigit()), "1000"))
+    print(f"{tenants} generated tenants; load average before: {' '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} cores")
+    print(f"{'step':<28} {'resources':>9} {'objects':>8} {'render s wall/cpu':>18} {'workers cpu':>11} {'check s wall/cpu':>17} {'findings':>8} {'peak MiB':>8} {'workers MiB':>11}")
+    with tempfile.TemporaryDirectory() as scratch:
+        cache = Path(scratch) / "cache"
+        rows = [("cold (empty cache)", False, cache, Path(scratch) / "cold.json")]
+        rows.append(("one tenant changed (cached)", True, cache, Path(scratch) / "changed.json"))
+        if "--verify" in argv:
+            rows.append(("one tenant changed (no cache)", True, None, Path(scratch) / "reference.json"))
+        before: dict[str, str] = {}
+        for label, changed, directory, out in rows:
+            r = run(tenants, changed, directory, out)
+            render, check = f"{r['render_s']}/{r['render_cpu_s']}", f"{r['check_s']}/{r['check_cpu_s']}"
+            print(
+                f"{label:<28} {r['resources']:>9} {r['objects']:>8} {render:>18} {r['worker_cpu_s']:>11} "
+                f"{check:>17} {r['findings']:>8} {r['peak_rss_mib']:>8} {r['worker_peak_rss_mib']:>11}"
+            )
+            if directory is not None:
+                built = units_built(cache, before)
+                print(f"{'':<28} units rendered: {len(built)}" + (f" ({', '.join(built)})" if len(built) <= 5 else ""))
+                before = json.loads((cache / "stacks" / "ai-factory.bench.json").read_text())["units"]
+        if "--verify" in argv:
+            same = (Path(scratch) / "changed.json").read_text() == (Path(scratch) / "reference.json").read_text()
+            print(f"cached render of the change is the cold one byte for byte: {same}")
+    print(f"load average after: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

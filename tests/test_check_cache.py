@@ -1,0 +1,72 @@
+"""The check cache: checks of one object at a time are cached per part of the render (a tenant, a
+platform layer), and give what an uncached check gives."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from ai_factory.factory.checking.check import PER_PART, parts, run_checks
+from ai_factory.factory.checking.oracles import Oracles, locate_upstream_dir
+from ai_factory.factory.model.loading import validate
+from ai_factory.factory.rendering.bundle import render_raw
+from tests.tenancy_env import many_tenants
+
+
+@pytest.fixture(scope="module")
+def fleet(dev_raw):
+    raw = many_tenants(copy.deepcopy(dev_raw[0]), 3)
+    return raw, dev_raw[1], render_raw(raw, dev_raw[1], validate(raw), stack="dev")
+
+
+@pytest.fixture(scope="module")
+def oracles():
+    return Oracles(locate_upstream_dir())
+
+
+def entries(directory) -> set[str]:
+    return {p.name for p in (directory / "checks").rglob("*.json")}
+
+
+@pytest.mark.parametrize("check", PER_PART, ids=lambda c: c.__name__)
+def test_a_per_part_check_finds_over_the_parts_what_it_finds_over_the_whole(fleet, oracles, check):
+    rendered = fleet[2]
+    cut = parts(rendered)
+    assert {("tenant", "team-00"), ("layer", "kueue")} <= set(cut)
+    assert sorted(set(check(rendered, oracles))) == sorted({f for part in cut.values() for f in check(part, oracles)})
+
+
+def test_cached_findings_are_the_uncached_ones(fleet, oracles, tmp_path):
+    rendered = fleet[2]
+    cold = run_checks(rendered, oracles)
+    assert run_checks(rendered, oracles, cache=tmp_path) == cold
+    assert run_checks(rendered, oracles, cache=tmp_path) == cold
+
+
+def test_a_change_to_one_tenant_checks_that_tenant_again_only(fleet, oracles, tmp_path):
+    raw, secret_sections, rendered = fleet
+    run_checks(rendered, oracles, cache=tmp_path)
+    before = entries(tmp_path)
+    changed = copy.deepcopy(raw)
+    changed["tenants"][2]["quota"] = {"cpu": "33"}
+    again = render_raw(changed, secret_sections, validate(changed), stack="dev")
+    assert run_checks(again, oracles, cache=tmp_path) == run_checks(again, oracles)
+    assert len(entries(tmp_path) - before) == 1
+
+
+def test_other_oracles_check_every_part_again(fleet, oracles, tmp_path):
+    rendered = fleet[2]
+    run_checks(rendered, oracles, cache=tmp_path, oracle_state="one")
+    before = entries(tmp_path)
+    run_checks(rendered, oracles, cache=tmp_path, oracle_state="another")
+    assert len(entries(tmp_path) - before) == len(parts(rendered))
+
+
+def test_a_rendered_directory_is_checked_whole(fleet, oracles, tmp_path):
+    """Its resources are matched to the inventory across the whole render: no part is cached."""
+    from ai_factory.factory.rendering.bundle import load_rendered
+
+    fleet[2].write(tmp_path / "out")
+    run_checks(load_rendered(tmp_path / "out"), oracles, cache=tmp_path / "cache")
+    assert not (tmp_path / "cache").exists()

@@ -1,0 +1,146 @@
+"""The render cache: unchanged layers and tenant stacks are read back, and what they give is the
+cold render byte for byte."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ai_factory.components import _common
+from ai_factory.factory.model.loading import validate
+from ai_factory.factory.rendering import cache as render_cache
+from ai_factory.factory.rendering.bundle import render_raw
+from tests.conftest import REPO
+from tests.tenancy_env import many_tenants
+
+
+@pytest.fixture(scope="module")
+def fleet(dev_raw):
+    """Three generated tenants on dev's platform, and their cold render (no cache)."""
+    raw = many_tenants(copy.deepcopy(dev_raw[0]), 3)
+    return raw, dev_raw[1], render_raw(raw, dev_raw[1], validate(raw), stack="dev")
+
+
+def cached_render(raw, secret_sections, directory):
+    return render_raw(raw, secret_sections, validate(raw), stack="dev", cache=directory)
+
+
+def unit_keys(directory) -> dict[str, str]:
+    return json.loads((directory / "stacks" / "ai-factory.dev.json").read_text())["units"]
+
+
+def graph(rendered):
+    return [(r.urn, r.parent_urn, r.dependency_urns, r.inputs, r.secret_paths) for r in rendered.graph.resources]
+
+
+def test_a_render_read_back_from_the_cache_is_the_cold_render_byte_for_byte(fleet, tmp_path):
+    raw, secret_sections, cold = fleet
+    first = cached_render(raw, secret_sections, tmp_path)
+    again = cached_render(raw, secret_sections, tmp_path)
+    assert first.files() == cold.files() and again.files() == cold.files()
+    assert graph(again) == graph(cold)
+
+
+def test_a_change_to_one_tenant_renders_that_tenant_again_only(fleet, tmp_path):
+    raw, secret_sections, _ = fleet
+    cached_render(raw, secret_sections, tmp_path)
+    before = unit_keys(tmp_path)
+    changed = copy.deepcopy(raw)
+    changed["tenants"][1]["quota"] = {"cpu": "77"}
+    rendered = cached_render(changed, secret_sections, tmp_path)
+    after = unit_keys(tmp_path)
+    assert sorted(u for u in after if after[u] != before[u]) == ["tenant:team-01"]
+    assert rendered.files() == render_raw(changed, secret_sections, validate(changed), stack="dev").files()
+
+
+def test_a_change_of_the_library_renders_everything_again(fleet, tmp_path, monkeypatch):
+    raw, secret_sections, cold = fleet
+    cached_render(raw, secret_sections, tmp_path)
+    before = unit_keys(tmp_path)
+    monkeypatch.setattr(render_cache, "library_digest", lambda: "another library")
+    assert cached_render(raw, secret_sections, tmp_path).files() == cold.files()
+    after = unit_keys(tmp_path)
+    assert before.keys() == after.keys() and all(after[u] != before[u] for u in after)
+
+
+def test_a_change_of_the_platform_renders_every_tenant_again(fleet, tmp_path):
+    raw, secret_sections, _ = fleet
+    cached_render(raw, secret_sections, tmp_path)
+    before = unit_keys(tmp_path)
+    changed = copy.deepcopy(raw)
+    changed["kubernetes"]["version"] = "1.35" if changed["kubernetes"].get("version") != "1.35" else "1.34"
+    rendered = cached_render(changed, secret_sections, tmp_path)
+    after = unit_keys(tmp_path)
+    assert all(after[u] != before[u] for u in after if u.startswith("tenant:"))
+    assert rendered.files() == render_raw(changed, secret_sections, validate(changed), stack="dev").files()
+
+
+def test_an_unreadable_cache_entry_is_rendered_again(fleet, tmp_path):
+    raw, secret_sections, cold = fleet
+    cached_render(raw, secret_sections, tmp_path)
+    for entry in (tmp_path / "units").rglob("*.json"):
+        entry.write_text("not json")
+    assert cached_render(raw, secret_sections, tmp_path).files() == cold.files()
+
+
+def test_tenant_stacks_built_from_narrowed_hooks_are_those_built_from_the_whole_hooks(fleet, monkeypatch):
+    """Narrowing a hook to one tenant keeps everything that tenant's objects are built from."""
+    raw, secret_sections, cold = fleet
+    monkeypatch.setattr("ai_factory.components.tenant_stack.narrowed", lambda hook, tenant: hook)
+    assert render_raw(raw, secret_sections, validate(raw), stack="dev").files() == cold.files()
+
+
+@pytest.mark.parametrize(
+    "value, other",
+    [
+        ({"a": 1, "b": [1, 2]}, {"b": [1, 2], "a": 1}),
+        (frozenset({"x", "y", "z"}), frozenset({"z", "y", "x"})),
+    ],
+    ids=["mappings-in-any-order", "sets-in-any-order"],
+)
+def test_equal_values_have_one_digest(value, other):
+    assert render_cache.digest(value) == render_cache.digest(other)
+
+
+@pytest.mark.parametrize("value, other", [((1, 2), (2, 1)), ({"a": 1}, {"a": 1.5}), ([1], [[1]])], ids=["order", "value", "shape"])
+def test_different_values_have_different_digests(value, other):
+    assert render_cache.digest(value) != render_cache.digest(other)
+
+
+def test_a_value_the_cache_cannot_key_is_refused():
+    with pytest.raises(TypeError, match="cannot key"):
+        render_cache.digest(object())
+
+
+def test_render_writes_its_cache_unless_told_not_to(tmp_path):
+    for flags, directory in (([], "cache"), (["--no-cache"], "none")):
+        command = [sys.executable, "-m", "ai_factory.factory", "render", "dev", "--quiet", "--out", str(tmp_path / "out"), *flags]
+        env = {"HOME": str(tmp_path), render_cache.CACHE_ENV: str(tmp_path / directory)}
+        subprocess.run(command, cwd=REPO, env=env, check=True, capture_output=True, timeout=300)
+    assert list((tmp_path / "cache" / "units").rglob("*.json"))
+    assert not (tmp_path / "none").exists()
+
+
+def test_the_cache_is_in_the_project_directory_by_default(monkeypatch):
+    monkeypatch.delenv(render_cache.CACHE_ENV, raising=False)
+    assert render_cache.default_cache_dir() == render_cache.Path(render_cache.CACHE_DIR)  # the CLI runs in the project directory
+
+
+def test_the_cache_directory_is_ignored_by_git():
+    assert render_cache.CACHE_DIR + "/" in (REPO / ".gitignore").read_text().splitlines()
+
+
+def test_a_hook_narrowed_to_a_tenant_holds_only_that_tenants_entries():
+    queues = (_Owned("a"), _Owned("b"))
+    assert _common.tenant_items(queues, "b") == (queues[1],)
+    assert _common.tenant_entry({"a": 1, "b": 2}, "a") == {"a": 1}
+    assert _common.tenant_entry({"a": 1}, "c") == {}
+
+
+class _Owned:
+    def __init__(self, tenant: str):
+        self.tenant = tenant
