@@ -43,14 +43,14 @@ autoscaler drives; the planner reserves GPUs for `replicas.max` plus the prefill
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fnmatch import fnmatchcase
 from typing import Any
 
 import pulumi
 import pulumi_kubernetes as k8s
 
-from ai_factory.components._common import FactoryComponent, helm_release, labels, namespace
+from ai_factory.components._common import FactoryComponent, helm_release, labels, namespace, tenant_entry
 from ai_factory.components.registry import Layer
 from ai_factory.components.serving import (
     CACHE_MOUNT,
@@ -294,6 +294,10 @@ class DynamoTenantHook:
         if not models:
             return None
         return cls(models=models, image=cfg.layers.dynamo.runtime_image, storage_class=cfg.layers.serving.cache_storage_class)
+
+    def narrowed(self, tenant: str) -> DynamoTenantHook:
+        """Only the tenant's own models (see `TenantHook`)."""
+        return replace(self, models=tenant_entry(self.models, tenant))
 
     def attach(self, stack: FactoryComponent, tenant: Tenant, names: TenantNames) -> None:
         own = labels(self.layer, tenant=names.tenant, extra=names.labels)

@@ -29,13 +29,13 @@ DRA driver's `vfio.gpu.nvidia.com` class behind its `PassthroughSupport` gate; v
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pulumi
 import pulumi_kubernetes as k8s
 
-from ai_factory.components._common import FactoryComponent, labels
+from ai_factory.components._common import FactoryComponent, labels, tenant_items
 from ai_factory.components._topology import HOSTNAME_LABEL
 from ai_factory.components.registry import Layer
 from ai_factory.factory.checking import vms as vm_checks
@@ -253,6 +253,10 @@ class KubeVirtTenantHook:
         by_name = {t.name: t for t in cfg.tenants}
         return cls(tuple(tenant_spec(cfg, plan, by_name[t.tenant], t.storage_class, list(t.vms)) for t in cfg.layers.kubevirt.tenants))
 
+    def narrowed(self, tenant: str) -> KubeVirtTenantHook:
+        """Only the tenant's own VMs (see `TenantHook`)."""
+        return replace(self, tenants=tenant_items(self.tenants, tenant))
+
     def attach(self, stack: FactoryComponent, tenant: Tenant, names: TenantNames) -> None:
         spec = next((t for t in self.tenants if t.tenant == tenant.name), None)
         if spec is None:
@@ -297,7 +301,7 @@ def vm_requests(raw: dict[str, Any]) -> list[str]:
     if not marked and not tenants_list:
         return []
     if layer.get("enabled", False) is not True:
-        return [f"layers.kubevirt: pools or tenants given but layers.kubevirt.enabled is not true"]
+        return ["layers.kubevirt: pools or tenants given but layers.kubevirt.enabled is not true"]
     pools = _by_name(as_dict(raw.get("fleet")).get("pools"), "name")
     tenants = _by_name(raw.get("tenants"), "name")
     problems: list[str] = []

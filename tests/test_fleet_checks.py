@@ -78,7 +78,7 @@ def test_fleet_findings(cfg, clusters, expected):
     "tenant, expected",
     [
         ("assistant", {"nvidia.com/mig-2g.20gb": 3, "nvidia.com/mig-1g.20gb": 1, "nvidia.com/gpu": 6, "nvidia.com/gpumem": 73728, "nvidia.com/gpucores": 150}),
-        ("search", {"nvidia.com/gpu": 24, "nvidia.com/mig-1g.10gb": 6, "nvidia.com/mig-3g.40gb": 2}),
+        ("search", {"nvidia.com/gpu": 24, "nvidia.com/mig-1g.10gb": 6, "nvidia.com/mig-3g.40gb": 2, "nvidia.com/GH100_H100_SXM5_80GB": 2}),  # and its VM GPUs
         ("partner-acme", {"nvidia.com/gpu": 8}),
     ],
 )
