@@ -29,8 +29,11 @@ reads pools, labelled `ai-factory.io/serves-tenant`.
 Admission (`tenant-secondary-networks`, Kyverno): a tenant pod names networks only in the short
 form (`name[@interface]`, comma-separated), which Multus resolves in the pod's own namespace: no
 `namespace/name`, no JSON form (whose `namespace` would name another tenant's), and never
-`v1.multus-cni.io/default-network`. Tenants cannot create NetworkAttachmentDefinitions (their RBAC
-lists none), so a tenant's namespace only holds its own networks.
+`v1.multus-cni.io/default-network`; neither annotation changes once the pod exists (ib-kubernetes
+would add the pod's GUID to whatever partition an edited annotation named), except by ib-kubernetes
+itself, which writes the GUIDs there: its service account, by exact name in this layer's namespace,
+is the one exemption. Tenants cannot create NetworkAttachmentDefinitions (their RBAC lists none),
+so a tenant's namespace only holds its own networks.
 
 GPU-NIC alignment: the SR-IOV and RDMA device plugins report each device's NUMA node, as the GPU
 device plugin does, and the kubelet's Topology Manager (`single-numa-node` or `restricted` policy,
@@ -57,6 +60,8 @@ from ai_factory.factory.checking.fabric import (
     ADMISSION_POLICY,
     DEFAULT_NETWORK_ANNOTATION,
     DEFAULT_NETWORK_RULE,
+    FIXED_NETWORKS_RULE,
+    IB_KUBERNETES_ACCOUNT,
     NETWORKS_ANNOTATION,
     RESOURCE_ANNOTATION,
     SHORT_FORM_RULE,
@@ -289,10 +294,30 @@ def ip_pool_spec(subnet: str, per_node: int, pools: list[str]) -> dict[str, Any]
     }
 
 
-def admission_policy_spec() -> dict[str, Any]:
+def admission_policy_spec(namespace: str) -> dict[str, Any]:
+    """`namespace`: the operator's, where ib-kubernetes runs."""
     annotations = "request.object.metadata.annotations"
     networks = f"{annotations}.\"{NETWORKS_ANNOTATION}\" || ''"
     tenant_pods = {"any": [{"resources": {"kinds": list(POD_KINDS), "namespaceSelector": TENANT_NAMESPACES, "operations": ["CREATE"]}}]}
+    updated_tenant_pods = {"any": [{"resources": {"kinds": ["Pod"], "namespaceSelector": TENANT_NAMESPACES, "operations": ["UPDATE"]}}]}
+
+    def changed(annotation: str) -> dict[str, Any]:
+        return {
+            "key": f"{{{{ request.object.metadata.annotations.\"{annotation}\" || '' }}}}",
+            "operator": "NotEquals",
+            "value": f"{{{{ request.oldObject.metadata.annotations.\"{annotation}\" || '' }}}}",
+        }
+
+    fixed = _rule(
+        FIXED_NETWORKS_RULE,
+        updated_tenant_pods,
+        f"A pod's {NETWORKS_ANNOTATION} and {DEFAULT_NETWORK_ANNOTATION} are set when it is created; only ib-kubernetes adds GUIDs to them later.",
+        {"deny": {"conditions": {"any": [changed(NETWORKS_ANNOTATION), changed(DEFAULT_NETWORK_ANNOTATION)]}}},
+    )
+    # ib-kubernetes rewrites the annotation in the JSON form with each network's GUID and partition
+    # key (`cni-args`): its own service account, by exact name in the operator's namespace, where
+    # tenants create nothing. A tenant's UPDATE that leaves both annotations as they are passes.
+    fixed["exclude"] = {"any": [{"subjects": [{"kind": "ServiceAccount", "name": IB_KUBERNETES_ACCOUNT, "namespace": namespace}]}]}
     return _policy_spec(
         [
             _rule(
@@ -308,7 +333,10 @@ def admission_policy_spec() -> dict[str, Any]:
                 f"Tenant pods may not replace their pod network ({DEFAULT_NETWORK_ANNOTATION}).",
                 {"deny": {"conditions": {"any": [{"key": f"{{{{ {annotations}.\"{DEFAULT_NETWORK_ANNOTATION}\" || '' }}}}", "operator": "NotEquals", "value": ""}]}}},
             ),
-        ]
+            fixed,
+        ],
+        # Admission only: the UPDATE rule reads who sends the request and the object before it.
+        background=False,
     )
 
 
@@ -335,7 +363,7 @@ class FastPath(FactoryComponent):
         for vpc in args.vpcs:
             self._ip_pool(vpc.ip_pool, vpc.tenant, ip_pool_spec(vpc.vpc.subnet, args.per_node_addresses, list(vpc.pools)), args.namespace, after)
         if args.admission:
-            self._custom("admission", "kyverno.io/v1", "ClusterPolicy", ADMISSION_POLICY, None, admission_policy_spec(), self.child())
+            self._custom("admission", "kyverno.io/v1", "ClusterPolicy", ADMISSION_POLICY, None, admission_policy_spec(args.namespace), self.child())
         self.namespace = ns.metadata.name
         self.register_outputs({"namespace": self.namespace})
 

@@ -70,10 +70,22 @@ FLEET = [
 
 
 def admission_policy(action: str = "Enforce") -> dict:
-    spec = network.admission_policy_spec()
+    spec = network.admission_policy_spec("net")
     for rule in spec["rules"]:
         rule["validate"]["failureAction"] = action
     return {"apiVersion": "kyverno.io/v1", "kind": "ClusterPolicy", "metadata": {"name": checks.ADMISSION_POLICY}, "spec": spec}
+
+
+def exempting(*subjects: dict) -> dict:
+    """The admission policy with its UPDATE rule's exemption replaced."""
+    policy = admission_policy()
+    rule = next(r for r in policy["spec"]["rules"] if r["name"] == checks.FIXED_NETWORKS_RULE)
+    rule["exclude"] = {"any": [{"subjects": list(subjects)}]}
+    return policy
+
+
+def account(name: str, namespace: str, kind: str = "ServiceAccount") -> dict:
+    return {"kind": kind, "name": name, "namespace": namespace}
 
 
 def world(*objs: dict) -> Rendered:
@@ -127,11 +139,20 @@ ATTACH_ROWS = [
     ("an unreadable annotation", [OWN, admission_policy(), pod("tenant-a", {checks.NETWORKS_ANNOTATION: "[oops"})], "cannot be read"),
     ("tenant networks without the admission policy", [OWN], "admission policy tenant-secondary-networks is missing"),
     ("the admission policy in audit mode", [OWN, admission_policy("Audit")], "does not enforce networks-in-own-namespace"),
+    ("networks editable after creation", [OWN, {**admission_policy(), "spec": {**admission_policy()["spec"], "rules": [
+        r for r in admission_policy()["spec"]["rules"] if r["name"] != checks.FIXED_NETWORKS_RULE]}}], "does not enforce networks-fixed-after-create"),
+    ("ib-kubernetes exempted in a tenant's namespace", [OWN, exempting(account("ib-kubernetes", "tenant-a"))], "namespace tenant-a, which a tenant can create"),
+    ("an exempted namespace wildcard", [OWN, exempting(account("ib-kubernetes", "*"))], "namespace *, which a tenant can create"),
+    ("another service account exempted", [OWN, exempting(account("default", "net"))], "exempts ServiceAccount net/default"),
+    ("a group exempted", [OWN, exempting(account("system:authenticated", "", "Group"))], "exempts Group /system:authenticated"),
+    ("an exemption by role", [OWN, {**admission_policy(), "spec": {**admission_policy()["spec"], "rules": [
+        {**r, "exclude": {"any": [{"clusterRoles": ["edit"]}]}} for r in admission_policy()["spec"]["rules"]]}}], "exempts requests matching"),
 ]
 ATTACH_ACCEPTS = [
     ("own networks by short name", [OWN, admission_policy(), pod("tenant-a", {checks.NETWORKS_ANNOTATION: "rdma@net1, rdma"})]),
     ("own network by namespace/name", [OWN, admission_policy(), job("tenant-a", "tenant-a/rdma")]),
     ("a platform pod naming any network", [OWN, admission_policy(), pod("net", {checks.NETWORKS_ANNOTATION: "tenant-a/rdma"})]),
+    ("ib-kubernetes exempted in the operator's namespace", [OWN, exempting(account("ib-kubernetes", "net"))]),
 ]
 
 
@@ -241,6 +262,40 @@ ADMISSION_ROWS = [
     ("a replaced pod network", "tenant-search", {checks.DEFAULT_NETWORK_ANNOTATION: "kube-system/x"}, [checks.DEFAULT_NETWORK_RULE]),
     ("a platform pod", "nvidia-network-operator", {checks.NETWORKS_ANNOTATION: "tenant-search/rdma-h100-train"}, []),
 ]
+
+
+def test_the_rendered_exemption_is_ib_kubernetes_account_alone(dev):
+    rules = one(dev, "ClusterPolicy", checks.ADMISSION_POLICY)["spec"]["rules"]
+    assert [r.get("exclude") for r in rules] == [None, None, {"any": [{"subjects": [
+        {"kind": "ServiceAccount", "name": checks.IB_KUBERNETES_ACCOUNT, "namespace": "nvidia-network-operator"}]}]}]
+
+
+GUIDS = '[{"name": "rdma-h100-train", "cni-args": {"guid": "02:00:00:00:00:00:00:05", "mellanox.infiniband.app": "configured"}}]'
+IB_KUBERNETES = "system:serviceaccount:nvidia-network-operator:ib-kubernetes"
+UPDATE_ROWS = [
+    # (case, namespace, user, annotations before, after, refused)
+    ("ib-kubernetes adding a GUID", "tenant-search", IB_KUBERNETES, "rdma-h100-train", GUIDS, []),
+    ("a tenant relabelling its pod, GUIDs in place", "tenant-search", "alice", GUIDS, GUIDS, []),
+    ("a tenant writing GUIDs itself", "tenant-search", "alice", "rdma-h100-train", GUIDS, [checks.FIXED_NETWORKS_RULE]),
+    ("a tenant pointing at another tenant's network", "tenant-search", "alice", "rdma-h100-train", "tenant-assistant/rdma-a100-mig", [checks.FIXED_NETWORKS_RULE]),
+    ("a tenant's own account named ib-kubernetes", "tenant-search", "system:serviceaccount:tenant-search:ib-kubernetes", "rdma-h100-train", GUIDS,
+     [checks.FIXED_NETWORKS_RULE]),
+    ("another platform account", "tenant-search", "system:serviceaccount:nvidia-network-operator:default", "rdma-h100-train", GUIDS,
+     [checks.FIXED_NETWORKS_RULE]),
+    ("a tenant adding a network later", "tenant-search", "alice", None, "rdma-h100-train", [checks.FIXED_NETWORKS_RULE]),
+]
+
+
+@pytest.mark.parametrize(("namespace", "user", "before", "after", "refused"), [r[1:] for r in UPDATE_ROWS], ids=[r[0] for r in UPDATE_ROWS])
+def test_admission_of_network_updates(dev, namespace, user, before, after, refused):
+    policy = one(dev, "ClusterPolicy", checks.ADMISSION_POLICY)
+    labels = next(n["metadata"].get("labels") or {} for n in objects(dev, "Namespace") if n["metadata"]["name"] == namespace)
+
+    def annotated(value):
+        return pod(namespace, {checks.NETWORKS_ANNOTATION: value} if value is not None else {})
+
+    request = Request(annotated(after), namespace_labels=labels, operation="UPDATE", username=user, old_object=annotated(before))
+    assert refusals([policy], request) == [f"{checks.ADMISSION_POLICY}/{rule}" for rule in refused]
 
 
 @pytest.mark.parametrize(("namespace", "annotations", "refused"), [r[1:] for r in ADMISSION_ROWS], ids=[r[0] for r in ADMISSION_ROWS])

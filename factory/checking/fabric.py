@@ -37,6 +37,10 @@ RESOURCE_ANNOTATION = "k8s.v1.cni.cncf.io/resourceName"
 ADMISSION_POLICY = "tenant-secondary-networks"
 SHORT_FORM_RULE = "networks-in-own-namespace"
 DEFAULT_NETWORK_RULE = "no-default-network-override"
+FIXED_NETWORKS_RULE = "networks-fixed-after-create"
+IB_KUBERNETES_ACCOUNT = "ib-kubernetes"
+"""The service account the Network Operator runs ib-kubernetes as: it patches each InfiniBand pod's
+networks annotation with the pod's GUID, the one writer the admission policy lets change it."""
 PKEY_DEFAULT = 0x7FFF
 RDMA_TYPES = ("ib-sriov", "sriov", "vlan")
 """Tenant networks kept apart by a key: InfiniBand partition, SR-IOV VLAN, a VPC's hand-over VLAN."""
@@ -259,13 +263,39 @@ def attachment_problems(items: Iterable[Item], tenant_of: Callable[[str | None],
         policy = next((i for i in items if i.kind == "ClusterPolicy" and i.name == ADMISSION_POLICY), None)
         rules = {str(_map(r).get("name")): _map(r) for r in _list(policy.spec.get("rules"))} if policy else {}
         missing = [
-            rule for rule in (SHORT_FORM_RULE, DEFAULT_NETWORK_RULE)
+            rule for rule in (SHORT_FORM_RULE, DEFAULT_NETWORK_RULE, FIXED_NETWORKS_RULE)
             if _map(rules.get(rule, {}).get("validate")).get("failureAction") != "Enforce"
         ]
         if policy is None or missing or policy.spec.get("failurePolicy") != "Fail":
             what = "is missing" if policy is None else f"does not enforce {', '.join(missing) or 'failing closed (failurePolicy Fail)'}"
             handle = policy.handle if policy else networks[0][0].handle
             yield handle, f"tenants have RDMA networks but the admission policy {ADMISSION_POLICY} {what}: a pod could name another tenant's network"
+        for name, rule in sorted(rules.items()):
+            for reach in exemption_problems(rule.get("exclude"), tenant_of):
+                yield policy.handle, f"rule {name} exempts {reach}: only ib-kubernetes' own service account may change a pod's networks"
+
+
+def exemption_problems(exclude: Any, tenant_of: Callable[[str | None], str | None]) -> Iterator[str]:
+    """What an admission rule's `exclude` lets through beyond ib-kubernetes' service account in a
+    platform namespace: another subject, a role, a wildcard, or a tenant's namespace (where a
+    tenant can create a service account of that name)."""
+    if exclude is None:
+        return
+    blocks = _list(_map(exclude).get("any"))
+    if set(_map(exclude)) - {"any"} or not blocks:
+        yield f"requests by {json.dumps(exclude, sort_keys=True)}"
+        return
+    for block in map(_map, blocks):
+        subjects = _list(block.get("subjects"))
+        if set(block) - {"subjects"} or not subjects:
+            yield f"requests matching {json.dumps(dict(block), sort_keys=True)}"
+            continue
+        for subject in map(_map, subjects):
+            namespace = subject.get("namespace")
+            if subject.get("kind") != "ServiceAccount" or subject.get("name") != IB_KUBERNETES_ACCOUNT or not isinstance(namespace, str):
+                yield f"{subject.get('kind')} {subject.get('namespace', '')}/{subject.get('name')}"
+            elif any(c in namespace for c in "*?") or tenant_of(namespace) is not None:
+                yield f"service account {IB_KUBERNETES_ACCOUNT} of namespace {namespace}, which a tenant can create"
 
 
 def selector_problems(items: Iterable[Item], nodes: Mapping[str, Mapping[str, Any]]) -> Iterator[Problem]:
