@@ -12,7 +12,15 @@ exists upstream) provisions every node of the fleet that declares a BMC. Per suc
   to, so the operator finds the driver pre-installed), the pool's boot mode (Secure Boot by
   default), online;
 - a `HostFirmwareSettings` of the same name with the pool's BIOS settings (`BIOS_PROFILES` for the
-  pool's vendor, then the pool's `firmware`), each with its reason in an annotation.
+  pool's vendor, then the pool's `firmware`), each with its reason in an annotation;
+- the host's user data (Secret `<node>-user-data`, the `spec.userData` Metal3 hands cloud-init on
+  the config drive): a kubelet configuration drop-in (`KUBELET_DROP_IN`) whose `registerWithTaints`
+  makes the node join tainted `ai-factory.io/acceptance=pending:NoSchedule`, so no workload lands
+  before its gates ran; the fleet layer later replaces the taint with the verdict's (none once
+  accepted). The OS image's kubelet must read drop-ins (`--config-dir`, the directory of
+  `KUBELET_DROP_IN`); the image or the cluster's bootstrap supplies the join itself. The user data
+  is a Pulumi secret: it is where a node's join credentials live, whoever adds them. Offline, the
+  `registration-taint` check holds every BareMetalHost to this.
 Nodes provisioned by something else declare no BMC and get none of these.
 
 Acceptance (`ai_factory.factory.acceptance.gates`): in `acceptance_namespace`, per node under
@@ -46,6 +54,9 @@ from ai_factory.components.gpu_operator import tolerations as gpu_node_toleratio
 from ai_factory.components.openbao import platform_path, service_address
 from ai_factory.components.registry import Layer
 from ai_factory.factory.acceptance import gates, thresholds
+from ai_factory.factory.checking import provisioning as provisioning_checks
+from ai_factory.factory.checking.provisioning import PENDING_TAINT as REGISTRATION_TAINT
+from ai_factory.factory.checking.provisioning import REGISTER_TAINTS_ANNOTATION
 from ai_factory.factory.model.config import DriverSettings, FactoryConfig, NodeSpec, Pool, PoolProvisioning
 from ai_factory.factory.model.raw import as_dict, as_list, did_you_mean
 from ai_factory.factory.model.secrets import SecretValue
@@ -58,6 +69,7 @@ STORE_ROLE = "ai-factory-provisioning"
 REASONS_ANNOTATION = "ai-factory.io/firmware-reasons"
 NODE_ANNOTATION = "ai-factory.io/node"
 GATE_LABEL = "ai-factory.io/gate"
+KUBELET_DROP_IN = "/etc/kubernetes/kubelet.conf.d/50-ai-factory-acceptance.conf"
 JOB_SERVICE_ACCOUNT = "acceptance"
 
 # BIOS settings per vendor, by the attribute names the vendor's Redfish BIOS registry uses; the
@@ -225,7 +237,7 @@ def gate_jobs(cfg: FactoryConfig) -> list[GateJob]:
     return jobs
 
 
-def bare_metal_host_spec(host: Host, secret: str) -> dict[str, Any]:
+def bare_metal_host_spec(host: Host, secret: str, namespace: str) -> dict[str, Any]:
     node, setup = host.node, host.setup
     assert node.bmc and node.root_device_hints, "validation requires them with a BMC"
     hints = node.root_device_hints
@@ -246,6 +258,7 @@ def bare_metal_host_spec(host: Host, secret: str) -> dict[str, Any]:
         # Erase partition tables and metadata between owners, so a node keeps no previous image.
         "automatedCleaningMode": "metadata",
         "description": f"ai-factory pool {host.pool.name}, rack {node.rack}",
+        "userData": {"name": user_data_secret(node.name), "namespace": namespace},
     }
 
 
@@ -256,6 +269,22 @@ def bmc_external_secret_spec(host: Host, secret: str) -> dict[str, Any]:
         "target": {"name": secret, "creationPolicy": "Owner", "deletionPolicy": "Delete"},
         "data": [{"secretKey": key, "remoteRef": {"key": host.credentials_key, "property": key}} for key in ("username", "password")],
     }
+
+
+def user_data_secret(node: str) -> str:
+    return f"{node}-user-data"
+
+
+def kubelet_drop_in() -> dict[str, Any]:
+    """Only what acceptance needs: the drop-in merges over the image's own kubelet configuration."""
+    return {"apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration", "registerWithTaints": [REGISTRATION_TAINT]}
+
+
+def user_data() -> str:
+    """The cloud-init user data of every host (cloud-config)."""
+    config = {"write_files": [{"path": KUBELET_DROP_IN, "owner": "root:root", "permissions": "0644",
+                               "content": json.dumps(kubelet_drop_in(), sort_keys=True) + "\n"}]}
+    return "#cloud-config\n" + json.dumps(config, sort_keys=True, indent=2) + "\n"
 
 
 def store_policy(kv_mount: str, prefix: str) -> str:
@@ -345,13 +374,23 @@ class Provisioning(FactoryComponent):
                     opts=self.child(depends_on=[store]),
                 )
             settings = firmware_settings(host.pool, host.setup)
+            user_data_object = k8s.core.v1.Secret(
+                self.child_name(f"user-data-{node}"),
+                metadata=k8s.meta.v1.ObjectMetaArgs(
+                    name=user_data_secret(node), namespace=args.namespace, labels=host_labels,
+                    annotations={REGISTER_TAINTS_ANNOTATION: json.dumps([REGISTRATION_TAINT], sort_keys=True)},
+                ),
+                type="Opaque",
+                string_data={"userData": pulumi.Output.secret(user_data())},
+                opts=self.child(depends_on=[ns]),
+            )
             k8s.apiextensions.CustomResource(
                 self.child_name(f"host-{node}"),
                 api_version=METAL3_API,
                 kind="BareMetalHost",
                 metadata={"name": node, "namespace": args.namespace, "labels": host_labels},
-                spec=bare_metal_host_spec(host, secret),
-                opts=self.child(depends_on=[ns]),
+                spec=bare_metal_host_spec(host, secret, args.namespace),
+                opts=self.child(depends_on=[user_data_object]),
             )
             k8s.apiextensions.CustomResource(
                 self.child_name(f"firmware-{node}"),
@@ -475,6 +514,7 @@ LAYER = Layer(
     args=ProvisioningArgs.from_config,
     requires=("fleet", "external-secrets"),
     config_checks=(config_problems,),
+    checks=(provisioning_checks.registration_taint,),
     privileged_namespaces={
         "ai-factory-acceptance": "Acceptance gates: drive every GPU and RDMA NIC of the node under test (DCGM diagnostics, burn-in, NCCL)",
     },

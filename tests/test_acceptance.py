@@ -111,6 +111,18 @@ def test_the_fleet_taints_and_labels_nodes_by_their_verdict(raw, tmp_path, monke
     assert "7 GPUs found, 8 expected" in nodes["gpu-h100-02"]["metadata"]["annotations"][gates.REASON_ANNOTATION]
 
 
+def test_an_accepted_node_takes_the_registration_taint_over_from_its_kubelet(dev):
+    """The kubelet registered it tainted pending (provisioning's user data): the patch claims the
+    whole atomic list, empty once accepted, and forces, so the taint goes with the verdict."""
+    nodes = {o["metadata"]["name"]: o for o in objects(dev, "Node")}
+    for name in H100:
+        assert nodes[name]["metadata"]["annotations"]["pulumi.com/patchForce"] == "true"
+        assert "taints" in nodes[name]["spec"]
+    assert not any(t["key"] == gates.ACCEPTANCE_KEY for t in nodes["gpu-h100-01"]["spec"]["taints"])
+    others = [n for n, o in nodes.items() if n not in H100]
+    assert others and not any("pulumi.com/patchForce" in (nodes[n]["metadata"].get("annotations") or {}) for n in others)
+
+
 def test_an_unreadable_results_file_is_a_config_problem(raw, tmp_path, monkeypatch):
     (tmp_path / "acceptance").mkdir()
     (tmp_path / "acceptance" / "dev-results.yaml").write_text("nodes: {gpu-h100-01: {generation: nope}}\n")
