@@ -171,6 +171,62 @@ def test_fabric_attachments_accepts(objs):
     assert found(checks.fabric_attachments, world(*objs)) == []
 
 
+# --------------------------------------------------------------------------- DRA claims
+
+
+VF_CLASS = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "ib-rdma-vf"},
+            "spec": {"selectors": [{"cel": {"expression": network.vf_selector("ib")}}]}}
+GPU_CLASS = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "h100-80gb-whole"},
+             "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'"}}]}}
+PAIRED = network.paired_claim_spec("ib", "H100-80GB", "tenant-a")
+
+
+def claim(kind: str = "ResourceClaimTemplate", namespace: str = "tenant-a", **devices) -> dict:
+    body = copy.deepcopy(PAIRED)
+    body["devices"].update(devices)
+    spec = {"spec": body} if kind == "ResourceClaimTemplate" else body
+    return {"apiVersion": "resource.k8s.io/v1", "kind": kind, "metadata": {"name": "pair", "namespace": namespace}, "spec": spec}
+
+
+def request(name: str, device_class: str, count: int = 1, legacy: bool = False) -> dict:
+    return {"name": name, "deviceClassName": device_class, "count": count} if legacy else {"name": name, "exactly": {"deviceClassName": device_class, "count": count}}
+
+
+def vf_config(namespace: str) -> list[dict]:
+    return [{"requests": ["nic"], "opaque": {"driver": checks.SRIOV_DRA_DRIVER, "parameters": {"kind": "VfConfig", "netAttachDefName": "rdma-ib", "netAttachDefNamespace": namespace}}}]
+
+
+NOT_ALIGNED = "not constrained to one PCIe root"
+CLAIM_ROWS = [
+    ("a pair without constraint", [GPU_CLASS, VF_CLASS, claim(constraints=[])], NOT_ALIGNED),
+    ("a pair matched on another attribute", [GPU_CLASS, VF_CLASS, claim(constraints=[{"matchAttribute": "gpu.nvidia.com/productName"}])], NOT_ALIGNED),
+    ("a constraint leaving the VF out", [GPU_CLASS, VF_CLASS, claim(constraints=[{"requests": ["gpu"], "matchAttribute": checks.PCIE_ROOT}])], NOT_ALIGNED),
+    ("a second VF left out", [GPU_CLASS, VF_CLASS, claim(requests=[*PAIRED["devices"]["requests"], request("nic2", "ib-rdma-vf")])], "nic, nic2 are not"),
+    ("a claim (not a template)", [GPU_CLASS, VF_CLASS, claim("ResourceClaim", constraints=[])], NOT_ALIGNED),
+    ("the chart's GPU class, v1beta1 requests", [VF_CLASS, claim(requests=[request("gpu", "gpu.nvidia.com", legacy=True), request("nic", "ib-rdma-vf", legacy=True)],
+                                                                 constraints=[])], NOT_ALIGNED),
+    ("a VF on another tenant's network", [GPU_CLASS, VF_CLASS, claim(config=vf_config("tenant-b"))], "network tenant-b/rdma-ib, of another namespace"),
+]
+CLAIM_ACCEPTS = [
+    ("the rendered pair", [GPU_CLASS, VF_CLASS, claim()]),
+    ("a constraint over every request", [GPU_CLASS, VF_CLASS, claim(constraints=[{"matchAttribute": checks.PCIE_ROOT}])]),
+    ("GPUs alone", [GPU_CLASS, claim(requests=[request("gpu", "h100-80gb-whole", 8)], constraints=[], config=[])]),
+    ("a VF alone", [VF_CLASS, claim(requests=[request("nic", "ib-rdma-vf")], constraints=[], config=[])]),
+    ("a VF on its own namespace's network", [GPU_CLASS, VF_CLASS, claim(config=vf_config("tenant-a"))]),
+]
+
+
+@pytest.mark.parametrize(("objs", "expected"), [r[1:] for r in CLAIM_ROWS], ids=[r[0] for r in CLAIM_ROWS])
+def test_claims_aligned_flags(objs, expected):
+    lines = found(checks.claims_aligned, world(*objs))
+    assert len(lines) == 1 and expected in lines[0], lines
+
+
+@pytest.mark.parametrize("objs", [r[1] for r in CLAIM_ACCEPTS], ids=[r[0] for r in CLAIM_ACCEPTS])
+def test_claims_aligned_accepts(objs):
+    assert found(checks.claims_aligned, world(*objs)) == []
+
+
 def nic_node_policy(selector: dict | None, **spec) -> dict:
     body = {"nodeSelector": selector, **spec} if selector is not None else dict(spec)
     return {"apiVersion": "mellanox.com/v1alpha1", "kind": "NicNodePolicy", "metadata": {"name": "p"}, "spec": body}
@@ -229,7 +285,7 @@ def crossguard(*objs: dict) -> dict[str, dict[str, list[str]]]:
                 metadata=obj["metadata"], spec=obj.get("spec"),
             )
     graph = stack(program)
-    return {p: violations(graph, p) for p in ("fabric-keys-apart", "fabric-attachments-own", "nic-policies-one-pool")}
+    return {p: violations(graph, p) for p in ("fabric-keys-apart", "fabric-attachments-own", "nic-policies-one-pool", "dra-claims-aligned")}
 
 
 CROSSGUARD_ROWS = [
@@ -238,6 +294,7 @@ CROSSGUARD_ROWS = [
     ("fabric-attachments-own", [nad("net", ib("0x10"))], "outside every tenant's namespace"),
     ("fabric-attachments-own", [nad("tenant-a", ib("0x10"))], "is missing"),
     ("nic-policies-one-pool", [nic_node_policy(None)], "has no nodeSelector"),
+    ("dra-claims-aligned", [GPU_CLASS, VF_CLASS, claim(constraints=[])], "not constrained to one PCIe root"),
 ]
 
 

@@ -10,7 +10,10 @@ render) and the CrossGuard pack (`policies/aif_policies/fabric.py`, over a stack
   replaces its pod network; the admission policy that refuses those forms is there, enforcing;
 * `fabric-node-policies`: every NicNodePolicy and SriovNetworkNodePolicy selects exactly the nodes
   of one pool, and no SR-IOV policy hides its VFs' NUMA node (GPU-NIC alignment); the
-  NicClusterPolicy exposes no devices cluster-wide.
+  NicClusterPolicy exposes no devices cluster-wide;
+* `fabric-claims`: a DRA claim (ResourceClaim or ResourceClaimTemplate) asking for GPUs and RDMA
+  VFs constrains them all to one PCIe root (`matchAttribute` on `resource.kubernetes.io/pcieRoot`,
+  which both drivers publish), and configures its VFs with networks of its own namespace only.
 
 The rules read plain objects (`Item`): each caller wraps its own and gets back (its handle, message).
 """
@@ -45,6 +48,14 @@ PKEY_DEFAULT = 0x7FFF
 RDMA_TYPES = ("ib-sriov", "sriov", "vlan")
 """Tenant networks kept apart by a key: InfiniBand partition, SR-IOV VLAN, a VPC's hand-over VLAN."""
 NODE_POLICY_KINDS = ("NicNodePolicy", "SriovNetworkNodePolicy")
+GPU_DRA_DRIVER = "gpu.nvidia.com"
+SRIOV_DRA_DRIVER = "sriovnetwork.k8snetworkplumbingwg.io"
+PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
+"""The standard attribute (KEP-5491) of a device's PCIe root complex, published by the NVIDIA GPU and
+the SR-IOV DRA drivers alike: the one both sides of a GPU-NIC pair can be matched on."""
+CHART_DEVICE_CLASSES = {"gpu.nvidia.com": GPU_DRA_DRIVER, "mig.nvidia.com": GPU_DRA_DRIVER, "vfio.gpu.nvidia.com": GPU_DRA_DRIVER}
+"""DeviceClasses the GPU driver's chart installs (not in a render): by name, their driver."""
+CLAIM_KINDS = ("ResourceClaim", "ResourceClaimTemplate")
 DEVICE_PLUGINS = ("rdmaSharedDevicePlugin", "sriovDevicePlugin")
 
 
@@ -328,6 +339,57 @@ def selector_problems(items: Iterable[Item], nodes: Mapping[str, Mapping[str, An
             yield policy.handle, f"selects {len(selected)} of pool {of_pools[0]}'s nodes; left out: {', '.join(missing) or 'none'}"
 
 
+def class_drivers(items: Iterable[Item]) -> dict[str, str]:
+    """DeviceClass name -> the DRA driver its selectors require (GPU or SR-IOV), for the classes a
+    claim may name: the chart's, and those of the render."""
+    drivers = dict(CHART_DEVICE_CLASSES)
+    for item in items:
+        if item.kind != "DeviceClass":
+            continue
+        expressions = " ".join(str(_map(_map(s).get("cel")).get("expression", "")) for s in _list(item.spec.get("selectors")))
+        for driver in (GPU_DRA_DRIVER, SRIOV_DRA_DRIVER):
+            if f"device.driver == '{driver}'" in expressions or f'device.driver == "{driver}"' in expressions:
+                drivers[item.name] = driver
+    return drivers
+
+
+def claim_devices(item: Item) -> Mapping[str, Any]:
+    """`spec.devices` of a claim, `spec.spec.devices` of a template."""
+    spec = _map(item.spec.get("spec")) if item.kind == "ResourceClaimTemplate" else item.spec
+    return _map(spec.get("devices"))
+
+
+def alignment_problems(items: Iterable[Item]) -> Iterator[Problem]:
+    items = list(items)
+    drivers = class_drivers(items)
+    for claim in (i for i in items if i.kind in CLAIM_KINDS):
+        devices = claim_devices(claim)
+        by_driver: dict[str, list[str]] = defaultdict(list)
+        for request in map(_map, _list(devices.get("requests"))):
+            # v1 nests the class under `exactly`; v1beta1 has it on the request.
+            device_class = _map(request.get("exactly")).get("deviceClassName") or request.get("deviceClassName")
+            if device_class in drivers:
+                by_driver[drivers[device_class]].append(str(request.get("name")))
+        gpus, nics = by_driver.get(GPU_DRA_DRIVER, []), by_driver.get(SRIOV_DRA_DRIVER, [])
+        if gpus and nics:
+            paired = set(gpus + nics)
+            aligned = any(
+                c.get("matchAttribute") == PCIE_ROOT and (not _list(c.get("requests")) or paired <= set(map(str, _list(c.get("requests")))))
+                for c in map(_map, _list(devices.get("constraints")))
+            )
+            if not aligned:
+                yield claim.handle, (f"GPU request(s) {', '.join(gpus)} and RDMA VF request(s) {', '.join(nics)} are not constrained to one PCIe root "
+                                     f"(a constraint matchAttribute {PCIE_ROOT} over all of them): the VF may sit on another NUMA node than the GPU")
+        for entry in map(_map, _list(devices.get("config"))):
+            opaque = _map(entry.get("opaque"))
+            if opaque.get("driver") != SRIOV_DRA_DRIVER:
+                continue
+            network_ns = _map(opaque.get("parameters")).get("netAttachDefNamespace")
+            if network_ns not in (None, "", claim.namespace):
+                name = _map(opaque.get("parameters")).get("netAttachDefName")
+                yield claim.handle, f"configures its VFs with network {network_ns}/{name}, of another namespace"
+
+
 # --------------------------------------------------------------------------- over a render
 
 
@@ -364,3 +426,8 @@ def fabric_attachments(rendered: Rendered, oracles: Oracles | None) -> Iterable[
 def nic_policies_select_pools(rendered: Rendered, oracles: Oracles | None) -> Iterable[Finding]:
     items = _items(rendered)
     return _findings("fabric-node-policies", selector_problems(items, _nodes(items)), _tenant_namespaces(items))
+
+
+def claims_aligned(rendered: Rendered, oracles: Oracles | None) -> Iterable[Finding]:
+    items = _items(rendered)
+    return _findings("fabric-claims", alignment_problems(items), _tenant_namespaces(items))
