@@ -53,7 +53,7 @@ from ai_factory.components.external_secrets import STORE_NAME, STORE_SERVICE_ACC
 from ai_factory.components.gpu_operator import tolerations as gpu_node_tolerations
 from ai_factory.components.openbao import platform_path, service_address
 from ai_factory.components.registry import Layer
-from ai_factory.factory.acceptance import gates, thresholds
+from ai_factory.factory.acceptance import collect, gates, thresholds
 from ai_factory.factory.checking import provisioning as provisioning_checks
 from ai_factory.factory.checking.provisioning import PENDING_TAINT as REGISTRATION_TAINT
 from ai_factory.factory.checking.provisioning import REGISTER_TAINTS_ANNOTATION
@@ -67,8 +67,8 @@ METAL3_API = "metal3.io/v1alpha1"
 ESO_API = "external-secrets.io/v1"
 STORE_ROLE = "ai-factory-provisioning"
 REASONS_ANNOTATION = "ai-factory.io/firmware-reasons"
-NODE_ANNOTATION = "ai-factory.io/node"
-GATE_LABEL = "ai-factory.io/gate"
+NODE_ANNOTATION = gates.NODE_ANNOTATION
+GATE_LABEL = gates.GATE_LABEL
 KUBELET_DROP_IN = "/etc/kubernetes/kubelet.conf.d/50-ai-factory-acceptance.conf"
 JOB_SERVICE_ACCOUNT = "acceptance"
 
@@ -145,6 +145,8 @@ class GateJob:
     name: str
     gate: str
     nodes: tuple[str, ...]
+    generations: tuple[str, ...]
+    """The nodes' gate generations, in `nodes` order."""
     pool: Pool
     command: tuple[str, ...]
     image: str
@@ -196,6 +198,36 @@ def _job_name(gate: str, nodes: tuple[str, ...], generation: str) -> str:
     return f"accept-{gate}-{digest}-{generation[:8]}"
 
 
+TERMINATION_LOG = "/dev/termination-log"
+"""Where a gate writes its result (the contract of `ai_factory.factory.acceptance.collect`)."""
+
+
+def _reporting(gate: str, command: str, result: str) -> str:
+    """Run `command`; write the gate's contract document, its `result` printed by a shell command
+    that sees `$passed` (true/false, from the exit status), `$start` and `$end` (epoch seconds);
+    exit with the command's status."""
+    return (f"start=$(date +%s); if {command} >/tmp/{gate}.out 2>&1; then passed=true; else passed=false; fi; end=$(date +%s); "
+            f"printf '{{\"schema\":\"{collect.CONTRACT}\",\"gate\":\"{gate}\",\"result\":%s}}' \"$({result})\" > {TERMINATION_LOG}; "
+            f"tail -c 65536 /tmp/{gate}.out; [ \"$passed\" = true ]")
+
+
+INVENTORY_SCRIPT = (
+    # One CSV line per GPU; fields a GPU does not support read `[N/A]` and count as 0.
+    "set -e; nvidia-smi --query-gpu=index,serial,pci.device_id,ecc.mode.current,retired_pages.sbe,retired_pages.dbe,"
+    "remapped_rows.uncorrectable,driver_version --format=csv,noheader,nounits > /tmp/gpus.csv; "
+    "for d in /sys/class/infiniband/*; do [ -e \"$d\" ] && echo \"$(basename \"$d\") $(cat \"$d/device/numa_node\")\"; done > /tmp/nics.txt || true; "
+    "awk -F', *' -v schema=" + collect.CONTRACT + " '"
+    "function n(v) { return v ~ /^[0-9]+$/ ? v : 0 } "
+    "FNR == NR { g = g sep sprintf(\"{\\\"index\\\":%d,\\\"serial\\\":\\\"%s\\\",\\\"pci_device_id\\\":\\\"%s\\\",\\\"ecc_mode\\\":\\\"%s\\\",\\\"retired_pages\\\":%d}\", "
+    "$1, $2, $3, tolower($4), n($5) + n($6) + n($7)); sep = \",\"; driver = $8; next } "
+    "{ split($0, f, \" \"); c = c csep sprintf(\"{\\\"name\\\":\\\"%s\\\",\\\"numa_node\\\":%d}\", f[1], f[2]); csep = \",\" } "
+    "END { printf \"{\\\"schema\\\":\\\"%s\\\",\\\"gate\\\":\\\"inventory\\\",\\\"result\\\":{\\\"driver\\\":\\\"%s\\\",\\\"gpus\\\":[%s],\\\"nics\\\":[%s]}}\", schema, driver, g, c }"
+    "' /tmp/gpus.csv /tmp/nics.txt > " + TERMINATION_LOG + "; cat " + TERMINATION_LOG
+)
+"""The inventory gate: GPUs (model by PCI device ID, serial, ECC mode, retired pages and rows
+remapped), the driver, the RDMA NICs and their NUMA nodes, as the contract's `inventory` result."""
+
+
 def gate_jobs(cfg: FactoryConfig) -> list[GateJob]:
     settings = cfg.layers.provisioning.acceptance
     images = settings.images
@@ -206,22 +238,19 @@ def gate_jobs(cfg: FactoryConfig) -> list[GateJob]:
     for s in subjects:
         node, pool, gen = s.node.name, s.pool, s.generation
         one = (node,)
-        jobs.append(GateJob(_job_name("inventory", one, gen), "inventory", one, pool, (
-            "sh", "-c",
-            "nvidia-smi --query-gpu=index,serial,pci.device_id,ecc.mode.current,retired_pages.pending,"
-            "retired_pages.sbe,retired_pages.dbe,remapped_rows.uncorrectable,driver_version --format=csv,noheader"
-            " && dcgmi health -c -j; for d in /sys/class/infiniband/*; do echo \"$(basename $d) $(cat $d/device/numa_node)\"; done",
-        ), images.dcgm, {}, 600))
-        jobs.append(GateJob(_job_name("dcgm-diag", one, gen), "dcgm-diag", one, pool,
-                            ("dcgmi", "diag", "-r", str(settings.dcgm_diag_level), "-j"), images.dcgm, {}, 3 * 3600))
+        jobs.append(GateJob(_job_name("inventory", one, gen), "inventory", one, (gen,), pool, ("sh", "-c", INVENTORY_SCRIPT), images.dcgm, {}, 600))
+        level = settings.dcgm_diag_level
+        jobs.append(GateJob(_job_name("dcgm-diag", one, gen), "dcgm-diag", one, (gen,), pool, ("sh", "-c", _reporting(
+            "dcgm-diag", f"dcgmi diag -r {level} -j", f'printf \'{{"level":{level},"passed":%s}}\' "$passed"')), images.dcgm, {}, 3 * 3600))
         seconds = settings.burn_in_minutes * 60
-        jobs.append(GateJob(_job_name("burn-in", one, gen), "burn-in", one, pool, (
-            "dcgmi", "diag", "-r", "targeted_stress,targeted_power",
-            "-p", f"targeted_stress.test_duration={seconds // 2};targeted_power.test_duration={seconds - seconds // 2}", "-j",
-        ), images.dcgm, {}, seconds + 1800))
+        burn = (f"dcgmi diag -r targeted_stress,targeted_power -p "
+                f"'targeted_stress.test_duration={seconds // 2};targeted_power.test_duration={seconds - seconds // 2}' -j")
+        jobs.append(GateJob(_job_name("burn-in", one, gen), "burn-in", one, (gen,), pool, ("sh", "-c", _reporting(
+            "burn-in", burn, 'awk -v s="$((end - start))" -v p="$passed" \'BEGIN { printf "{\\"minutes\\":%.2f,\\"passed\\":%s}", s / 60, p }\'')),
+            images.dcgm, {}, seconds + 1800))
         if pool.gpu.per_node >= 2:
             row = table[(pool.gpu.model, "node", pool.topology.intra_node)]
-            jobs.append(GateJob(_job_name("nccl-node", one, gen), "nccl-node", one, pool, (), images.nccl_loopback,
+            jobs.append(GateJob(_job_name("nccl-node", one, gen), "nccl-node", one, (gen,), pool, (), images.nccl_loopback,
                                 {"BW_THRESHOLD_GBPS": f"{row.min_busbw_gbps:g}", "TEST_SIZE_MB": "256"}, 1800))
     seen: set[tuple[str, str]] = set()
     for s in subjects:
@@ -232,7 +261,7 @@ def gate_jobs(cfg: FactoryConfig) -> list[GateJob]:
             pool = s.pool
             row = table[(pool.gpu.model, "pair", pool.topology.fabric)]
             gen = hashlib.sha256("".join(generation_of[n] for n in pair).encode()).hexdigest()
-            jobs.append(GateJob(_job_name("nccl-pair", pair, gen), "nccl-pair", pair, pool, (), images.nccl_allreduce,
+            jobs.append(GateJob(_job_name("nccl-pair", pair, gen), "nccl-pair", pair, tuple(generation_of[n] for n in pair), pool, (), images.nccl_allreduce,
                                 {"BW_THRESHOLD_GBPS": f"{row.min_busbw_gbps:g}", "MESSAGE_SIZES": "4G"}, 3600))
     return jobs
 
@@ -305,6 +334,9 @@ def job_spec(job: GateJob, acceptance_key: str) -> dict[str, Any]:
         # toolkit honours NVIDIA_VISIBLE_DEVICES (it ignores it for unprivileged containers).
         "securityContext": {"privileged": True},
         "resources": {"requests": {"cpu": "1", "memory": "4Gi"}, "limits": {"memory": "16Gi"}},
+        # The gate's result (ai_factory.factory.acceptance.collect): kept by the kubelet in the pod's status.
+        "terminationMessagePath": TERMINATION_LOG,
+        "terminationMessagePolicy": "File",
     }
     if job.command:
         container["command"] = list(job.command)
@@ -326,7 +358,14 @@ def job_spec(job: GateJob, acceptance_key: str) -> dict[str, Any]:
         pod_spec["affinity"]["podAntiAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": [
             {"labelSelector": {"matchLabels": {"job-name": job.name}}, "topologyKey": "kubernetes.io/hostname"}
         ]}
-    spec["template"] = {"metadata": {"labels": {GATE_LABEL: job.gate, POOL_LABEL: pool.name}}, "spec": pod_spec}
+    spec["template"] = {
+        "metadata": {
+            "labels": {GATE_LABEL: job.gate, POOL_LABEL: pool.name},
+            # What the collector files the pod's result under (never the result's own say).
+            "annotations": {NODE_ANNOTATION: ",".join(job.nodes), gates.GENERATION_LABEL: ",".join(job.generations)},
+        },
+        "spec": pod_spec,
+    }
     return spec
 
 

@@ -252,7 +252,7 @@ def test_accept_exits_1_with_the_taints_when_a_node_fails(tmp_path, capsys):
     [
         (["--node", "gpu-h100-9"], "--node: 'gpu-h100-9' is not a node under acceptance"),
         (["--results", "missing.yaml"], "--results missing.yaml: cannot read"),
-        (["--apply", "--results", "x.yaml"], "--results: --apply applies the config's"),
+        (["--apply", "--results", "x.yaml"], "--apply: it applies the config's"),
         (["--apply"], "layers.provisioning.netbox: required by --apply"),
     ],
     ids=["unknown-node", "missing-results", "apply-with-results", "apply-without-netbox"],

@@ -112,9 +112,10 @@ def test_the_dcgm_gate_runs_at_the_configured_level_and_burn_in_for_its_duration
     raw["layers"]["provisioning"]["acceptance"] |= {"dcgm_diag_level": 4, "burn_in_minutes": 120}
     jobs = {j["metadata"]["labels"][provisioning.GATE_LABEL]: j for j in objects(render(raw), "Job")
             if j["metadata"]["annotations"].get(provisioning.NODE_ANNOTATION) == "gpu-h100-01"}
-    assert jobs["dcgm-diag"]["spec"]["template"]["spec"]["containers"][0]["command"] == ["dcgmi", "diag", "-r", "4", "-j"]
-    burn = jobs["burn-in"]["spec"]["template"]["spec"]["containers"][0]["command"]
-    assert "targeted_stress.test_duration=3600;targeted_power.test_duration=3600" in burn
+    shell, flag, script = jobs["dcgm-diag"]["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert (shell, flag) == ("sh", "-c") and "dcgmi diag -r 4 -j" in script and '"level":4' in script
+    burn = jobs["burn-in"]["spec"]["template"]["spec"]["containers"][0]["command"][2]
+    assert "'targeted_stress.test_duration=3600;targeted_power.test_duration=3600'" in burn
 
 
 def test_a_driver_change_renames_every_gate_job(raw):
