@@ -221,53 +221,6 @@ def test_the_user_data_writes_a_kubelet_drop_in_with_register_with_taints():
         "registerWithTaints": [{"key": gates.ACCEPTANCE_KEY, "value": "pending", "effect": "NoSchedule"}]}
 
 
-def host(user_data: dict | None = None) -> dict:
-    spec = {"online": True, **({"userData": user_data} if user_data is not None else {})}
-    return {"apiVersion": "metal3.io/v1alpha1", "kind": "BareMetalHost", "metadata": {"name": "n1", "namespace": "hosts"}, "spec": spec}
-
-
-def user_data_secret(taints, name: str = "n1-user-data", namespace: str = "hosts") -> dict:
-    annotations = {provisioning.REGISTER_TAINTS_ANNOTATION: taints if isinstance(taints, str) else json.dumps(taints)}
-    return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": namespace, "annotations": annotations}}
-
-
-PENDING = {"key": gates.ACCEPTANCE_KEY, "value": "pending", "effect": "NoSchedule"}
-REFERENCE = {"name": "n1-user-data"}
-REGISTRATION_ROWS = [
-    ("a host without user data", [host()], "boots without user data"),
-    ("user data missing from the render", [host(REFERENCE)], "hosts/n1-user-data is not part of the render"),
-    ("user data of another namespace", [host({"name": "n1-user-data", "namespace": "other"}), user_data_secret([PENDING])], "other/n1-user-data is not part"),
-    ("user data registering no taint", [host(REFERENCE), user_data_secret([])], "does not register the node"),
-    ("a PreferNoSchedule taint", [host(REFERENCE), user_data_secret([{**PENDING, "effect": "PreferNoSchedule"}])], "does not register the node"),
-    ("the taint already accepted", [host(REFERENCE), user_data_secret([{**PENDING, "value": "accepted"}])], "does not register the node"),
-    ("an unreadable statement", [host(REFERENCE), user_data_secret("[oops")], "does not register the node"),
-]
-REGISTRATION_ACCEPTS = [
-    ("the pending taint", [host(REFERENCE), user_data_secret([PENDING])]),
-    ("the pending taint among others", [host({"name": "n1-user-data", "namespace": "hosts"}), user_data_secret([{"key": "x", "effect": "NoExecute"}, PENDING])]),
-    ("no host at all", [user_data_secret([])]),
-]
-
-
-def registration_findings(objs: list[dict]) -> list[str]:
-    from ai_factory.factory.checking.provisioning import registration_taint
-    from ai_factory.factory.rendering.bundle import Manifest, Rendered
-
-    rendered = Rendered(None, "1.34", [Manifest(o, "provisioning", None, f"test::{i}") for i, o in enumerate(objs)], [])
-    return [f"{f.ref}: {f.message}" for f in registration_taint(rendered, None)]
-
-
-@pytest.mark.parametrize(("objs", "expected"), [r[1:] for r in REGISTRATION_ROWS], ids=[r[0] for r in REGISTRATION_ROWS])
-def test_registration_taint_check_flags(objs, expected):
-    found = registration_findings(objs)
-    assert len(found) == 1 and expected in found[0], found
-
-
-@pytest.mark.parametrize("objs", [r[1] for r in REGISTRATION_ACCEPTS], ids=[r[0] for r in REGISTRATION_ACCEPTS])
-def test_registration_taint_check_accepts(objs):
-    assert registration_findings(objs) == []
-
-
 def test_dev_passes_the_registration_taint_check(dev):
     from ai_factory.factory.checking.provisioning import registration_taint
 
