@@ -56,7 +56,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Mapping
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -85,7 +85,7 @@ from ai_factory.factory.model.raw import as_dict, as_list
 from ai_factory.factory.model.tenancy import SERVES_TENANT_LABEL, TenantNames
 from ai_factory.factory.planning.fabric import INFINIBAND, TenantFabricNetwork
 from ai_factory.factory.planning.from_config import RDMA_FABRICS, is_rdma_pool
-from ai_factory.factory.planning.model import Plan
+from ai_factory.factory.planning.model import WHOLE_GPU, Plan
 
 TOKEN = "ai-factory:network:FastPath"
 RELEASE = "network-operator"
@@ -162,6 +162,19 @@ class RdmaPool:
     """Its GPUs and its VFs are DRA devices: claims pair them on one PCIe root."""
 
 
+def vf_class_ceilings(cfg: FactoryConfig, plan: Plan, tenant: str, gpu_ceilings: Mapping[tuple[str, str], int], offering_pools: Mapping[str, str]) -> dict[str, int]:
+    """The tenant quota's line per VF DeviceClass: as many VFs as it may hold GPUs on the pool
+    (one per pair) where it has a network, 0 elsewhere (a VF claimed without its network would
+    carry no partition key or VLAN)."""
+    networks = {n.pool for n in plan.networks if n.tenant == tenant}
+    ceilings = dict.fromkeys((vf_device_class(p) for p in sorted(dra_vf_pools(cfg))), 0)
+    for (offering, resource), count in gpu_ceilings.items():
+        pool = offering_pools.get(offering)
+        if pool in networks and vf_device_class(pool) in ceilings and resource == WHOLE_GPU:
+            ceilings[vf_device_class(pool)] += count
+    return ceilings
+
+
 def dra_vf_pools(cfg: FactoryConfig) -> frozenset[str]:
     """The DRA pools whose VFs the SR-IOV DRA driver serves: those exposing SR-IOV, when every pool
     exposing SR-IOV is one (the operator's `dynamicResourceAllocation` gate is for all its pools)."""
@@ -218,6 +231,7 @@ class NetworkArgs:
     @classmethod
     def from_config(cls, cfg: FactoryConfig, plan: Plan) -> NetworkArgs:
         layer = cfg.layers.network
+        dra = dra_vf_pools(cfg)
         return cls(
             chart=layer.chart.source("network-operator"),
             namespace=layer.namespace,
@@ -229,7 +243,7 @@ class NetworkArgs:
                     nics=tuple(nic for domain in sorted(p.topology.numa, key=lambda d: d.node) for nic in domain.nics),
                     vfs_per_nic=p.network.vfs_per_nic,
                     gpu_model=p.gpu.model,
-                    dra=p.name in dra_vf_pools(cfg),
+                    dra=p.name in dra,
                 )
                 for p in cfg.fleet.pools
                 if is_rdma_pool(p)
