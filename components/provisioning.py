@@ -32,9 +32,11 @@ pages, RDMA NICs and NUMA nodes, driver), `dcgm-diag`, `burn-in`, `nccl-node`, a
 not on the node, and would need SSH into every node; a Job lands on the node through the
 scheduler, with the GPU Operator's driver, and pulumi-kubernetes waits for it to complete (its Job
 await), which is the waiter. Their names carry the generation, so a new driver, image, BIOS or a
-restarted acceptance runs them again. Results are collected into the results file
-(`layers.provisioning.acceptance.results_file`); `ai-factory accept` turns them into verdicts and
-NetBox records, and the fleet layer applies the verdicts' taints.
+restarted acceptance runs them again. Each gate writes its result as its termination message (the
+contract of `ai_factory.factory.acceptance.collect`; the pod template names the node(s) and
+generation(s) it tests); `ai-factory accept --pods` collects them into the results file
+(`layers.provisioning.acceptance.results_file`) and turns them into verdicts and NetBox records,
+and the fleet layer applies the verdicts' taints.
 """
 
 from __future__ import annotations
