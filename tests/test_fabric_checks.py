@@ -84,6 +84,12 @@ def exempting(*subjects: dict) -> dict:
     return policy
 
 
+def exempting_by(exclude: dict) -> dict:
+    policy = admission_policy()
+    next(r for r in policy["spec"]["rules"] if r["name"] == checks.FIXED_NETWORKS_RULE)["exclude"] = exclude
+    return policy
+
+
 def account(name: str, namespace: str, kind: str = "ServiceAccount") -> dict:
     return {"kind": kind, "name": name, "namespace": namespace}
 
@@ -147,6 +153,12 @@ ATTACH_ROWS = [
     ("a group exempted", [OWN, exempting(account("system:authenticated", "", "Group"))], "exempts Group /system:authenticated"),
     ("an exemption by role", [OWN, {**admission_policy(), "spec": {**admission_policy()["spec"], "rules": [
         {**r, "exclude": {"any": [{"clusterRoles": ["edit"]}]}} for r in admission_policy()["spec"]["rules"]]}}], "exempts requests matching"),
+    ("an exemption by `all`", [OWN, exempting_by({"all": [{"subjects": [account("ib-kubernetes", "net")]}]})], "exempts requests by"),
+    ("an empty exemption", [OWN, exempting_by({"any": []})], "exempts requests by"),
+    ("ib-kubernetes with a role besides", [OWN, exempting_by({"any": [{"subjects": [account("ib-kubernetes", "net")], "roles": ["x"]}]})],
+     "exempts requests matching"),
+    ("a second exempted block", [OWN, exempting_by({"any": [{"clusterRoles": ["edit"]}, {"subjects": [account("default", "net")]}]})],
+     "exempts ServiceAccount net/default"),
 ]
 ATTACH_ACCEPTS = [
     ("own networks by short name", [OWN, admission_policy(), pod("tenant-a", {checks.NETWORKS_ANNOTATION: "rdma@net1, rdma"})]),
@@ -206,6 +218,8 @@ CLAIM_ROWS = [
     ("the chart's GPU class, v1beta1 requests", [VF_CLASS, claim(requests=[request("gpu", "gpu.nvidia.com", legacy=True), request("nic", "ib-rdma-vf", legacy=True)],
                                                                  constraints=[])], NOT_ALIGNED),
     ("a VF on another tenant's network", [GPU_CLASS, VF_CLASS, claim(config=vf_config("tenant-b"))], "network tenant-b/rdma-ib, of another namespace"),
+    ("after the GPU driver's config", [GPU_CLASS, VF_CLASS, claim(config=[{"requests": ["gpu"], "opaque": {"driver": checks.GPU_DRA_DRIVER, "parameters": {}}},
+                                                                          *vf_config("tenant-b")])], "of another namespace"),
 ]
 CLAIM_ACCEPTS = [
     ("the rendered pair", [GPU_CLASS, VF_CLASS, claim()]),
