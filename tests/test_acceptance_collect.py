@@ -151,6 +151,28 @@ def test_gate_output_that_is_not_the_contract_fails_its_gate(cfg, jobs, edit, ga
     assert found["gpu-h100-01"].verdict == "accepted" or gate == "nccl-pair"
 
 
+def test_an_unreadable_result_names_its_first_problem_and_counts_the_rest():
+    assert collect.read_message("dcgm-diag", message("dcgm-diag", {"level": 9, "passed": "maybe"})) == (
+        None, "termination message result.level: Input should be less than or equal to 4 (and 1 more)")
+    assert collect.read_message("dcgm-diag", message("dcgm-diag", {"level": 9, "passed": True})) == (
+        None, "termination message result.level: Input should be less than or equal to 4")
+    assert collect.read_message("dcgm-diag", "[1]") == (None, "termination message (document): Input should be a valid dictionary or instance of Message")
+
+
+def test_a_reason_is_bounded_like_the_results_file_field():
+    _, reason = collect.read_message("burn-in", message("burn-in", {"minutes": 1, "passed": True, "x" * 3000: 1}))
+    assert len(reason) == gates.MAX_REASON and reason.endswith("...")
+    assert gates.NodeResult(generation="0" * 12, date=FINISHED, errors={"burn-in": reason}).errors["burn-in"] == reason
+
+
+def test_a_dump_of_too_many_pods_is_refused(tmp_path):
+    (tmp_path / "pods.json").write_text(json.dumps({"items": [{"kind": "Pod"}] * (collect.MAX_PODS + 1)}))
+    with pytest.raises(gates.ResultsError, match=f"{collect.MAX_PODS + 1} pods, at most {collect.MAX_PODS}"):
+        collect.load_pods(tmp_path / "pods.json", "pods.json")
+    (tmp_path / "pods.json").write_text(json.dumps({"items": [{"kind": "Pod"}] * collect.MAX_PODS}))
+    assert len(collect.load_pods(tmp_path / "pods.json", "pods.json")) == collect.MAX_PODS
+
+
 def test_a_pod_of_an_earlier_generation_does_not_count(cfg, jobs):
     pods = recorded_pods(jobs)
     for p in pods:
