@@ -10,6 +10,10 @@ device-plugin configs each node selects, and the labels that hand a node to HAMi
 
 `spec.taints` is an atomic list under server-side apply: the patch owns the whole list, so taints
 another manager put on a node conflict with it (they show up at `pulumi up`, they are not erased).
+Except on nodes under acceptance: their kubelet registered them with the acceptance taint
+(`registerWithTaints`, the provisioning layer's user data), which the verdict replaces, so their
+patch always claims the list (empty once accepted) and takes it over from the kubelet
+(`pulumi.com/patchForce`).
 """
 
 from __future__ import annotations
@@ -82,6 +86,10 @@ def node_labels(pool: Pool) -> dict[str, dict[str, str]]:
     return result
 
 
+PATCH_FORCE = "pulumi.com/patchForce"
+"""pulumi-kubernetes: a Patch resource that takes over fields another manager holds."""
+
+
 class Fleet(FactoryComponent):
     nodes: pulumi.Output[list[str]]
 
@@ -101,11 +109,11 @@ class Fleet(FactoryComponent):
                 if verdict is not None:
                     taints += [verdict.taint] if verdict.taint else []
                     node_labels_ |= {ACCEPTANCE_KEY: verdict.verdict, GENERATION_LABEL: verdict.generation}
-                    annotations = {REASON_ANNOTATION: verdict.reason_annotation}
+                    annotations = {REASON_ANNOTATION: verdict.reason_annotation, PATCH_FORCE: "true"}
                 spec = None
                 if args.slurm_topology:
                     annotations = {**(annotations or {}), slinky.TOPOLOGY_ANNOTATION: slinky.topology_spec(specs[node])}
-                if taints:  # only tainted nodes claim `spec.taints` (atomic under server-side apply)
+                if taints or verdict is not None:  # only these claim `spec.taints` (atomic under server-side apply)
                     spec = k8s.core.v1.NodeSpecPatchArgs(taints=[k8s.core.v1.TaintPatchArgs(**t) for t in taints])
                 k8s.core.v1.NodePatch(
                     self.child_name(f"node-{node}"),

@@ -29,13 +29,26 @@ reads pools, labelled `ai-factory.io/serves-tenant`.
 Admission (`tenant-secondary-networks`, Kyverno): a tenant pod names networks only in the short
 form (`name[@interface]`, comma-separated), which Multus resolves in the pod's own namespace: no
 `namespace/name`, no JSON form (whose `namespace` would name another tenant's), and never
-`v1.multus-cni.io/default-network`. Tenants cannot create NetworkAttachmentDefinitions (their RBAC
-lists none), so a tenant's namespace only holds its own networks.
+`v1.multus-cni.io/default-network`; neither annotation changes once the pod exists (ib-kubernetes
+would add the pod's GUID to whatever partition an edited annotation named), except by ib-kubernetes
+itself, which writes the GUIDs there: its service account, by exact name in this layer's namespace,
+is the one exemption. Tenants cannot create NetworkAttachmentDefinitions (their RBAC lists none),
+so a tenant's namespace only holds its own networks.
 
 GPU-NIC alignment: the SR-IOV and RDMA device plugins report each device's NUMA node, as the GPU
 device plugin does, and the kubelet's Topology Manager (`single-numa-node` or `restricted` policy,
 `pod` scope: node configuration of the provisioning layer) admits a pod only with its GPUs and
-NICs on one NUMA node. See README, "Fast path", for what each sharing mode can guarantee.
+NICs on one NUMA node. On pools whose GPUs DRA allocates (`sharing: dra`) the Topology Manager sees
+no GPU, so the VFs are DRA devices too: the bundled SR-IOV operator runs its DRA driver
+(`sriovnetwork.k8snetworkplumbingwg.io`, feature gate `dynamicResourceAllocation`), a DeviceClass
+`<pool>-rdma-vf` selects the pool's VFs, and each tenant with a network there gets a
+ResourceClaimTemplate `<pool>-gpu-rdma`: one whole GPU and one VF constrained to one PCIe root
+(`matchAttribute: resource.kubernetes.io/pcieRoot`, the standard attribute both drivers publish;
+the same root implies the same NUMA node), the VF configured with the tenant's own network. A pod
+takes one such claim per GPU. The gate is the operator's, for all its pools: it is set only when
+every SR-IOV pool is a DRA pool; a fleet mixing both keeps the device plugin, and its DRA pools get
+no alignment (README, "Fast path"). The `fabric-claims` check flags a claim pairing GPUs and NICs
+without that constraint.
 """
 
 from __future__ import annotations
@@ -43,7 +56,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Mapping
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -51,15 +64,20 @@ import pulumi_kubernetes as k8s
 from ai_factory.components._common import POOL_LABEL, FactoryComponent, helm_release, labels, namespace, tenant_items
 from ai_factory.components.gpu_operator import tolerations
 from ai_factory.components.kyverno import POD_KINDS, TENANT_NAMESPACES, _policy_spec, _rule
+from ai_factory.components.dra import whole_gpu_class
 from ai_factory.components.registry import Layer
 from ai_factory.factory.checking import fabric as fabric_checks
 from ai_factory.factory.checking.fabric import (
     ADMISSION_POLICY,
     DEFAULT_NETWORK_ANNOTATION,
     DEFAULT_NETWORK_RULE,
+    FIXED_NETWORKS_RULE,
+    IB_KUBERNETES_ACCOUNT,
     NETWORKS_ANNOTATION,
+    PCIE_ROOT,
     RESOURCE_ANNOTATION,
     SHORT_FORM_RULE,
+    SRIOV_DRA_DRIVER,
 )
 from ai_factory.factory.model.catalog import ChartSource
 from ai_factory.factory.model.config import FactoryConfig, Tenant, TenantVpc
@@ -67,7 +85,7 @@ from ai_factory.factory.model.raw import as_dict, as_list
 from ai_factory.factory.model.tenancy import SERVES_TENANT_LABEL, TenantNames
 from ai_factory.factory.planning.fabric import INFINIBAND, TenantFabricNetwork
 from ai_factory.factory.planning.from_config import RDMA_FABRICS, is_rdma_pool
-from ai_factory.factory.planning.model import Plan
+from ai_factory.factory.planning.model import WHOLE_GPU, Plan
 
 TOKEN = "ai-factory:network:FastPath"
 RELEASE = "network-operator"
@@ -107,6 +125,23 @@ def network_name(pool: str) -> str:
     return f"rdma-{pool}"
 
 
+def vf_device_class(pool: str) -> str:
+    """The DeviceClass of a DRA pool's RDMA virtual functions."""
+    return f"{pool}-rdma-vf"
+
+
+def paired_claim_template(pool: str) -> str:
+    """The ResourceClaimTemplate of one GPU and one VF on one PCIe root, in a tenant's namespace."""
+    return f"{pool}-gpu-rdma"
+
+
+def vf_selector(pool: str) -> str:
+    """CEL: a VF of the SR-IOV DRA driver advertised for the pool's SriovNetworkNodePolicy (the
+    operator labels each with its extended resource name, `k8s.cni.cncf.io/resourceName`)."""
+    return (f"device.driver == '{SRIOV_DRA_DRIVER}' && "
+            f"device.attributes['k8s.cni.cncf.io'].resourceName == '{SRIOV_RESOURCE_PREFIX}/{sriov_resource(pool)}'")
+
+
 def ip_pool_name(tenant: str, pool: str) -> str:
     """`<tenant>.rdma-<pool>`: a dot never is in a tenant's name, so no two tenants' names meet."""
     return f"{tenant}.rdma-{pool}"
@@ -122,6 +157,31 @@ class RdmaPool:
     nics: tuple[str, ...]
     """Every NIC of the pool's NUMA topology, by NUMA node then as listed; none: every NVIDIA NIC."""
     vfs_per_nic: int
+    gpu_model: str = ""
+    dra: bool = False
+    """Its GPUs and its VFs are DRA devices: claims pair them on one PCIe root."""
+
+
+def vf_class_ceilings(cfg: FactoryConfig, plan: Plan, tenant: str, gpu_ceilings: Mapping[tuple[str, str], int], offering_pools: Mapping[str, str]) -> dict[str, int]:
+    """The tenant quota's line per VF DeviceClass: as many VFs as it may hold GPUs on the pool
+    (one per pair) where it has a network, 0 elsewhere (a VF claimed without its network would
+    carry no partition key or VLAN)."""
+    networks = {n.pool for n in plan.networks if n.tenant == tenant}
+    ceilings = dict.fromkeys((vf_device_class(p) for p in sorted(dra_vf_pools(cfg))), 0)
+    for (offering, resource), count in gpu_ceilings.items():
+        pool = offering_pools.get(offering)
+        if pool in networks and vf_device_class(pool) in ceilings and resource == WHOLE_GPU:
+            ceilings[vf_device_class(pool)] += count
+    return ceilings
+
+
+def dra_vf_pools(cfg: FactoryConfig) -> frozenset[str]:
+    """The DRA pools whose VFs the SR-IOV DRA driver serves: those exposing SR-IOV, when every pool
+    exposing SR-IOV is one (the operator's `dynamicResourceAllocation` gate is for all its pools)."""
+    sriov = [p for p in cfg.fleet.pools if is_rdma_pool(p) and p.network.devices == "sriov"]
+    if not sriov or any(p.sharing != "dra" for p in sriov):
+        return frozenset()
+    return frozenset(p.name for p in sriov)
 
 
 @dataclass(frozen=True)
@@ -171,6 +231,7 @@ class NetworkArgs:
     @classmethod
     def from_config(cls, cfg: FactoryConfig, plan: Plan) -> NetworkArgs:
         layer = cfg.layers.network
+        dra = dra_vf_pools(cfg)
         return cls(
             chart=layer.chart.source("network-operator"),
             namespace=layer.namespace,
@@ -181,6 +242,8 @@ class NetworkArgs:
                     devices=p.network.devices,
                     nics=tuple(nic for domain in sorted(p.topology.numa, key=lambda d: d.node) for nic in domain.nics),
                     vfs_per_nic=p.network.vfs_per_nic,
+                    gpu_model=p.gpu.model,
+                    dra=p.name in dra,
                 )
                 for p in cfg.fleet.pools
                 if is_rdma_pool(p)
@@ -201,6 +264,10 @@ class NetworkArgs:
         return any(p.devices == "sriov" for p in self.pools)
 
     @property
+    def sriov_dra(self) -> bool:
+        return any(p.dra for p in self.pools)
+
+    @property
     def infiniband_sriov(self) -> bool:
         return any(p.devices == "sriov" and p.fabric == "infiniband" for p in self.pools)
 
@@ -217,7 +284,10 @@ def chart_values(args: NetworkArgs) -> dict[str, Any]:
         "sriovNetworkOperator": {"enabled": args.sriov},
     }
     # The bundled SR-IOV operator's config (`sriov-network-operator.sriovOperatorConfig`) keeps the
-    # chart's: deployed, its daemon on a node once the node's NIC driver is ready.
+    # chart's: deployed, its daemon on a node once the node's NIC driver is ready; on a fleet whose
+    # SR-IOV pools are all DRA pools, its DRA driver advertises the VFs instead of the device plugin.
+    if args.sriov_dra:
+        values["sriov-network-operator"] = {"sriovOperatorConfig": {"featureGates": {"dynamicResourceAllocation": True}}}
     return values
 
 
@@ -289,10 +359,30 @@ def ip_pool_spec(subnet: str, per_node: int, pools: list[str]) -> dict[str, Any]
     }
 
 
-def admission_policy_spec() -> dict[str, Any]:
+def admission_policy_spec(namespace: str) -> dict[str, Any]:
+    """`namespace`: the operator's, where ib-kubernetes runs."""
     annotations = "request.object.metadata.annotations"
     networks = f"{annotations}.\"{NETWORKS_ANNOTATION}\" || ''"
     tenant_pods = {"any": [{"resources": {"kinds": list(POD_KINDS), "namespaceSelector": TENANT_NAMESPACES, "operations": ["CREATE"]}}]}
+    updated_tenant_pods = {"any": [{"resources": {"kinds": ["Pod"], "namespaceSelector": TENANT_NAMESPACES, "operations": ["UPDATE"]}}]}
+
+    def changed(annotation: str) -> dict[str, Any]:
+        return {
+            "key": f"{{{{ request.object.metadata.annotations.\"{annotation}\" || '' }}}}",
+            "operator": "NotEquals",
+            "value": f"{{{{ request.oldObject.metadata.annotations.\"{annotation}\" || '' }}}}",
+        }
+
+    fixed = _rule(
+        FIXED_NETWORKS_RULE,
+        updated_tenant_pods,
+        f"A pod's {NETWORKS_ANNOTATION} and {DEFAULT_NETWORK_ANNOTATION} are set when it is created; only ib-kubernetes adds GUIDs to them later.",
+        {"deny": {"conditions": {"any": [changed(NETWORKS_ANNOTATION), changed(DEFAULT_NETWORK_ANNOTATION)]}}},
+    )
+    # ib-kubernetes rewrites the annotation in the JSON form with each network's GUID and partition
+    # key (`cni-args`): its own service account, by exact name in the operator's namespace, where
+    # tenants create nothing. A tenant's UPDATE that leaves both annotations as they are passes.
+    fixed["exclude"] = {"any": [{"subjects": [{"kind": "ServiceAccount", "name": IB_KUBERNETES_ACCOUNT, "namespace": namespace}]}]}
     return _policy_spec(
         [
             _rule(
@@ -308,7 +398,10 @@ def admission_policy_spec() -> dict[str, Any]:
                 f"Tenant pods may not replace their pod network ({DEFAULT_NETWORK_ANNOTATION}).",
                 {"deny": {"conditions": {"any": [{"key": f"{{{{ {annotations}.\"{DEFAULT_NETWORK_ANNOTATION}\" || '' }}}}", "operator": "NotEquals", "value": ""}]}}},
             ),
-        ]
+            fixed,
+        ],
+        # Admission only: the UPDATE rule reads who sends the request and the object before it.
+        background=False,
     )
 
 
@@ -328,6 +421,15 @@ class FastPath(FactoryComponent):
                 self._custom(
                     f"sriovpolicy-{pool.name}", "sriovnetwork.openshift.io/v1", "SriovNetworkNodePolicy", pool.name, args.namespace, sriov_node_policy(pool), after, pool.name
                 )
+            if pool.dra:
+                k8s.resource.v1.DeviceClass(
+                    self.child_name(f"deviceclass-{vf_device_class(pool.name)}"),
+                    metadata=k8s.meta.v1.ObjectMetaArgs(name=vf_device_class(pool.name), labels=labels(self.layer, extra={POOL_LABEL: pool.name})),
+                    spec=k8s.resource.v1.DeviceClassSpecArgs(
+                        selectors=[k8s.resource.v1.DeviceSelectorArgs(cel=k8s.resource.v1.CELDeviceSelectorArgs(expression=vf_selector(pool.name)))]
+                    ),
+                    opts=self.child(),
+                )
         # In the operator's namespace, where nv-ipam reads its pools: the platform's, each serving one tenant.
         for network in args.networks:
             spec = ip_pool_spec(args.subnet, args.per_node_addresses, [network.pool])
@@ -335,7 +437,7 @@ class FastPath(FactoryComponent):
         for vpc in args.vpcs:
             self._ip_pool(vpc.ip_pool, vpc.tenant, ip_pool_spec(vpc.vpc.subnet, args.per_node_addresses, list(vpc.pools)), args.namespace, after)
         if args.admission:
-            self._custom("admission", "kyverno.io/v1", "ClusterPolicy", ADMISSION_POLICY, None, admission_policy_spec(), self.child())
+            self._custom("admission", "kyverno.io/v1", "ClusterPolicy", ADMISSION_POLICY, None, admission_policy_spec(args.namespace), self.child())
         self.namespace = ns.metadata.name
         self.register_outputs({"namespace": self.namespace})
 
@@ -382,11 +484,14 @@ class TenantNetworks:
 
     networks: tuple[TenantFabricNetwork, ...]
     vpcs: tuple[TenantVpcAttachment, ...] = ()
+    paired: dict[str, str] | None = None
+    """DRA pools whose VFs DRA allocates -> their GPU model: a paired claim template per network there."""
     layer: str = "network"
 
     @classmethod
     def from_config(cls, cfg: FactoryConfig, plan: Plan) -> TenantNetworks:
-        return cls(plan.networks, vpc_attachments(cfg))
+        dra = dra_vf_pools(cfg)
+        return cls(plan.networks, vpc_attachments(cfg), {p.name: p.gpu.model for p in cfg.fleet.pools if p.name in dra})
 
     def narrowed(self, tenant: str) -> TenantNetworks:
         """Only the tenant's own networks and VPCs (see `TenantHook`)."""
@@ -409,6 +514,8 @@ class TenantNetworks:
                 spec={"config": cni_config(network, ip_pool)},
                 opts=stack.child(),
             )
+            if network.pool in (self.paired or {}):
+                self._paired_claim(stack, names, network.pool, self.paired[network.pool])
         for vpc in (v for v in self.vpcs if v.tenant == names.tenant):
             # The VPC's VLAN on the uplink; the fabric (leaf switches, or the DPU) maps it to the VNI.
             config = {"cniVersion": CNI_VERSION, "name": vpc.network, "type": "vlan", "master": vpc.vpc.uplink, "vlanId": vpc.vpc.vlan,
@@ -426,6 +533,35 @@ class TenantNetworks:
                 spec={"config": json.dumps(config, sort_keys=True)},
                 opts=stack.child(),
             )
+
+
+    def _paired_claim(self, stack: FactoryComponent, names: TenantNames, pool: str, gpu_model: str) -> None:
+        k8s.resource.v1.ResourceClaimTemplate(
+            stack.child_name(f"claim-{paired_claim_template(pool)}"),
+            metadata=k8s.meta.v1.ObjectMetaArgs(
+                name=paired_claim_template(pool), namespace=names.namespace,
+                labels=labels(self.layer, tenant=names.tenant, extra={**names.labels, POOL_LABEL: pool}),
+            ),
+            spec={"spec": paired_claim_spec(pool, gpu_model, names.namespace)},
+            opts=stack.child(),
+        )
+
+
+def paired_claim_spec(pool: str, gpu_model: str, namespace: str) -> dict[str, Any]:
+    """One whole GPU and one VF on one PCIe root, the VF on the tenant's network of the pool (no
+    interface name: a pod holding several pairs gets the driver's `net<N>` names)."""
+    vf_config = {"apiVersion": f"{SRIOV_DRA_DRIVER}/v1alpha1", "kind": "VfConfig",
+                 "netAttachDefName": network_name(pool), "netAttachDefNamespace": namespace}
+    return {
+        "devices": {
+            "requests": [
+                {"name": "gpu", "exactly": {"deviceClassName": whole_gpu_class(gpu_model), "allocationMode": "ExactCount", "count": 1}},
+                {"name": "nic", "exactly": {"deviceClassName": vf_device_class(pool), "allocationMode": "ExactCount", "count": 1}},
+            ],
+            "constraints": [{"requests": ["gpu", "nic"], "matchAttribute": PCIE_ROOT}],
+            "config": [{"requests": ["nic"], "opaque": {"driver": SRIOV_DRA_DRIVER, "parameters": vf_config}}],
+        }
+    }
 
 
 # --------------------------------------------------------------------------- config rules
@@ -568,7 +704,7 @@ LAYER = Layer(
     requires=("fleet",),
     needed=needed,
     tenant_hook=TenantNetworks.from_config,
-    checks=(fabric_checks.fabric_keys, fabric_checks.fabric_attachments, fabric_checks.nic_policies_select_pools),
+    checks=(fabric_checks.fabric_keys, fabric_checks.fabric_attachments, fabric_checks.nic_policies_select_pools, fabric_checks.claims_aligned),
     privileged_namespaces={
         "nvidia-network-operator": "NVIDIA Network Operator: Multus and the CNI plugins write the host's CNI directories, the "
         "SR-IOV config daemon and device plugins configure NICs and device nodes, the DOCA driver loads kernel modules",

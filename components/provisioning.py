@@ -12,7 +12,15 @@ exists upstream) provisions every node of the fleet that declares a BMC. Per suc
   to, so the operator finds the driver pre-installed), the pool's boot mode (Secure Boot by
   default), online;
 - a `HostFirmwareSettings` of the same name with the pool's BIOS settings (`BIOS_PROFILES` for the
-  pool's vendor, then the pool's `firmware`), each with its reason in an annotation.
+  pool's vendor, then the pool's `firmware`), each with its reason in an annotation;
+- the host's user data (Secret `<node>-user-data`, the `spec.userData` Metal3 hands cloud-init on
+  the config drive): a kubelet configuration drop-in (`KUBELET_DROP_IN`) whose `registerWithTaints`
+  makes the node join tainted `ai-factory.io/acceptance=pending:NoSchedule`, so no workload lands
+  before its gates ran; the fleet layer later replaces the taint with the verdict's (none once
+  accepted). The OS image's kubelet must read drop-ins (`--config-dir`, the directory of
+  `KUBELET_DROP_IN`); the image or the cluster's bootstrap supplies the join itself. The user data
+  is a Pulumi secret: it is where a node's join credentials live, whoever adds them. Offline, the
+  `registration-taint` check holds every BareMetalHost to this.
 Nodes provisioned by something else declare no BMC and get none of these.
 
 Acceptance (`ai_factory.factory.acceptance.gates`): in `acceptance_namespace`, per node under
@@ -24,9 +32,11 @@ pages, RDMA NICs and NUMA nodes, driver), `dcgm-diag`, `burn-in`, `nccl-node`, a
 not on the node, and would need SSH into every node; a Job lands on the node through the
 scheduler, with the GPU Operator's driver, and pulumi-kubernetes waits for it to complete (its Job
 await), which is the waiter. Their names carry the generation, so a new driver, image, BIOS or a
-restarted acceptance runs them again. Results are collected into the results file
-(`layers.provisioning.acceptance.results_file`); `ai-factory accept` turns them into verdicts and
-NetBox records, and the fleet layer applies the verdicts' taints.
+restarted acceptance runs them again. Each gate writes its result as its termination message (the
+contract of `ai_factory.factory.acceptance.collect`; the pod template names the node(s) and
+generation(s) it tests); `ai-factory accept --pods` collects them into the results file
+(`layers.provisioning.acceptance.results_file`) and turns them into verdicts and NetBox records,
+and the fleet layer applies the verdicts' taints.
 """
 
 from __future__ import annotations
@@ -45,7 +55,10 @@ from ai_factory.components.external_secrets import STORE_NAME, STORE_SERVICE_ACC
 from ai_factory.components.gpu_operator import tolerations as gpu_node_tolerations
 from ai_factory.components.openbao import platform_path, service_address
 from ai_factory.components.registry import Layer
-from ai_factory.factory.acceptance import gates, thresholds
+from ai_factory.factory.acceptance import collect, gates, thresholds
+from ai_factory.factory.checking import provisioning as provisioning_checks
+from ai_factory.factory.checking.provisioning import PENDING_TAINT as REGISTRATION_TAINT
+from ai_factory.factory.checking.provisioning import REGISTER_TAINTS_ANNOTATION
 from ai_factory.factory.model.config import DriverSettings, FactoryConfig, NodeSpec, Pool, PoolProvisioning
 from ai_factory.factory.model.raw import as_dict, as_list, did_you_mean
 from ai_factory.factory.model.secrets import SecretValue
@@ -56,8 +69,9 @@ METAL3_API = "metal3.io/v1alpha1"
 ESO_API = "external-secrets.io/v1"
 STORE_ROLE = "ai-factory-provisioning"
 REASONS_ANNOTATION = "ai-factory.io/firmware-reasons"
-NODE_ANNOTATION = "ai-factory.io/node"
-GATE_LABEL = "ai-factory.io/gate"
+NODE_ANNOTATION = gates.NODE_ANNOTATION
+GATE_LABEL = gates.GATE_LABEL
+KUBELET_DROP_IN = "/etc/kubernetes/kubelet.conf.d/50-ai-factory-acceptance.conf"
 JOB_SERVICE_ACCOUNT = "acceptance"
 
 # BIOS settings per vendor, by the attribute names the vendor's Redfish BIOS registry uses; the
@@ -133,6 +147,8 @@ class GateJob:
     name: str
     gate: str
     nodes: tuple[str, ...]
+    generations: tuple[str, ...]
+    """The nodes' gate generations, in `nodes` order."""
     pool: Pool
     command: tuple[str, ...]
     image: str
@@ -184,6 +200,36 @@ def _job_name(gate: str, nodes: tuple[str, ...], generation: str) -> str:
     return f"accept-{gate}-{digest}-{generation[:8]}"
 
 
+TERMINATION_LOG = "/dev/termination-log"
+"""Where a gate writes its result (the contract of `ai_factory.factory.acceptance.collect`)."""
+
+
+def _reporting(gate: str, command: str, result: str) -> str:
+    """Run `command`; write the gate's contract document, its `result` printed by a shell command
+    that sees `$passed` (true/false, from the exit status), `$start` and `$end` (epoch seconds);
+    exit with the command's status."""
+    return (f"start=$(date +%s); if {command} >/tmp/{gate}.out 2>&1; then passed=true; else passed=false; fi; end=$(date +%s); "
+            f"printf '{{\"schema\":\"{collect.CONTRACT}\",\"gate\":\"{gate}\",\"result\":%s}}' \"$({result})\" > {TERMINATION_LOG}; "
+            f"tail -c 65536 /tmp/{gate}.out; [ \"$passed\" = true ]")
+
+
+INVENTORY_SCRIPT = (
+    # One CSV line per GPU; fields a GPU does not support read `[N/A]` and count as 0.
+    "set -e; nvidia-smi --query-gpu=index,serial,pci.device_id,ecc.mode.current,retired_pages.sbe,retired_pages.dbe,"
+    "remapped_rows.uncorrectable,driver_version --format=csv,noheader,nounits > /tmp/gpus.csv; "
+    "for d in /sys/class/infiniband/*; do [ -e \"$d\" ] && echo \"$(basename \"$d\") $(cat \"$d/device/numa_node\")\"; done > /tmp/nics.txt || true; "
+    "awk -F', *' -v schema=" + collect.CONTRACT + " '"
+    "function n(v) { return v ~ /^[0-9]+$/ ? v : 0 } "
+    "FNR == NR { g = g sep sprintf(\"{\\\"index\\\":%d,\\\"serial\\\":\\\"%s\\\",\\\"pci_device_id\\\":\\\"%s\\\",\\\"ecc_mode\\\":\\\"%s\\\",\\\"retired_pages\\\":%d}\", "
+    "$1, $2, $3, tolower($4), n($5) + n($6) + n($7)); sep = \",\"; driver = $8; next } "
+    "{ split($0, f, \" \"); c = c csep sprintf(\"{\\\"name\\\":\\\"%s\\\",\\\"numa_node\\\":%d}\", f[1], f[2]); csep = \",\" } "
+    "END { printf \"{\\\"schema\\\":\\\"%s\\\",\\\"gate\\\":\\\"inventory\\\",\\\"result\\\":{\\\"driver\\\":\\\"%s\\\",\\\"gpus\\\":[%s],\\\"nics\\\":[%s]}}\", schema, driver, g, c }"
+    "' /tmp/gpus.csv /tmp/nics.txt > " + TERMINATION_LOG + "; cat " + TERMINATION_LOG
+)
+"""The inventory gate: GPUs (model by PCI device ID, serial, ECC mode, retired pages and rows
+remapped), the driver, the RDMA NICs and their NUMA nodes, as the contract's `inventory` result."""
+
+
 def gate_jobs(cfg: FactoryConfig) -> list[GateJob]:
     settings = cfg.layers.provisioning.acceptance
     images = settings.images
@@ -194,22 +240,19 @@ def gate_jobs(cfg: FactoryConfig) -> list[GateJob]:
     for s in subjects:
         node, pool, gen = s.node.name, s.pool, s.generation
         one = (node,)
-        jobs.append(GateJob(_job_name("inventory", one, gen), "inventory", one, pool, (
-            "sh", "-c",
-            "nvidia-smi --query-gpu=index,serial,pci.device_id,ecc.mode.current,retired_pages.pending,"
-            "retired_pages.sbe,retired_pages.dbe,remapped_rows.uncorrectable,driver_version --format=csv,noheader"
-            " && dcgmi health -c -j; for d in /sys/class/infiniband/*; do echo \"$(basename $d) $(cat $d/device/numa_node)\"; done",
-        ), images.dcgm, {}, 600))
-        jobs.append(GateJob(_job_name("dcgm-diag", one, gen), "dcgm-diag", one, pool,
-                            ("dcgmi", "diag", "-r", str(settings.dcgm_diag_level), "-j"), images.dcgm, {}, 3 * 3600))
+        jobs.append(GateJob(_job_name("inventory", one, gen), "inventory", one, (gen,), pool, ("sh", "-c", INVENTORY_SCRIPT), images.dcgm, {}, 600))
+        level = settings.dcgm_diag_level
+        jobs.append(GateJob(_job_name("dcgm-diag", one, gen), "dcgm-diag", one, (gen,), pool, ("sh", "-c", _reporting(
+            "dcgm-diag", f"dcgmi diag -r {level} -j", f'printf \'{{"level":{level},"passed":%s}}\' "$passed"')), images.dcgm, {}, 3 * 3600))
         seconds = settings.burn_in_minutes * 60
-        jobs.append(GateJob(_job_name("burn-in", one, gen), "burn-in", one, pool, (
-            "dcgmi", "diag", "-r", "targeted_stress,targeted_power",
-            "-p", f"targeted_stress.test_duration={seconds // 2};targeted_power.test_duration={seconds - seconds // 2}", "-j",
-        ), images.dcgm, {}, seconds + 1800))
+        burn = (f"dcgmi diag -r targeted_stress,targeted_power -p "
+                f"'targeted_stress.test_duration={seconds // 2};targeted_power.test_duration={seconds - seconds // 2}' -j")
+        jobs.append(GateJob(_job_name("burn-in", one, gen), "burn-in", one, (gen,), pool, ("sh", "-c", _reporting(
+            "burn-in", burn, 'awk -v s="$((end - start))" -v p="$passed" \'BEGIN { printf "{\\"minutes\\":%.2f,\\"passed\\":%s}", s / 60, p }\'')),
+            images.dcgm, {}, seconds + 1800))
         if pool.gpu.per_node >= 2:
             row = table[(pool.gpu.model, "node", pool.topology.intra_node)]
-            jobs.append(GateJob(_job_name("nccl-node", one, gen), "nccl-node", one, pool, (), images.nccl_loopback,
+            jobs.append(GateJob(_job_name("nccl-node", one, gen), "nccl-node", one, (gen,), pool, (), images.nccl_loopback,
                                 {"BW_THRESHOLD_GBPS": f"{row.min_busbw_gbps:g}", "TEST_SIZE_MB": "256"}, 1800))
     seen: set[tuple[str, str]] = set()
     for s in subjects:
@@ -220,12 +263,12 @@ def gate_jobs(cfg: FactoryConfig) -> list[GateJob]:
             pool = s.pool
             row = table[(pool.gpu.model, "pair", pool.topology.fabric)]
             gen = hashlib.sha256("".join(generation_of[n] for n in pair).encode()).hexdigest()
-            jobs.append(GateJob(_job_name("nccl-pair", pair, gen), "nccl-pair", pair, pool, (), images.nccl_allreduce,
+            jobs.append(GateJob(_job_name("nccl-pair", pair, gen), "nccl-pair", pair, tuple(generation_of[n] for n in pair), pool, (), images.nccl_allreduce,
                                 {"BW_THRESHOLD_GBPS": f"{row.min_busbw_gbps:g}", "MESSAGE_SIZES": "4G"}, 3600))
     return jobs
 
 
-def bare_metal_host_spec(host: Host, secret: str) -> dict[str, Any]:
+def bare_metal_host_spec(host: Host, secret: str, namespace: str) -> dict[str, Any]:
     node, setup = host.node, host.setup
     assert node.bmc and node.root_device_hints, "validation requires them with a BMC"
     hints = node.root_device_hints
@@ -246,6 +289,7 @@ def bare_metal_host_spec(host: Host, secret: str) -> dict[str, Any]:
         # Erase partition tables and metadata between owners, so a node keeps no previous image.
         "automatedCleaningMode": "metadata",
         "description": f"ai-factory pool {host.pool.name}, rack {node.rack}",
+        "userData": {"name": user_data_secret(node.name), "namespace": namespace},
     }
 
 
@@ -256,6 +300,22 @@ def bmc_external_secret_spec(host: Host, secret: str) -> dict[str, Any]:
         "target": {"name": secret, "creationPolicy": "Owner", "deletionPolicy": "Delete"},
         "data": [{"secretKey": key, "remoteRef": {"key": host.credentials_key, "property": key}} for key in ("username", "password")],
     }
+
+
+def user_data_secret(node: str) -> str:
+    return f"{node}-user-data"
+
+
+def kubelet_drop_in() -> dict[str, Any]:
+    """Only what acceptance needs: the drop-in merges over the image's own kubelet configuration."""
+    return {"apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration", "registerWithTaints": [REGISTRATION_TAINT]}
+
+
+def user_data() -> str:
+    """The cloud-init user data of every host (cloud-config)."""
+    config = {"write_files": [{"path": KUBELET_DROP_IN, "owner": "root:root", "permissions": "0644",
+                               "content": json.dumps(kubelet_drop_in(), sort_keys=True) + "\n"}]}
+    return "#cloud-config\n" + json.dumps(config, sort_keys=True, indent=2) + "\n"
 
 
 def store_policy(kv_mount: str, prefix: str) -> str:
@@ -276,6 +336,9 @@ def job_spec(job: GateJob, acceptance_key: str) -> dict[str, Any]:
         # toolkit honours NVIDIA_VISIBLE_DEVICES (it ignores it for unprivileged containers).
         "securityContext": {"privileged": True},
         "resources": {"requests": {"cpu": "1", "memory": "4Gi"}, "limits": {"memory": "16Gi"}},
+        # The gate's result (ai_factory.factory.acceptance.collect): kept by the kubelet in the pod's status.
+        "terminationMessagePath": TERMINATION_LOG,
+        "terminationMessagePolicy": "File",
     }
     if job.command:
         container["command"] = list(job.command)
@@ -297,7 +360,14 @@ def job_spec(job: GateJob, acceptance_key: str) -> dict[str, Any]:
         pod_spec["affinity"]["podAntiAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": [
             {"labelSelector": {"matchLabels": {"job-name": job.name}}, "topologyKey": "kubernetes.io/hostname"}
         ]}
-    spec["template"] = {"metadata": {"labels": {GATE_LABEL: job.gate, POOL_LABEL: pool.name}}, "spec": pod_spec}
+    spec["template"] = {
+        "metadata": {
+            "labels": {GATE_LABEL: job.gate, POOL_LABEL: pool.name},
+            # What the collector files the pod's result under (never the result's own say).
+            "annotations": {NODE_ANNOTATION: ",".join(job.nodes), gates.GENERATION_LABEL: ",".join(job.generations)},
+        },
+        "spec": pod_spec,
+    }
     return spec
 
 
@@ -345,13 +415,23 @@ class Provisioning(FactoryComponent):
                     opts=self.child(depends_on=[store]),
                 )
             settings = firmware_settings(host.pool, host.setup)
+            user_data_object = k8s.core.v1.Secret(
+                self.child_name(f"user-data-{node}"),
+                metadata=k8s.meta.v1.ObjectMetaArgs(
+                    name=user_data_secret(node), namespace=args.namespace, labels=host_labels,
+                    annotations={REGISTER_TAINTS_ANNOTATION: json.dumps([REGISTRATION_TAINT], sort_keys=True)},
+                ),
+                type="Opaque",
+                string_data={"userData": pulumi.Output.secret(user_data())},
+                opts=self.child(depends_on=[ns]),
+            )
             k8s.apiextensions.CustomResource(
                 self.child_name(f"host-{node}"),
                 api_version=METAL3_API,
                 kind="BareMetalHost",
                 metadata={"name": node, "namespace": args.namespace, "labels": host_labels},
-                spec=bare_metal_host_spec(host, secret),
-                opts=self.child(depends_on=[ns]),
+                spec=bare_metal_host_spec(host, secret, args.namespace),
+                opts=self.child(depends_on=[user_data_object]),
             )
             k8s.apiextensions.CustomResource(
                 self.child_name(f"firmware-{node}"),
@@ -475,6 +555,7 @@ LAYER = Layer(
     args=ProvisioningArgs.from_config,
     requires=("fleet", "external-secrets"),
     config_checks=(config_problems,),
+    checks=(provisioning_checks.registration_taint,),
     privileged_namespaces={
         "ai-factory-acceptance": "Acceptance gates: drive every GPU and RDMA NIC of the node under test (DCGM diagnostics, burn-in, NCCL)",
     },

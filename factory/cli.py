@@ -172,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     accept.add_argument("env", help="environment name (reads Pulumi.<env>.yaml) or a stack file's path")
     accept.add_argument("--node", help="only this node")
     accept.add_argument("--results", type=Path, help="a results file instead of the config's layers.provisioning.acceptance.results_file")
+    accept.add_argument("--pods", type=Path, help="collect the results from the gate pods (`kubectl get pods -n <acceptance_namespace> -l ai-factory.io/gate -o json`)")
+    accept.add_argument("--write-results", action="store_true", help="with --pods: write the collected results to the config's results_file")
     accept.add_argument("--format", choices=("text", "json"), default="text")
     accept.add_argument(
         "--apply", action="store_true",
@@ -241,7 +243,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "accept":
         from ai_factory.factory.acceptance.report import accept
 
-        return accept(args.env, args.node, args.results, args.format, args.apply)
+        return accept(args.env, args.node, args.results, args.format, args.apply, args.pods, args.write_results)
     return _check(args.target, args.upstream, args.charts, args.quiet, args.format, _cache_dir(args))
 
 

@@ -17,7 +17,8 @@ wildcards, `namespaceSelector`, `operations`); rule `preconditions`; `validate.p
 one-item list patterns applying to every item); `validate.deny.conditions`; `validate.foreach`
 (`list`, `preconditions`, `deny`); operators Equals, NotEquals, AnyIn, AllIn, AnyNotIn, AllNotIn,
 GreaterThan, LessThan (the In family matches the value's wildcards); `failureAction` (only Enforce
-refuses); `podSecurity`, with the Pod Security controls of `policies/aif_policies/workloads.py`
+refuses); `exclude.any[].subjects` (service accounts, on `request.userInfo.username`); `request.oldObject` of
+an UPDATE; `podSecurity`, with the Pod Security controls of `policies/aif_policies/workloads.py`
 and `security.py` standing in for the upstream library Kyverno embeds. A variable that resolves
 to nothing is an error, and an erroring rule refuses (Kyverno reports `error` and, in Enforce,
 blocks the request).
@@ -55,6 +56,10 @@ class Request:
     namespace_labels: dict[str, str] = field(default_factory=dict)
     operation: str = "CREATE"
     subresource: str = ""
+    username: str = "tenant-user"
+    """Who sends it (`request.userInfo.username`; a service account is `system:serviceaccount:<ns>:<name>`)."""
+    old_object: dict[str, Any] | None = None
+    """The object before an UPDATE (`request.oldObject`)."""
 
     @property
     def kind(self) -> str:
@@ -66,7 +71,10 @@ class Request:
         return self.object["metadata"].get("namespace", "")
 
     def context(self) -> dict[str, Any]:
-        return {"request": {"object": self.object, "operation": self.operation, "namespace": self.namespace}}
+        request = {"object": self.object, "operation": self.operation, "namespace": self.namespace, "userInfo": {"username": self.username}}
+        if self.old_object is not None:
+            request["oldObject"] = self.old_object
+        return {"request": request}
 
 
 def _search(expression: str, context: dict[str, Any]) -> Any:
@@ -189,8 +197,8 @@ def rule_matches(rule: dict[str, Any], request: Request) -> bool:
     match = rule["match"]
     if set(match) - {"any"}:
         raise Unsupported(f"match {sorted(match)}")
-    if "exclude" in rule:
-        raise Unsupported("exclude")
+    if "exclude" in rule and excluded(rule["exclude"], request):
+        return False
     for block in match["any"]:
         resources = block["resources"]
         if set(resources) - {"kinds", "namespaces", "namespaceSelector", "operations"}:
@@ -205,6 +213,22 @@ def rule_matches(rule: dict[str, Any], request: Request) -> bool:
         if "namespaceSelector" in resources and not selects(resources["namespaceSelector"], labels):
             continue
         return True
+    return False
+
+
+def excluded(exclude: dict[str, Any], request: Request) -> bool:
+    """`exclude.any[].subjects`: service accounts named exactly (Kyverno matches a subject of kind
+    ServiceAccount on the request's `system:serviceaccount:<namespace>:<name>` user)."""
+    if set(exclude) - {"any"}:
+        raise Unsupported(f"exclude {sorted(exclude)}")
+    for block in exclude["any"]:
+        if set(block) - {"subjects"}:
+            raise Unsupported(f"exclude filter {sorted(block)}")
+        for subject in block["subjects"]:
+            if subject.get("kind") != "ServiceAccount":
+                raise Unsupported(f"exclude subject {subject.get('kind')}")
+            if request.username == f"system:serviceaccount:{subject['namespace']}:{subject['name']}":
+                return True
     return False
 
 

@@ -111,6 +111,18 @@ def test_the_fleet_taints_and_labels_nodes_by_their_verdict(raw, tmp_path, monke
     assert "7 GPUs found, 8 expected" in nodes["gpu-h100-02"]["metadata"]["annotations"][gates.REASON_ANNOTATION]
 
 
+def test_an_accepted_node_takes_the_registration_taint_over_from_its_kubelet(dev):
+    """The kubelet registered it tainted pending (provisioning's user data): the patch claims the
+    whole atomic list, empty once accepted, and forces, so the taint goes with the verdict."""
+    nodes = {o["metadata"]["name"]: o for o in objects(dev, "Node")}
+    for name in H100:
+        assert nodes[name]["metadata"]["annotations"]["pulumi.com/patchForce"] == "true"
+        assert "taints" in nodes[name]["spec"]
+    assert not any(t["key"] == gates.ACCEPTANCE_KEY for t in nodes["gpu-h100-01"]["spec"]["taints"])
+    others = [n for n, o in nodes.items() if n not in H100]
+    assert others and not any("pulumi.com/patchForce" in (nodes[n]["metadata"].get("annotations") or {}) for n in others)
+
+
 def test_an_unreadable_results_file_is_a_config_problem(raw, tmp_path, monkeypatch):
     (tmp_path / "acceptance").mkdir()
     (tmp_path / "acceptance" / "dev-results.yaml").write_text("nodes: {gpu-h100-01: {generation: nope}}\n")
@@ -240,7 +252,7 @@ def test_accept_exits_1_with_the_taints_when_a_node_fails(tmp_path, capsys):
     [
         (["--node", "gpu-h100-9"], "--node: 'gpu-h100-9' is not a node under acceptance"),
         (["--results", "missing.yaml"], "--results missing.yaml: cannot read"),
-        (["--apply", "--results", "x.yaml"], "--results: --apply applies the config's"),
+        (["--apply", "--results", "x.yaml"], "--apply: it applies the config's"),
         (["--apply"], "layers.provisioning.netbox: required by --apply"),
     ],
     ids=["unknown-node", "missing-results", "apply-with-results", "apply-without-netbox"],

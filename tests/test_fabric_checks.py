@@ -70,10 +70,28 @@ FLEET = [
 
 
 def admission_policy(action: str = "Enforce") -> dict:
-    spec = network.admission_policy_spec()
+    spec = network.admission_policy_spec("net")
     for rule in spec["rules"]:
         rule["validate"]["failureAction"] = action
     return {"apiVersion": "kyverno.io/v1", "kind": "ClusterPolicy", "metadata": {"name": checks.ADMISSION_POLICY}, "spec": spec}
+
+
+def exempting(*subjects: dict) -> dict:
+    """The admission policy with its UPDATE rule's exemption replaced."""
+    policy = admission_policy()
+    rule = next(r for r in policy["spec"]["rules"] if r["name"] == checks.FIXED_NETWORKS_RULE)
+    rule["exclude"] = {"any": [{"subjects": list(subjects)}]}
+    return policy
+
+
+def exempting_by(exclude: dict) -> dict:
+    policy = admission_policy()
+    next(r for r in policy["spec"]["rules"] if r["name"] == checks.FIXED_NETWORKS_RULE)["exclude"] = exclude
+    return policy
+
+
+def account(name: str, namespace: str, kind: str = "ServiceAccount") -> dict:
+    return {"kind": kind, "name": name, "namespace": namespace}
 
 
 def world(*objs: dict) -> Rendered:
@@ -127,11 +145,26 @@ ATTACH_ROWS = [
     ("an unreadable annotation", [OWN, admission_policy(), pod("tenant-a", {checks.NETWORKS_ANNOTATION: "[oops"})], "cannot be read"),
     ("tenant networks without the admission policy", [OWN], "admission policy tenant-secondary-networks is missing"),
     ("the admission policy in audit mode", [OWN, admission_policy("Audit")], "does not enforce networks-in-own-namespace"),
+    ("networks editable after creation", [OWN, {**admission_policy(), "spec": {**admission_policy()["spec"], "rules": [
+        r for r in admission_policy()["spec"]["rules"] if r["name"] != checks.FIXED_NETWORKS_RULE]}}], "does not enforce networks-fixed-after-create"),
+    ("ib-kubernetes exempted in a tenant's namespace", [OWN, exempting(account("ib-kubernetes", "tenant-a"))], "namespace tenant-a, which a tenant can create"),
+    ("an exempted namespace wildcard", [OWN, exempting(account("ib-kubernetes", "*"))], "namespace *, which a tenant can create"),
+    ("another service account exempted", [OWN, exempting(account("default", "net"))], "exempts ServiceAccount net/default"),
+    ("a group exempted", [OWN, exempting(account("system:authenticated", "", "Group"))], "exempts Group /system:authenticated"),
+    ("an exemption by role", [OWN, {**admission_policy(), "spec": {**admission_policy()["spec"], "rules": [
+        {**r, "exclude": {"any": [{"clusterRoles": ["edit"]}]}} for r in admission_policy()["spec"]["rules"]]}}], "exempts requests matching"),
+    ("an exemption by `all`", [OWN, exempting_by({"all": [{"subjects": [account("ib-kubernetes", "net")]}]})], "exempts requests by"),
+    ("an empty exemption", [OWN, exempting_by({"any": []})], "exempts requests by"),
+    ("ib-kubernetes with a role besides", [OWN, exempting_by({"any": [{"subjects": [account("ib-kubernetes", "net")], "roles": ["x"]}]})],
+     "exempts requests matching"),
+    ("a second exempted block", [OWN, exempting_by({"any": [{"clusterRoles": ["edit"]}, {"subjects": [account("default", "net")]}]})],
+     "exempts ServiceAccount net/default"),
 ]
 ATTACH_ACCEPTS = [
     ("own networks by short name", [OWN, admission_policy(), pod("tenant-a", {checks.NETWORKS_ANNOTATION: "rdma@net1, rdma"})]),
     ("own network by namespace/name", [OWN, admission_policy(), job("tenant-a", "tenant-a/rdma")]),
     ("a platform pod naming any network", [OWN, admission_policy(), pod("net", {checks.NETWORKS_ANNOTATION: "tenant-a/rdma"})]),
+    ("ib-kubernetes exempted in the operator's namespace", [OWN, exempting(account("ib-kubernetes", "net"))]),
 ]
 
 
@@ -148,6 +181,64 @@ def test_a_foreign_network_is_reported_once_per_reference():
 @pytest.mark.parametrize("objs", [r[1] for r in ATTACH_ACCEPTS], ids=[r[0] for r in ATTACH_ACCEPTS])
 def test_fabric_attachments_accepts(objs):
     assert found(checks.fabric_attachments, world(*objs)) == []
+
+
+# --------------------------------------------------------------------------- DRA claims
+
+
+VF_CLASS = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "ib-rdma-vf"},
+            "spec": {"selectors": [{"cel": {"expression": network.vf_selector("ib")}}]}}
+GPU_CLASS = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "h100-80gb-whole"},
+             "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'"}}]}}
+PAIRED = network.paired_claim_spec("ib", "H100-80GB", "tenant-a")
+
+
+def claim(kind: str = "ResourceClaimTemplate", namespace: str = "tenant-a", **devices) -> dict:
+    body = copy.deepcopy(PAIRED)
+    body["devices"].update(devices)
+    spec = {"spec": body} if kind == "ResourceClaimTemplate" else body
+    return {"apiVersion": "resource.k8s.io/v1", "kind": kind, "metadata": {"name": "pair", "namespace": namespace}, "spec": spec}
+
+
+def request(name: str, device_class: str, count: int = 1, legacy: bool = False) -> dict:
+    return {"name": name, "deviceClassName": device_class, "count": count} if legacy else {"name": name, "exactly": {"deviceClassName": device_class, "count": count}}
+
+
+def vf_config(namespace: str) -> list[dict]:
+    return [{"requests": ["nic"], "opaque": {"driver": checks.SRIOV_DRA_DRIVER, "parameters": {"kind": "VfConfig", "netAttachDefName": "rdma-ib", "netAttachDefNamespace": namespace}}}]
+
+
+NOT_ALIGNED = "not constrained to one PCIe root"
+CLAIM_ROWS = [
+    ("a pair without constraint", [GPU_CLASS, VF_CLASS, claim(constraints=[])], NOT_ALIGNED),
+    ("a pair matched on another attribute", [GPU_CLASS, VF_CLASS, claim(constraints=[{"matchAttribute": "gpu.nvidia.com/productName"}])], NOT_ALIGNED),
+    ("a constraint leaving the VF out", [GPU_CLASS, VF_CLASS, claim(constraints=[{"requests": ["gpu"], "matchAttribute": checks.PCIE_ROOT}])], NOT_ALIGNED),
+    ("a second VF left out", [GPU_CLASS, VF_CLASS, claim(requests=[*PAIRED["devices"]["requests"], request("nic2", "ib-rdma-vf")])], "nic, nic2 are not"),
+    ("a claim (not a template)", [GPU_CLASS, VF_CLASS, claim("ResourceClaim", constraints=[])], NOT_ALIGNED),
+    ("the chart's GPU class, v1beta1 requests", [VF_CLASS, claim(requests=[request("gpu", "gpu.nvidia.com", legacy=True), request("nic", "ib-rdma-vf", legacy=True)],
+                                                                 constraints=[])], NOT_ALIGNED),
+    ("a VF on another tenant's network", [GPU_CLASS, VF_CLASS, claim(config=vf_config("tenant-b"))], "network tenant-b/rdma-ib, of another namespace"),
+    ("after the GPU driver's config", [GPU_CLASS, VF_CLASS, claim(config=[{"requests": ["gpu"], "opaque": {"driver": checks.GPU_DRA_DRIVER, "parameters": {}}},
+                                                                          *vf_config("tenant-b")])], "of another namespace"),
+]
+CLAIM_ACCEPTS = [
+    ("the rendered pair", [GPU_CLASS, VF_CLASS, claim()]),
+    ("a constraint over every request", [GPU_CLASS, VF_CLASS, claim(constraints=[{"matchAttribute": checks.PCIE_ROOT}])]),
+    ("GPUs alone", [GPU_CLASS, claim(requests=[request("gpu", "h100-80gb-whole", 8)], constraints=[], config=[])]),
+    ("a VF alone", [VF_CLASS, claim(requests=[request("nic", "ib-rdma-vf")], constraints=[], config=[])]),
+    ("a VF on its own namespace's network", [GPU_CLASS, VF_CLASS, claim(config=vf_config("tenant-a"))]),
+]
+
+
+@pytest.mark.parametrize(("objs", "expected"), [r[1:] for r in CLAIM_ROWS], ids=[r[0] for r in CLAIM_ROWS])
+def test_claims_aligned_flags(objs, expected):
+    lines = found(checks.claims_aligned, world(*objs))
+    assert len(lines) == 1 and expected in lines[0], lines
+
+
+@pytest.mark.parametrize("objs", [r[1] for r in CLAIM_ACCEPTS], ids=[r[0] for r in CLAIM_ACCEPTS])
+def test_claims_aligned_accepts(objs):
+    assert found(checks.claims_aligned, world(*objs)) == []
 
 
 def nic_node_policy(selector: dict | None, **spec) -> dict:
@@ -208,7 +299,7 @@ def crossguard(*objs: dict) -> dict[str, dict[str, list[str]]]:
                 metadata=obj["metadata"], spec=obj.get("spec"),
             )
     graph = stack(program)
-    return {p: violations(graph, p) for p in ("fabric-keys-apart", "fabric-attachments-own", "nic-policies-one-pool")}
+    return {p: violations(graph, p) for p in ("fabric-keys-apart", "fabric-attachments-own", "nic-policies-one-pool", "dra-claims-aligned")}
 
 
 CROSSGUARD_ROWS = [
@@ -217,6 +308,7 @@ CROSSGUARD_ROWS = [
     ("fabric-attachments-own", [nad("net", ib("0x10"))], "outside every tenant's namespace"),
     ("fabric-attachments-own", [nad("tenant-a", ib("0x10"))], "is missing"),
     ("nic-policies-one-pool", [nic_node_policy(None)], "has no nodeSelector"),
+    ("dra-claims-aligned", [GPU_CLASS, VF_CLASS, claim(constraints=[])], "not constrained to one PCIe root"),
 ]
 
 
@@ -241,6 +333,40 @@ ADMISSION_ROWS = [
     ("a replaced pod network", "tenant-search", {checks.DEFAULT_NETWORK_ANNOTATION: "kube-system/x"}, [checks.DEFAULT_NETWORK_RULE]),
     ("a platform pod", "nvidia-network-operator", {checks.NETWORKS_ANNOTATION: "tenant-search/rdma-h100-train"}, []),
 ]
+
+
+def test_the_rendered_exemption_is_ib_kubernetes_account_alone(dev):
+    rules = one(dev, "ClusterPolicy", checks.ADMISSION_POLICY)["spec"]["rules"]
+    assert [r.get("exclude") for r in rules] == [None, None, {"any": [{"subjects": [
+        {"kind": "ServiceAccount", "name": checks.IB_KUBERNETES_ACCOUNT, "namespace": "nvidia-network-operator"}]}]}]
+
+
+GUIDS = '[{"name": "rdma-h100-train", "cni-args": {"guid": "02:00:00:00:00:00:00:05", "mellanox.infiniband.app": "configured"}}]'
+IB_KUBERNETES = "system:serviceaccount:nvidia-network-operator:ib-kubernetes"
+UPDATE_ROWS = [
+    # (case, namespace, user, annotations before, after, refused)
+    ("ib-kubernetes adding a GUID", "tenant-search", IB_KUBERNETES, "rdma-h100-train", GUIDS, []),
+    ("a tenant relabelling its pod, GUIDs in place", "tenant-search", "alice", GUIDS, GUIDS, []),
+    ("a tenant writing GUIDs itself", "tenant-search", "alice", "rdma-h100-train", GUIDS, [checks.FIXED_NETWORKS_RULE]),
+    ("a tenant pointing at another tenant's network", "tenant-search", "alice", "rdma-h100-train", "tenant-assistant/rdma-a100-mig", [checks.FIXED_NETWORKS_RULE]),
+    ("a tenant's own account named ib-kubernetes", "tenant-search", "system:serviceaccount:tenant-search:ib-kubernetes", "rdma-h100-train", GUIDS,
+     [checks.FIXED_NETWORKS_RULE]),
+    ("another platform account", "tenant-search", "system:serviceaccount:nvidia-network-operator:default", "rdma-h100-train", GUIDS,
+     [checks.FIXED_NETWORKS_RULE]),
+    ("a tenant adding a network later", "tenant-search", "alice", None, "rdma-h100-train", [checks.FIXED_NETWORKS_RULE]),
+]
+
+
+@pytest.mark.parametrize(("namespace", "user", "before", "after", "refused"), [r[1:] for r in UPDATE_ROWS], ids=[r[0] for r in UPDATE_ROWS])
+def test_admission_of_network_updates(dev, namespace, user, before, after, refused):
+    policy = one(dev, "ClusterPolicy", checks.ADMISSION_POLICY)
+    labels = next(n["metadata"].get("labels") or {} for n in objects(dev, "Namespace") if n["metadata"]["name"] == namespace)
+
+    def annotated(value):
+        return pod(namespace, {checks.NETWORKS_ANNOTATION: value} if value is not None else {})
+
+    request = Request(annotated(after), namespace_labels=labels, operation="UPDATE", username=user, old_object=annotated(before))
+    assert refusals([policy], request) == [f"{checks.ADMISSION_POLICY}/{rule}" for rule in refused]
 
 
 @pytest.mark.parametrize(("namespace", "annotations", "refused"), [r[1:] for r in ADMISSION_ROWS], ids=[r[0] for r in ADMISSION_ROWS])

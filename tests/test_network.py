@@ -298,3 +298,64 @@ def test_three_sites_keep_every_tenant_apart_and_removal_moves_no_key(raw):
     raw["tenants"] = [t for t in raw["tenants"] if t["name"] != "t2"]
     after = {(n.tenant, n.pool): n.key for n in plan_for(validate(raw), planned).networks}
     assert after == {k: v for k, v in before.items() if k[0] != "t2"}
+
+
+# --------------------------------------------------------------------------- GPU-NIC alignment on DRA pools
+
+
+def dra_sites(raw: dict, pools: str = "all") -> dict:
+    """Three sites of DRA pools: all of them, or only the InfiniBand ones."""
+    raw = three_sites(raw)
+    for pool in raw["fleet"]["pools"]:
+        if pools == "all" or pool["topology"]["fabric"] == "infiniband":
+            pool["sharing"] = "dra"
+    return raw
+
+
+def test_dra_pools_pair_each_tenants_gpu_and_vf_on_one_pcie_root(raw, oracles):
+    raw = dra_sites(raw)
+    cfg = validate(raw)
+    args = network.NetworkArgs.from_config(cfg, plan_for(cfg))
+    values = network.chart_values(args)
+    assert values["sriov-network-operator"] == {"sriovOperatorConfig": {"featureGates": {"dynamicResourceAllocation": True}}}
+    rendered = render(raw)
+    classes = {o["metadata"]["name"]: o for o in objects(rendered, "DeviceClass") if o["metadata"]["name"].endswith("-rdma-vf")}
+    assert sorted(classes) == sorted(f"{p['name']}-rdma-vf" for p in raw["fleet"]["pools"])
+    assert classes["roce-lon1-rdma-vf"]["spec"]["selectors"][0]["cel"]["expression"] == (
+        "device.driver == 'sriovnetwork.k8snetworkplumbingwg.io' && device.attributes['k8s.cni.cncf.io'].resourceName == 'nvidia.com/roce_lon1_vf'")
+    templates = {(o["metadata"]["namespace"], o["metadata"]["name"]): o for o in objects(rendered, "ResourceClaimTemplate")
+                 if o["metadata"]["name"].endswith("-gpu-rdma")}
+    assert sorted(templates) == sorted((f"tenant-{n.tenant}", f"{n.pool}-gpu-rdma") for n in plan_for(cfg).networks)
+    devices = templates["tenant-t2", "ib-lon1-gpu-rdma"]["spec"]["spec"]["devices"]
+    assert [(r["name"], r["exactly"]["deviceClassName"], r["exactly"]["count"]) for r in devices["requests"]] == [
+        ("gpu", "h100-80gb-whole", 1), ("nic", "ib-lon1-rdma-vf", 1)]
+    assert devices["constraints"] == [{"requests": ["gpu", "nic"], "matchAttribute": "resource.kubernetes.io/pcieRoot"}]
+    assert devices["config"][0]["opaque"]["parameters"] == {
+        "apiVersion": "sriovnetwork.k8snetworkplumbingwg.io/v1alpha1", "kind": "VfConfig",
+        "netAttachDefName": "rdma-ib-lon1", "netAttachDefNamespace": "tenant-t2"}
+    assert oracles.validate_values("network-operator/chart", values) == []
+    for obj in [*classes.values(), *templates.values()]:
+        assert oracles.validate_core_object(obj, "1.34") == [], obj["metadata"]["name"]
+    from ai_factory.factory.checking.check import run_checks
+
+    assert [f for f in run_checks(rendered, oracles) if f.check != "chart-rendering"] == []
+    quotas = {o["metadata"]["namespace"]: o["spec"]["hard"] for o in objects(rendered, "ResourceQuota")}
+    # A VF per GPU it may hold where it has a network, none elsewhere (a bare VF has no key).
+    t2 = {k.removesuffix(".deviceclass.resource.k8s.io/devices"): int(v) for k, v in quotas["tenant-t2"].items() if k.endswith(".deviceclass.resource.k8s.io/devices")}
+    assert t2["ib-lon1-rdma-vf"] + t2["roce-lon1-rdma-vf"] == t2["h100-80gb-whole"] == 32 and t2["ib-lon1-rdma-vf"] == 16
+    assert t2["h100-train-rdma-vf"] == t2["roce-fra1-rdma-vf"] == 0
+
+
+def test_a_fleet_mixing_dra_and_device_plugin_sriov_pools_keeps_the_device_plugin(raw):
+    """The SR-IOV operator's DRA gate is for all its pools: RoCE pools on the device plugin keep it on."""
+    raw = dra_sites(raw, pools="infiniband")
+    cfg = validate(raw)
+    assert "sriov-network-operator" not in network.chart_values(network.NetworkArgs.from_config(cfg, plan_for(cfg)))
+    rendered = render(raw)
+    assert not [o for o in objects(rendered, "DeviceClass") if o["metadata"]["name"].endswith("-rdma-vf")]
+    assert not [o for o in objects(rendered, "ResourceClaimTemplate") if o["metadata"]["name"].endswith("-gpu-rdma")]
+
+
+def test_dev_has_no_dra_pool_and_no_paired_claims(dev):
+    assert not [o for o in objects(dev, "ResourceClaimTemplate") if o["metadata"]["name"].endswith("-gpu-rdma")]
+    assert "sriov-network-operator" not in json.dumps([m.obj for m in dev.manifests if m.kind == "SriovOperatorConfig"])

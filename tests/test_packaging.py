@@ -53,7 +53,7 @@ def test_the_installed_cli_renders_and_plans_a_project_of_the_users_own(installe
     (project / "Pulumi.dev.yaml").write_text(re.sub(r"^  ai-factory:", "  acme-gpu:", stack, flags=re.M))
     render = subprocess.run([installed / "bin" / "ai-factory", "render", "dev"], cwd=project, capture_output=True, text=True, timeout=300)
     assert render.returncode == 0, render.stderr
-    assert "248 objects" in render.stdout and (project / "build" / "dev" / "inventory.json").is_file()
+    assert "252 objects" in render.stdout and (project / "build" / "dev" / "inventory.json").is_file()
     plan = subprocess.run(
         [installed / "bin" / "ai-factory", "--project-dir", str(project), "plan", "dev", "--lock"], cwd=tmp_path, capture_output=True, text=True, timeout=300
     )

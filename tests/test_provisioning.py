@@ -112,9 +112,10 @@ def test_the_dcgm_gate_runs_at_the_configured_level_and_burn_in_for_its_duration
     raw["layers"]["provisioning"]["acceptance"] |= {"dcgm_diag_level": 4, "burn_in_minutes": 120}
     jobs = {j["metadata"]["labels"][provisioning.GATE_LABEL]: j for j in objects(render(raw), "Job")
             if j["metadata"]["annotations"].get(provisioning.NODE_ANNOTATION) == "gpu-h100-01"}
-    assert jobs["dcgm-diag"]["spec"]["template"]["spec"]["containers"][0]["command"] == ["dcgmi", "diag", "-r", "4", "-j"]
-    burn = jobs["burn-in"]["spec"]["template"]["spec"]["containers"][0]["command"]
-    assert "targeted_stress.test_duration=3600;targeted_power.test_duration=3600" in burn
+    shell, flag, script = jobs["dcgm-diag"]["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert (shell, flag) == ("sh", "-c") and "dcgmi diag -r 4 -j" in script and '"level":4' in script
+    burn = jobs["burn-in"]["spec"]["template"]["spec"]["containers"][0]["command"][2]
+    assert "'targeted_stress.test_duration=3600;targeted_power.test_duration=3600'" in burn
 
 
 def test_a_driver_change_renames_every_gate_job(raw):
@@ -196,3 +197,31 @@ def test_every_bad_fact_at_once_is_one_report_with_exit_2_and_nothing_written(tm
                      "fleet.pools: node 'gpu-h100-03' is listed 2 times", "layers.provisioning.pools.h100-train.image.checksum: required",
                      "layers.provisioning.acceptance.nccl: no row for gpu_model H100-80GB, scope pair, link infiniband"):
         assert expected in proc.stderr, proc.stderr
+
+
+# --------------------------------------------------------------------------- registration taint
+
+
+def test_a_host_boots_with_user_data_registering_the_acceptance_taint(dev):
+    host = one(dev, "BareMetalHost", "gpu-h100-01")
+    assert host["spec"]["userData"] == {"name": "gpu-h100-01-user-data", "namespace": "metal3-hosts"}
+    secret = one(dev, "Secret", "gpu-h100-01-user-data")
+    assert secret["stringData"] == {"userData": "[secret]"}  # join credentials live there: never in the bundle
+    assert json.loads(secret["metadata"]["annotations"][provisioning.REGISTER_TAINTS_ANNOTATION]) == [
+        {"key": gates.ACCEPTANCE_KEY, "value": "pending", "effect": "NoSchedule"}]
+
+
+def test_the_user_data_writes_a_kubelet_drop_in_with_register_with_taints():
+    text = provisioning.user_data()
+    assert text.startswith("#cloud-config\n")
+    (written,) = yaml.safe_load(text)["write_files"]
+    assert written["path"] == provisioning.KUBELET_DROP_IN
+    assert yaml.safe_load(written["content"]) == {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
+        "registerWithTaints": [{"key": gates.ACCEPTANCE_KEY, "value": "pending", "effect": "NoSchedule"}]}
+
+
+def test_dev_passes_the_registration_taint_check(dev):
+    from ai_factory.factory.checking.provisioning import registration_taint
+
+    assert list(registration_taint(dev, None)) == []

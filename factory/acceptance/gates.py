@@ -51,6 +51,10 @@ ACCEPTANCE_KEY = f"{LABEL_PREFIX}/acceptance"
 """Label (the verdict) and taint key (while not accepted) on every node under acceptance."""
 REASON_ANNOTATION = f"{LABEL_PREFIX}/acceptance-reason"
 GENERATION_LABEL = f"{LABEL_PREFIX}/acceptance-generation"
+"""Node label of its verdict's generation; on a gate pod, an annotation: the generation(s) of the node(s) it tests."""
+GATE_LABEL = f"{LABEL_PREFIX}/gate"
+NODE_ANNOTATION = f"{LABEL_PREFIX}/node"
+"""On a gate Job and its pods: the node(s) it tests, comma-separated."""
 MAX_REASON = 1024
 GATES = ("inventory", "ecc", "nics", "driver", "dcgm-diag", "burn-in", "nccl-node", "nccl-pair")
 
@@ -93,10 +97,16 @@ class NcclResult(_Model):
     busbw_gbps: float = Field(ge=0, le=100_000)
 
 
+JOB_GATES = ("inventory", "dcgm-diag", "burn-in", "nccl-node", "nccl-pair")
+"""The gates' Jobs: `inventory` gives the `inventory`, `ecc`, `nics` and `driver` gates."""
+Reason = Annotated[str, StringConstraints(min_length=1, max_length=MAX_REASON)]
+
+
 class NodeResult(_Model):
     generation: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{12}$")]
     date: datetime.datetime
-    driver: Short
+    driver: Short | None = None
+    """None until the inventory Job reported."""
     firmware: dict[Short, Short] = Field(default={}, max_length=MAX_ITEMS)
     """Firmware versions as the BMC reports them, e.g. `{bios: 2.19.1, bmc: 7.10.30.00}`."""
     gpus: list[GpuResult] | None = Field(default=None, max_length=MAX_GPUS_PER_NODE)
@@ -104,13 +114,18 @@ class NodeResult(_Model):
     dcgm_diag: DiagResult | None = None
     burn_in: BurnInResult | None = None
     nccl: NcclResult | None = None
+    errors: dict[Literal["inventory", "dcgm-diag", "burn-in", "nccl-node"], Reason] = Field(default={}, max_length=4)
+    """Jobs that ended without a readable result (`ai_factory.factory.acceptance.collect`): their
+    gates failed, with this reason."""
 
 
 class PairResult(_Model):
     nodes: list[Annotated[str, StringConstraints(max_length=253)]] = Field(min_length=2, max_length=2)
     generations: list[Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{12}$")]] = Field(min_length=2, max_length=2)
     """The two nodes' generations when the test ran, in `nodes` order."""
-    busbw_gbps: float = Field(ge=0, le=100_000)
+    busbw_gbps: float = Field(default=0, ge=0, le=100_000)
+    error: Reason | None = None
+    """The Job ended without a readable result: the pair's gate failed, with this reason."""
 
 
 class Results(_Model):
@@ -271,6 +286,19 @@ def evaluate(cfg: FactoryConfig, results: Results) -> list[NodeVerdict]:
 
 
 def _node_gates(pool: Pool, r: NodeResult | None, settings, table, why_missing: str):
+    for outcome in _gates_of_results(pool, r, settings, table, why_missing):
+        error = r.errors.get(INVENTORY_JOB.get(outcome.gate, outcome.gate)) if r else None
+        if error and outcome.status != "skipped":
+            yield GateOutcome(outcome.gate, "failed", "-", outcome.threshold, f"no readable result: {error}")
+        else:
+            yield outcome
+
+
+INVENTORY_JOB = {"ecc": "inventory", "nics": "inventory", "driver": "inventory"}
+"""Gates judged from another gate's Job."""
+
+
+def _gates_of_results(pool: Pool, r: NodeResult | None, settings, table, why_missing: str):
     model = GPU_MODELS[pool.gpu.model]
     want_ids = {i.upper() for i in model.pci_device_ids}
     per_node = pool.gpu.per_node
@@ -308,7 +336,7 @@ def _node_gates(pool: Pool, r: NodeResult | None, settings, table, why_missing: 
         found = {(n.name, n.numa_node) for n in r.nics}
         problems = [f"missing {n} on NUMA {m}" for n, m in sorted(declared - found)] + [f"unexpected {n} on NUMA {m}" for n, m in sorted(found - declared)]
         yield GateOutcome("nics", "failed" if problems else "passed", f"{len(found)} NICs", f"{len(declared)} NICs as topology.numa", "; ".join(problems))
-    if r is None:
+    if r is None or r.driver is None:
         yield _not_run("driver", pool.driver.version, why_missing)
     else:
         ok = r.driver == pool.driver.version
@@ -363,6 +391,9 @@ def _pair_gate(subject: Subject, results: Results, table, generations: dict[str,
                       and all(p.generations[i] == generations[n] for i, n in enumerate(p.nodes))), None)
         if found is None:
             missing.append(partner)
+            continue
+        if found.error:
+            low.append(f"with {partner}: no readable result: {found.error}")
             continue
         figures[partner] = found.busbw_gbps
         if found.busbw_gbps < row.min_busbw_gbps:

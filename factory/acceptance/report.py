@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from ai_factory.factory.acceptance import gates, netbox
+from ai_factory.factory.acceptance import collect, gates, netbox
 from ai_factory.factory.model.config import FactoryConfig
 from ai_factory.factory.model.loading import ConfigError, load_stack_file, project_dir
 from ai_factory.factory.model.raw import did_you_mean
@@ -23,12 +23,21 @@ TOKEN_ENV = "AIF_NETBOX_TOKEN"
 
 
 def verdicts(cfg: FactoryConfig, results: Path | None, node: str | None) -> list[gates.NodeVerdict]:
+    return _verdicts(cfg, _recorded(cfg, results, None), node)
+
+
+def _recorded(cfg: FactoryConfig, results: Path | None, pods: Path | None) -> gates.Results:
     if not cfg.layers.provisioning.enabled:
         raise ConfigError(["layers.provisioning.enabled: acceptance runs only with the provisioning layer enabled"])
     try:
-        recorded = gates.load_results(results, f"--results {results}") if results else gates.recorded_results(cfg, project_dir())
+        if pods is not None:
+            return collect.collected(cfg, pods, f"--pods {pods}")
+        return gates.load_results(results, f"--results {results}") if results else gates.recorded_results(cfg, project_dir())
     except gates.ResultsError as err:
         raise ConfigError(err.problems) from None
+
+
+def _verdicts(cfg: FactoryConfig, recorded: gates.Results, node: str | None) -> list[gates.NodeVerdict]:
     found = gates.evaluate(cfg, recorded)
     if node is not None:
         names = [v.node for v in found]
@@ -80,11 +89,25 @@ def apply(env: str, cfg: FactoryConfig, found: list[gates.NodeVerdict], on_outpu
     return netbox.write(api, [netbox.record(v) for v in found])
 
 
-def accept(env: str, node: str | None, results: Path | None, fmt: str, do_apply: bool) -> int:
+def accept(env: str, node: str | None, results: Path | None, fmt: str, do_apply: bool, pods: Path | None = None, write_results: bool = False) -> int:
     cfg = load_stack_file(env)
-    if do_apply and results is not None:
-        raise ConfigError(["--results: --apply applies the config's layers.provisioning.acceptance.results_file (the one `pulumi up` reads); drop --results"])
-    found = verdicts(cfg, results, node)
+    problems = []
+    if do_apply and (results is not None or pods is not None):
+        problems.append("--apply: it applies the config's layers.provisioning.acceptance.results_file (the one `pulumi up` reads); "
+                        "drop --results, and collect --pods with --write-results first")
+    if pods is not None and results is not None:
+        problems.append("--pods: the results come from the pods or from --results, not both")
+    if write_results and (pods is None or cfg.layers.provisioning.acceptance.results_file is None):
+        problems.append("--write-results: needs --pods and layers.provisioning.acceptance.results_file (where to write)")
+    if problems:
+        raise ConfigError(problems)
+    recorded = _recorded(cfg, results, pods)
+    found = _verdicts(cfg, recorded, node)
+    if write_results:
+        target = project_dir() / cfg.layers.provisioning.acceptance.results_file
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(collect.results_yaml(recorded))
+        print(f"wrote {target}")
     print(render_json(found) if fmt == "json" else render_text(found), end="")
     if do_apply:
         for written in apply(env, cfg, found):

@@ -10,7 +10,10 @@ render) and the CrossGuard pack (`policies/aif_policies/fabric.py`, over a stack
   replaces its pod network; the admission policy that refuses those forms is there, enforcing;
 * `fabric-node-policies`: every NicNodePolicy and SriovNetworkNodePolicy selects exactly the nodes
   of one pool, and no SR-IOV policy hides its VFs' NUMA node (GPU-NIC alignment); the
-  NicClusterPolicy exposes no devices cluster-wide.
+  NicClusterPolicy exposes no devices cluster-wide;
+* `fabric-claims`: a DRA claim (ResourceClaim or ResourceClaimTemplate) asking for GPUs and RDMA
+  VFs constrains them all to one PCIe root (`matchAttribute` on `resource.kubernetes.io/pcieRoot`,
+  which both drivers publish), and configures its VFs with networks of its own namespace only.
 
 The rules read plain objects (`Item`): each caller wraps its own and gets back (its handle, message).
 """
@@ -37,10 +40,22 @@ RESOURCE_ANNOTATION = "k8s.v1.cni.cncf.io/resourceName"
 ADMISSION_POLICY = "tenant-secondary-networks"
 SHORT_FORM_RULE = "networks-in-own-namespace"
 DEFAULT_NETWORK_RULE = "no-default-network-override"
+FIXED_NETWORKS_RULE = "networks-fixed-after-create"
+IB_KUBERNETES_ACCOUNT = "ib-kubernetes"
+"""The service account the Network Operator runs ib-kubernetes as: it patches each InfiniBand pod's
+networks annotation with the pod's GUID, the one writer the admission policy lets change it."""
 PKEY_DEFAULT = 0x7FFF
 RDMA_TYPES = ("ib-sriov", "sriov", "vlan")
 """Tenant networks kept apart by a key: InfiniBand partition, SR-IOV VLAN, a VPC's hand-over VLAN."""
 NODE_POLICY_KINDS = ("NicNodePolicy", "SriovNetworkNodePolicy")
+GPU_DRA_DRIVER = "gpu.nvidia.com"
+SRIOV_DRA_DRIVER = "sriovnetwork.k8snetworkplumbingwg.io"
+PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
+"""The standard attribute (KEP-5491) of a device's PCIe root complex, published by the NVIDIA GPU and
+the SR-IOV DRA drivers alike: the one both sides of a GPU-NIC pair can be matched on."""
+CHART_DEVICE_CLASSES = {"gpu.nvidia.com": GPU_DRA_DRIVER, "mig.nvidia.com": GPU_DRA_DRIVER, "vfio.gpu.nvidia.com": GPU_DRA_DRIVER}
+"""DeviceClasses the GPU driver's chart installs (not in a render): by name, their driver."""
+CLAIM_KINDS = ("ResourceClaim", "ResourceClaimTemplate")
 DEVICE_PLUGINS = ("rdmaSharedDevicePlugin", "sriovDevicePlugin")
 
 
@@ -259,13 +274,39 @@ def attachment_problems(items: Iterable[Item], tenant_of: Callable[[str | None],
         policy = next((i for i in items if i.kind == "ClusterPolicy" and i.name == ADMISSION_POLICY), None)
         rules = {str(_map(r).get("name")): _map(r) for r in _list(policy.spec.get("rules"))} if policy else {}
         missing = [
-            rule for rule in (SHORT_FORM_RULE, DEFAULT_NETWORK_RULE)
+            rule for rule in (SHORT_FORM_RULE, DEFAULT_NETWORK_RULE, FIXED_NETWORKS_RULE)
             if _map(rules.get(rule, {}).get("validate")).get("failureAction") != "Enforce"
         ]
         if policy is None or missing or policy.spec.get("failurePolicy") != "Fail":
             what = "is missing" if policy is None else f"does not enforce {', '.join(missing) or 'failing closed (failurePolicy Fail)'}"
             handle = policy.handle if policy else networks[0][0].handle
             yield handle, f"tenants have RDMA networks but the admission policy {ADMISSION_POLICY} {what}: a pod could name another tenant's network"
+        for name, rule in sorted(rules.items()):
+            for reach in exemption_problems(rule.get("exclude"), tenant_of):
+                yield policy.handle, f"rule {name} exempts {reach}: only ib-kubernetes' own service account may change a pod's networks"
+
+
+def exemption_problems(exclude: Any, tenant_of: Callable[[str | None], str | None]) -> Iterator[str]:
+    """What an admission rule's `exclude` lets through beyond ib-kubernetes' service account in a
+    platform namespace: another subject, a role, a wildcard, or a tenant's namespace (where a
+    tenant can create a service account of that name)."""
+    if exclude is None:
+        return
+    blocks = _list(_map(exclude).get("any"))
+    if set(_map(exclude)) - {"any"} or not blocks:
+        yield f"requests by {json.dumps(exclude, sort_keys=True)}"
+        return
+    for block in map(_map, blocks):
+        subjects = _list(block.get("subjects"))
+        if set(block) - {"subjects"} or not subjects:
+            yield f"requests matching {json.dumps(dict(block), sort_keys=True)}"
+            continue
+        for subject in map(_map, subjects):
+            namespace = subject.get("namespace")
+            if subject.get("kind") != "ServiceAccount" or subject.get("name") != IB_KUBERNETES_ACCOUNT or not isinstance(namespace, str):
+                yield f"{subject.get('kind')} {subject.get('namespace', '')}/{subject.get('name')}"
+            elif any(c in namespace for c in "*?") or tenant_of(namespace) is not None:
+                yield f"service account {IB_KUBERNETES_ACCOUNT} of namespace {namespace}, which a tenant can create"
 
 
 def selector_problems(items: Iterable[Item], nodes: Mapping[str, Mapping[str, Any]]) -> Iterator[Problem]:
@@ -296,6 +337,57 @@ def selector_problems(items: Iterable[Item], nodes: Mapping[str, Mapping[str, An
         elif selected != pools.get(of_pools[0], set()):
             missing = sorted(pools.get(of_pools[0], set()) - selected)
             yield policy.handle, f"selects {len(selected)} of pool {of_pools[0]}'s nodes; left out: {', '.join(missing) or 'none'}"
+
+
+def class_drivers(items: Iterable[Item]) -> dict[str, str]:
+    """DeviceClass name -> the DRA driver its selectors require (GPU or SR-IOV), for the classes a
+    claim may name: the chart's, and those of the render."""
+    drivers = dict(CHART_DEVICE_CLASSES)
+    for item in items:
+        if item.kind != "DeviceClass":
+            continue
+        expressions = " ".join(str(_map(_map(s).get("cel")).get("expression", "")) for s in _list(item.spec.get("selectors")))
+        for driver in (GPU_DRA_DRIVER, SRIOV_DRA_DRIVER):
+            if f"device.driver == '{driver}'" in expressions or f'device.driver == "{driver}"' in expressions:
+                drivers[item.name] = driver
+    return drivers
+
+
+def claim_devices(item: Item) -> Mapping[str, Any]:
+    """`spec.devices` of a claim, `spec.spec.devices` of a template."""
+    spec = _map(item.spec.get("spec")) if item.kind == "ResourceClaimTemplate" else item.spec
+    return _map(spec.get("devices"))
+
+
+def alignment_problems(items: Iterable[Item]) -> Iterator[Problem]:
+    items = list(items)
+    drivers = class_drivers(items)
+    for claim in (i for i in items if i.kind in CLAIM_KINDS):
+        devices = claim_devices(claim)
+        by_driver: dict[str, list[str]] = defaultdict(list)
+        for request in map(_map, _list(devices.get("requests"))):
+            # v1 nests the class under `exactly`; v1beta1 has it on the request.
+            device_class = _map(request.get("exactly")).get("deviceClassName") or request.get("deviceClassName")
+            if device_class in drivers:
+                by_driver[drivers[device_class]].append(str(request.get("name")))
+        gpus, nics = by_driver.get(GPU_DRA_DRIVER, []), by_driver.get(SRIOV_DRA_DRIVER, [])
+        if gpus and nics:
+            paired = set(gpus + nics)
+            aligned = any(
+                c.get("matchAttribute") == PCIE_ROOT and (not _list(c.get("requests")) or paired <= set(map(str, _list(c.get("requests")))))
+                for c in map(_map, _list(devices.get("constraints")))
+            )
+            if not aligned:
+                yield claim.handle, (f"GPU request(s) {', '.join(gpus)} and RDMA VF request(s) {', '.join(nics)} are not constrained to one PCIe root "
+                                     f"(a constraint matchAttribute {PCIE_ROOT} over all of them): the VF may sit on another NUMA node than the GPU")
+        for entry in map(_map, _list(devices.get("config"))):
+            opaque = _map(entry.get("opaque"))
+            if opaque.get("driver") != SRIOV_DRA_DRIVER:
+                continue
+            network_ns = _map(opaque.get("parameters")).get("netAttachDefNamespace")
+            if network_ns not in (None, "", claim.namespace):
+                name = _map(opaque.get("parameters")).get("netAttachDefName")
+                yield claim.handle, f"configures its VFs with network {network_ns}/{name}, of another namespace"
 
 
 # --------------------------------------------------------------------------- over a render
@@ -334,3 +426,8 @@ def fabric_attachments(rendered: Rendered, oracles: Oracles | None) -> Iterable[
 def nic_policies_select_pools(rendered: Rendered, oracles: Oracles | None) -> Iterable[Finding]:
     items = _items(rendered)
     return _findings("fabric-node-policies", selector_problems(items, _nodes(items)), _tenant_namespaces(items))
+
+
+def claims_aligned(rendered: Rendered, oracles: Oracles | None) -> Iterable[Finding]:
+    items = _items(rendered)
+    return _findings("fabric-claims", alignment_problems(items), _tenant_namespaces(items))

@@ -5,7 +5,8 @@ The rules are `factory check`'s own (`ai_factory.factory.checking.fabric`), run 
 objects: partition keys in range, never the default, never shared between namespaces; VLANs in
 range, never shared on one RoCE fabric; RDMA networks only in tenant namespaces and named only
 from the pod's own namespace, under the admission policy refusing the other forms; every
-NicNodePolicy and SriovNetworkNodePolicy selecting exactly one pool's nodes.
+NicNodePolicy and SriovNetworkNodePolicy selecting exactly one pool's nodes; every DRA claim
+pairing GPUs with RDMA VFs constraining them to one PCIe root.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any, Iterator
 
 from pulumi_policy import PolicyResource
 
-from ai_factory.factory.checking.fabric import Item, attachment_problems, key_problems, selector_problems
+from ai_factory.factory.checking.fabric import Item, alignment_problems, attachment_problems, key_problems, selector_problems
 from ai_factory.policies.aif_policies.core import Violation, stack_policy
 from ai_factory.policies.aif_policies.kube import Cluster, Obj, cluster_of
 
@@ -48,6 +49,10 @@ def check_nic_policies_one_pool(resources: Sequence[PolicyResource], config: Map
     yield from _violations(selector_problems(_items(cluster), _nodes(cluster)))
 
 
+def check_dra_claims_aligned(resources: Sequence[PolicyResource], config: Mapping[str, Any]) -> Iterator[Violation]:
+    yield from _violations(alignment_problems(_items(Cluster(resources))))
+
+
 POLICIES = [
     stack_policy(
         "fabric-keys-apart",
@@ -63,5 +68,10 @@ POLICIES = [
         "nic-policies-one-pool",
         "Every NicNodePolicy and SriovNetworkNodePolicy selects exactly one pool's nodes; VFs keep their NUMA node.",
         check_nic_policies_one_pool,
+    ),
+    stack_policy(
+        "dra-claims-aligned",
+        "Every DRA claim pairing GPUs with RDMA VFs constrains them to one PCIe root, on networks of its own namespace.",
+        check_dra_claims_aligned,
     ),
 ]
