@@ -27,6 +27,18 @@ RDMA_LABEL = f"{LABEL_PREFIX}/rdma"
 PART_OF = "ai-factory"
 
 
+def restricted_container(user: int) -> dict[str, Any]:
+    """A container's security context under Pod Security restricted, as `user`, with a read-only root."""
+    return {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "runAsNonRoot": True,
+        "runAsUser": user,
+        "readOnlyRootFilesystem": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
 def labels(component: str, *, tenant: str | None = None, extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The label set of every object the library creates (Kubernetes recommended labels + ours)."""
     result = {"app.kubernetes.io/part-of": PART_OF, "app.kubernetes.io/component": component}

@@ -85,7 +85,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from ai_factory.components import _gpu_remediation as step
-from ai_factory.components._common import POOL_LABEL, FactoryComponent, helm_release, labels, namespace
+from ai_factory.components._common import POOL_LABEL, FactoryComponent, helm_release, labels, namespace, restricted_container
 from ai_factory.components.gpu_operator import tolerations as gpu_node_tolerations
 from ai_factory.components.registry import Layer
 from ai_factory.factory.checking import health as health_checks
@@ -582,14 +582,7 @@ def remediation_step(component: FactoryComponent, args: HealthArgs, object_label
         "env": step.environment(args.fault_minutes, args.rule_api),
         "volumeMounts": [{"name": "config", "mountPath": "/etc/gpu-remediation", "readOnly": True}, {"name": "tmp", "mountPath": "/tmp"}],
         "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "runAsNonRoot": True,
-            "runAsUser": 65534,
-            "capabilities": {"drop": ["ALL"]},
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": restricted_container(65534),
     }
     k8s.batch.v1.CronJob(
         component.child_name("step"),

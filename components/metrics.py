@@ -38,7 +38,7 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
-from ai_factory.components._common import FactoryComponent, helm_release, labels, namespace
+from ai_factory.components._common import FactoryComponent, helm_release, labels, namespace, restricted_container
 from ai_factory.components.gpu_operator import DROP_TARGET_POD_LABELS
 from ai_factory.components.registry import Layer
 from ai_factory.components.tenant_stack import NAMESPACE_LABEL
@@ -279,14 +279,7 @@ def proxy_container(layer_namespace: str, names: TenantNames) -> dict[str, Any]:
         "ports": [{"name": "http", "containerPort": PROXY_PORT, "protocol": "TCP"}],
         "readinessProbe": {"httpGet": {"path": "/healthz", "port": "http"}},
         "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "128Mi"}},
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "runAsNonRoot": True,
-            "runAsUser": 65534,
-            "capabilities": {"drop": ["ALL"]},
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": restricted_container(65534),
     }
 
 

@@ -53,7 +53,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 from pydantic import ValidationError
 
-from ai_factory.components._common import FactoryComponent, helm_release, labels, namespace, tenant_entry
+from ai_factory.components._common import FactoryComponent, helm_release, labels, namespace, restricted_container, tenant_entry
 from ai_factory.components.external_secrets import STORE_NAME, secret_prefix
 from ai_factory.components.kyverno import QUEUE_LABEL
 from ai_factory.components.metrics import PROMETHEUS_SERVICE, TENANT_METRICS_PORT
@@ -108,14 +108,7 @@ STORAGE_INITIALIZER = "docker.io/kserve/storage-initializer:v0.20.0"
 """KServe's downloader, run in a model's pod for s3:// and LLMInferenceService sources."""
 
 
-RESTRICTED_CONTAINER = {
-    "allowPrivilegeEscalation": False,
-    "capabilities": {"drop": ["ALL"]},
-    "runAsNonRoot": True,
-    "runAsUser": RUN_AS,
-    "readOnlyRootFilesystem": True,
-    "seccompProfile": {"type": "RuntimeDefault"},
-}
+RESTRICTED_CONTAINER = restricted_container(RUN_AS)
 """Pod Security restricted, with a read-only root: vLLM writes only to its cache volume (`HOME`,
 `HF_HOME`: compile and kernel caches, weights) and to /tmp."""
 

@@ -238,15 +238,15 @@ GPU_RESOURCE_PREFIXES = ("nvidia.com/gpu", "nvidia.com/mig-")
 """Whole GPUs, HAMi's `nvidia.com/gpumem`/`gpucores` and MIG instances."""
 
 
-def _gpus(resources: Any) -> dict[str, str]:
+def gpus_of(resources: Any) -> dict[str, str]:
     """The GPU part of a Kubernetes resource list."""
     return {str(k): str(v) for k, v in _mapping(resources).items() if str(k).startswith(GPU_RESOURCE_PREFIXES)}
 
 
-def _dynamo_gpus(side: Any) -> dict[str, str]:
+def dynamo_gpus(side: Any) -> dict[str, str]:
     """The GPU part of a Dynamo `resources.requests`/`limits`, as the operator names them."""
     side = _mapping(side)
-    found = _gpus(side.get("custom"))
+    found = gpus_of(side.get("custom"))
     if side.get("gpu") not in (None, ""):
         found[str(side.get("gpuType") or WHOLE_GPU)] = str(side["gpu"])
     return found
@@ -285,23 +285,23 @@ def dynamo_workers(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
             resources = _mapping(service.get("resources"))
             main = _mapping(_mapping(_mapping(service.get("extraPodSpec")).get("mainContainer")).get("resources"))
             asked = {
-                "resources.requests": _dynamo_gpus(resources.get("requests")),
-                "resources.limits": _dynamo_gpus(resources.get("limits")),
-                "extraPodSpec.mainContainer.resources.requests": _gpus(main.get("requests")),
-                "extraPodSpec.mainContainer.resources.limits": _gpus(main.get("limits")),
+                "resources.requests": dynamo_gpus(resources.get("requests")),
+                "resources.limits": dynamo_gpus(resources.get("limits")),
+                "extraPodSpec.mainContainer.resources.requests": gpus_of(main.get("requests")),
+                "extraPodSpec.mainContainer.resources.limits": gpus_of(main.get("limits")),
             }
             where = f"spec.services.{name}"
             if service.get("componentType") != "worker":
                 for path, gpus in asked.items():
                     if gpus:
-                        yield Finding("dynamo-workers", m.ref, f"{where}.{path}: a {service.get('componentType') or 'component'} asks for GPUs ({_listed(gpus)}); only workers run the model", tenants)
+                        yield Finding("dynamo-workers", m.ref, f"{where}.{path}: a {service.get('componentType') or 'component'} asks for GPUs ({listed_gpus(gpus)}); only workers run the model", tenants)
                 continue
             expected = planned if planned is not None else asked["resources.limits"]
             for path, gpus in asked.items():
                 if gpus != expected:
                     why = "the plan gives one of its pods" if planned is not None else "its Dynamo limits state"
-                    yield Finding("dynamo-workers", m.ref, f"{where}.{path}: asks for {_listed(gpus)}, not the {_listed(expected)} {why}", tenants)
+                    yield Finding("dynamo-workers", m.ref, f"{where}.{path}: asks for {listed_gpus(gpus)}, not the {listed_gpus(expected)} {why}", tenants)
 
 
-def _listed(gpus: Mapping[str, str]) -> str:
+def listed_gpus(gpus: Mapping[str, str]) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(gpus.items())) or "no GPU"

@@ -31,16 +31,13 @@ from typing import Any, Iterator
 
 from pulumi_policy import PolicyResource
 
-from ai_factory.factory.checking.serving import MODEL_KINDS, model_demand, quota_shortfalls
+from ai_factory.factory.checking.serving import MODEL_KINDS, dynamo_gpus, gpus_of, listed_gpus, model_demand, quota_shortfalls
 from ai_factory.factory.model.serving import HostDemand
 from ai_factory.policies.aif_policies.core import Violation, stack_policy
 from ai_factory.policies.aif_policies.kube import Cluster, Obj, as_list, as_map, selects, cluster_of
 
 ROUTE_KINDS = ("HTTPRoute", "GRPCRoute")
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-WHOLE_GPU = "nvidia.com/gpu"
-GPU_PREFIXES = ("nvidia.com/gpu", "nvidia.com/mig-")
-"""Whole GPUs, HAMi's memory and cores (`nvidia.com/gpumem`, `gpucores`), MIG instances."""
 
 
 def admitted_tenants(cluster: Cluster, gateway: Obj, listener: Mapping[str, Any]) -> list[str]:
@@ -110,23 +107,6 @@ def check_models_fit_tenant_quota(resources: Sequence[PolicyResource], config: M
             yield quota.resource, f"{quota.describe()} of tenant {cluster.namespace_tenant[quota.namespace]}: its models ({', '.join(names)}) at their maximum replicas take {problem}."
 
 
-def _gpus(resources: Any) -> dict[str, str]:
-    return {str(k): str(v) for k, v in as_map(resources).items() if str(k).startswith(GPU_PREFIXES)}
-
-
-def _dynamo_gpus(side: Any) -> dict[str, str]:
-    """GPU resources of a Dynamo `resources.requests`/`limits`, named as the operator names them."""
-    side = as_map(side)
-    found = _gpus(side.get("custom"))
-    if side.get("gpu") not in (None, ""):
-        found[str(side.get("gpuType") or WHOLE_GPU)] = str(side["gpu"])
-    return found
-
-
-def _listed(gpus: Mapping[str, str]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in sorted(gpus.items())) or "no GPU"
-
-
 def check_dynamo_models_in_tenant_bounds(resources: Sequence[PolicyResource], config: Mapping[str, Any]) -> Iterator[Violation]:
     cluster = Cluster(resources)
     queues = {(q.namespace, q.name) for q in cluster.of("LocalQueue")}
@@ -145,16 +125,16 @@ def check_dynamo_models_in_tenant_bounds(resources: Sequence[PolicyResource], co
             dynamo = as_map(service.get("resources"))
             main = as_map(as_map(as_map(service.get("extraPodSpec")).get("mainContainer")).get("resources"))
             asked = {
-                "resources.requests": _dynamo_gpus(dynamo.get("requests")),
-                "resources.limits": _dynamo_gpus(dynamo.get("limits")),
-                "mainContainer requests": _gpus(main.get("requests")),
-                "mainContainer limits": _gpus(main.get("limits")),
+                "resources.requests": dynamo_gpus(dynamo.get("requests")),
+                "resources.limits": dynamo_gpus(dynamo.get("limits")),
+                "mainContainer requests": gpus_of(main.get("requests")),
+                "mainContainer limits": gpus_of(main.get("limits")),
             }
             if service.get("componentType") != "worker":
                 if any(asked.values()):
-                    yield dgd.resource, f"{where}: a {service.get('componentType') or 'component'} asks for GPUs ({'; '.join(f'{k}: {_listed(v)}' for k, v in asked.items() if v)}); only workers run the model."
+                    yield dgd.resource, f"{where}: a {service.get('componentType') or 'component'} asks for GPUs ({'; '.join(f'{k}: {listed_gpus(v)}' for k, v in asked.items() if v)}); only workers run the model."
             elif len({tuple(sorted(v.items())) for v in asked.values()}) > 1:
-                yield dgd.resource, f"{where}: its GPU figures differ ({'; '.join(f'{k}: {_listed(v)}' for k, v in asked.items())}); a worker asks for one GPU shape, as requests and as limits."
+                yield dgd.resource, f"{where}: its GPU figures differ ({'; '.join(f'{k}: {listed_gpus(v)}' for k, v in asked.items())}); a worker asks for one GPU shape, as requests and as limits."
 
 
 POLICIES = [
