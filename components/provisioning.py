@@ -16,7 +16,8 @@ exists upstream) provisions every node of the fleet that declares a BMC. Per suc
 - the host's user data (Secret `<node>-user-data`, the `spec.userData` Metal3 hands cloud-init on
   the config drive): a kubelet configuration drop-in (`KUBELET_DROP_IN`) whose `registerWithTaints`
   makes the node join tainted `ai-factory.io/acceptance=pending:NoSchedule`, so no workload lands
-  before its gates ran; the fleet layer later replaces the taint with the verdict's (none once
+  before its gates ran (and, on an RDMA pool on device plugins, the Topology Manager that aligns a
+  pod's NICs with its GPUs, `TOPOLOGY_ALIGNED`); the fleet layer later replaces the taint with the verdict's (none once
   accepted). The OS image's kubelet must read drop-ins (`--config-dir`, the directory of
   `KUBELET_DROP_IN`); the image or the cluster's bootstrap supplies the join itself. The user data
   is a Pulumi secret: it is where a node's join credentials live, whoever adds them. Offline, the
@@ -306,15 +307,26 @@ def user_data_secret(node: str) -> str:
     return f"{node}-user-data"
 
 
-def kubelet_drop_in() -> dict[str, Any]:
-    """Only what acceptance needs: the drop-in merges over the image's own kubelet configuration."""
-    return {"apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration", "registerWithTaints": [REGISTRATION_TAINT]}
+TOPOLOGY_ALIGNED = {"topologyManagerPolicy": "restricted", "topologyManagerScope": "pod"}
+"""The kubelet's Topology Manager on an RDMA pool whose GPUs and NICs device plugins advertise: a
+pod's GPUs and VFs come from the fewest NUMA nodes their counts allow, or the pod is refused on that
+node. `restricted`, not `single-numa-node`: a pod asking for all of a node's GPUs spans its NUMA
+nodes and must still be admitted. DRA pools align in their claims instead (`components/network.py`)."""
 
 
-def user_data() -> str:
-    """The cloud-init user data of every host (cloud-config)."""
+def kubelet_drop_in(pool: Pool) -> dict[str, Any]:
+    """What acceptance needs, and GPU-NIC alignment where the pool needs it: the drop-in merges
+    over the image's own kubelet configuration."""
+    drop_in = {"apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration", "registerWithTaints": [REGISTRATION_TAINT]}
+    if pool.topology.fabric in RDMA_FABRICS and pool.sharing != "dra":
+        drop_in.update(TOPOLOGY_ALIGNED)
+    return drop_in
+
+
+def user_data(pool: Pool) -> str:
+    """The cloud-init user data of a host of `pool` (cloud-config)."""
     config = {"write_files": [{"path": KUBELET_DROP_IN, "owner": "root:root", "permissions": "0644",
-                               "content": json.dumps(kubelet_drop_in(), sort_keys=True) + "\n"}]}
+                               "content": json.dumps(kubelet_drop_in(pool), sort_keys=True) + "\n"}]}
     return "#cloud-config\n" + json.dumps(config, sort_keys=True, indent=2) + "\n"
 
 
@@ -422,7 +434,7 @@ class Provisioning(FactoryComponent):
                     annotations={REGISTER_TAINTS_ANNOTATION: json.dumps([REGISTRATION_TAINT], sort_keys=True)},
                 ),
                 type="Opaque",
-                string_data={"userData": pulumi.Output.secret(user_data())},
+                string_data={"userData": pulumi.Output.secret(user_data(host.pool))},
                 opts=self.child(depends_on=[ns]),
             )
             k8s.apiextensions.CustomResource(

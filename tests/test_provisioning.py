@@ -211,14 +211,28 @@ def test_a_host_boots_with_user_data_registering_the_acceptance_taint(dev):
         {"key": gates.ACCEPTANCE_KEY, "value": "pending", "effect": "NoSchedule"}]
 
 
-def test_the_user_data_writes_a_kubelet_drop_in_with_register_with_taints():
-    text = provisioning.user_data()
+def _drop_in(pool) -> dict:
+    text = provisioning.user_data(pool)
     assert text.startswith("#cloud-config\n")
     (written,) = yaml.safe_load(text)["write_files"]
     assert written["path"] == provisioning.KUBELET_DROP_IN
-    assert yaml.safe_load(written["content"]) == {
+    return yaml.safe_load(written["content"])
+
+
+def test_the_user_data_writes_a_kubelet_drop_in_with_register_with_taints(dev):
+    ethernet = next(p for p in dev.config.fleet.pools if p.topology.fabric == "ethernet")
+    assert _drop_in(ethernet) == {
         "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
         "registerWithTaints": [{"key": gates.ACCEPTANCE_KEY, "value": "pending", "effect": "NoSchedule"}]}
+
+
+@pytest.mark.parametrize("fabric, sharing, aligned", [
+    ("infiniband", "exclusive", True), ("roce", "time-slicing", True), ("infiniband", "dra", False), ("ethernet", "exclusive", False)])
+def test_rdma_pools_on_device_plugins_align_gpus_and_nics_in_the_kubelet(dev, fabric, sharing, aligned):
+    pool = dev.config.fleet.pools[0]
+    pool = pool.model_copy(update={"sharing": sharing, "topology": pool.topology.model_copy(update={"fabric": fabric})})
+    drop_in = _drop_in(pool)
+    assert (drop_in.get("topologyManagerPolicy"), drop_in.get("topologyManagerScope")) == (("restricted", "pod") if aligned else (None, None))
 
 
 def test_dev_passes_the_registration_taint_check(dev):
