@@ -322,7 +322,8 @@ def test_dra_pool_before_kubernetes_1_34_is_refused(device_raw):
     raw["kubernetes"] = {"version": "1.33"}
     with pytest.raises(ConfigError) as err:
         validate(raw)
-    assert "fleet.pools[5].sharing: dra needs Kubernetes >= 1.34 (resource.k8s.io/v1); kubernetes.version is 1.33" in err.value.problems
+    index = next(i for i, p in enumerate(raw["fleet"]["pools"]) if p.get("sharing") == "dra")
+    assert f"fleet.pools[{index}].sharing: dra needs Kubernetes >= 1.34 (resource.k8s.io/v1); kubernetes.version is 1.33" in err.value.problems
 
 
 def test_dra_is_installed_only_with_a_dra_pool(dev):

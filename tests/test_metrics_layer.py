@@ -88,6 +88,8 @@ def test_dev_rules_give_each_tenant_its_hand_computed_gpu_seconds(dev, tmp_path)
     _pod(test, "partner-acme", "finetune", "gpu-h100-03", "nvidia_com_gpu", 8)
     _pod(test, "search", "eval", "a100-mig-000", "nvidia_com_mig_1g_10gb", 6)
     _pod(test, "assistant", "rag", "a100-mig-001", "nvidia_com_mig_2g_20gb", 3)
+    # A VM's virt-launcher pod asks for its GPUs under the sandbox device plugin's name.
+    _pod(test, "search", "workstation", "h100-vm-000", "nvidia_com_GH100_H100_SXM5_80GB", 2)
     l40s = 46068 * MIB  # what HAMi registers for an L40S (the catalog's memory_mib)
     test.add("hami_gpu_memory_limit_bytes", {"node": "l40s-infer-000", "device_uuid": "GPU-l40s-0", "device_index": "0", "device_type": "NVIDIA-L40S"}, (l40s, SAMPLES))
     for i in range(3):
@@ -96,7 +98,7 @@ def test_dev_rules_give_each_tenant_its_hand_computed_gpu_seconds(dev, tmp_path)
             {"namespace": "tenant-assistant", "pod": f"chat-{i}", "node": "l40s-infer-000", "container_index": "0", "device_uuid": "GPU-l40s-0"},
             (12288 * MIB, SAMPLES),
         )
-    labels = {"h100-train": ("H100-80GB", "exclusive"), "a100-mig": ("A100-80GB", "mig"), "l40s-infer": ("L40S-48GB", "hami")}
+    labels = {"h100-train": ("H100-80GB", "exclusive"), "a100-mig": ("A100-80GB", "mig"), "l40s-infer": ("L40S-48GB", "hami"), "h100-vm": ("H100-80GB", "exclusive")}
 
     def row(tenant, pool):
         model, mode = labels[pool]
@@ -109,12 +111,13 @@ def test_dev_rules_give_each_tenant_its_hand_computed_gpu_seconds(dev, tmp_path)
         ("search", "a100-mig"): 6 / 8,
         ("assistant", "a100-mig"): 3 * 2 / 8,
         ("assistant", "l40s-infer"): hami_share,
+        ("search", "h100-vm"): 2.0,
     }
     test.expect(
         gpu_seconds(TENANT_ALLOCATED, "tenant, namespace, pool, gpu_model, mode"),
         [(row(t, p), round(v * HOUR, 3)) for (t, p), v in sorted(expected.items())],
     )
-    idle = {"a100-mig": 16 - 6 / 8 - 6 / 8, "h100-train": 32 - 16, "l40s-infer": 8 - hami_share}
+    idle = {"a100-mig": 16 - 6 / 8 - 6 / 8, "h100-train": 32 - 16, "l40s-infer": 8 - hami_share, "h100-vm": 8 - 2}
     test.expect(
         gpu_seconds(POOL_IDLE, "pool, gpu_model, mode"),
         [({"pool": p, "gpu_model": labels[p][0], "mode": labels[p][1]}, round(v * HOUR, 3)) for p, v in sorted(idle.items())],

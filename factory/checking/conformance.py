@@ -380,6 +380,8 @@ def validation_jobs(cfg: FactoryConfig, plan: Plan, version: MatrixVersion) -> l
     jobs: list[dict[str, Any]] = []
     first_whole: tuple[str, str, int, str, Offering] | None = None  # (tenant, resource, count, pool, offering)
     for pool in cfg.fleet.pools:
+        if plan.pool(pool.name).vm_resource:
+            continue  # its GPUs are passed through to VMs (vfio): no container can use them
         holders = sorted(
             ((name, g) for name, a in grants.items() for g in a.grants if g.pool == pool.name and g.resource not in (HAMI_MEMORY, HAMI_CORES)),
             key=lambda held: (held[0], held[1].resource),

@@ -42,7 +42,7 @@ from typing import Any, Iterable
 from ai_factory.factory.model.config import FactoryConfig
 from ai_factory.factory.model.gpus import GPU_MODELS, MEMORY_SLICES
 from ai_factory.factory.model.tenancy import tenant_names
-from ai_factory.factory.planning.model import Plan
+from ai_factory.factory.planning.model import WHOLE_GPU, Plan
 
 GROUP = "ai-factory-gpu-metering"
 INTERVAL_SECONDS = 60
@@ -101,6 +101,9 @@ class Metering:
     replicas: tuple[tuple[str, int], ...]
     """(pool, time-slicing replicas) of the time-sliced pools."""
     profiles: tuple[ProfileShare, ...]
+    whole_gpus: tuple[str, ...] = ("nvidia_com_gpu",)
+    """The resources a whole GPU is requested as (kube-state-metrics spelling): `nvidia.com/gpu`,
+    and each VM pool's sandbox device plugin name, which its VMs' virt-launcher pods request."""
 
     @classmethod
     def from_config(cls, cfg: FactoryConfig, plan: Plan) -> Metering:
@@ -114,6 +117,7 @@ class Metering:
             tenants=tuple(sorted((t.name, tenant_names(t).namespace) for t in cfg.tenants)),
             replicas=tuple(sorted((p.name, p.time_slicing_replicas) for p in plan.pools if p.sharing == "time-slicing")),
             profiles=profile_shares(p.gpu_model for p in plan.pools if p.sharing in ("mig", "dra")),
+            whole_gpus=tuple(sorted({ksm_resource(WHOLE_GPU)} | {ksm_resource(p.vm_resource) for p in plan.pools if p.vm_resource})),
         )
 
 
@@ -178,9 +182,10 @@ def in_pool(*modes: str) -> str:
     return IN_POOL + '{mode=~"' + "|".join(modes) + '"}'
 
 
-def allocation_rules() -> list[dict[str, Any]]:
+def allocation_rules(metering: Metering) -> list[dict[str, Any]]:
     """Raw shares per pod and mode, then capped per node, then per tenant and idle per pool."""
-    gpu, shared, mig = requested('="nvidia_com_gpu"'), requested('="nvidia_com_gpu_shared"'), requested('=~"nvidia_com_mig_.+"')
+    gpu = requested('=~"' + "|".join(metering.whole_gpus) + '"')
+    shared, mig = requested('="nvidia_com_gpu_shared"'), requested('=~"nvidia_com_mig_.+"')
     hami = "hami_vgpu_memory_allocated_bytes / on(node, device_uuid) group_left() hami_gpu_memory_limit_bytes"
     devices = f"count by (namespace, pod, node, UUID) ({dcgm('DCGM_FI_DEV_FB_USED', partitions=False)})"
     partitions = f"count by (namespace, pod, node, UUID, GPU_I_ID, profile) ({dcgm('DCGM_FI_DEV_FB_USED', partitions=True)})"
@@ -241,7 +246,7 @@ def usage_rules() -> list[dict[str, Any]]:
 def platform_group(metering: Metering) -> dict[str, Any]:
     """The platform's group. One group, evaluated in order: every rule sees the results of the rules
     above it at the same timestamp, which is what makes the invariant exact."""
-    rules = inventory_rules(metering) + allocation_rules() + usage_rules()
+    rules = inventory_rules(metering) + allocation_rules(metering) + usage_rules()
     return {"name": GROUP, "interval": f"{INTERVAL_SECONDS}s", "rules": rules}
 
 
