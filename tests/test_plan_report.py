@@ -53,11 +53,11 @@ def test_the_fleet_row_puts_every_gpu_in_exactly_one_of_used_idle_and_free(dev_r
     fleet = rows(text, "Fleet and pools")["(fleet)"]
     header = cells(section(text, "Fleet and pools")[1])
     figures = dict(zip(header[3:], fleet[1:]))
-    # dev: 56 GPUs; 29 serve tenants, 15 are idle on nodes owned by a domain, 12 on nodes nobody owns.
-    assert (figures["GPUs"], figures["used"], figures["idle"], figures["free"]) == ("56", "29", "15", "12")
-    assert (figures["nodes"], figures["free nodes"]) == ("6", "2")
+    # dev: 64 GPUs; 31 serve tenants, 15 are idle on nodes owned by a domain, 18 on nodes nobody owns.
+    assert (figures["GPUs"], figures["used"], figures["idle"], figures["free"]) == ("64", "31", "15", "18")
+    assert (figures["nodes"], figures["free nodes"]) == ("7", "2")
     packing = dict(zip(cells(section(text, "Packing")[1])[1:], rows(text, "Packing")["(fleet)"][1:]))
-    assert (packing["util"], packing["fill"]) == ("0.978", f"{28.35 / 56:.3f}")
+    assert (packing["util"], packing["fill"]) == ("0.979", f"{30.35 / 64:.3f}")
 
 
 def test_summary_comes_first_then_tenants_and_gpu_rows_only_with_gpus(dev_report):
@@ -119,7 +119,7 @@ def test_plan_format_json_prints_the_plan_json_and_messages_on_stderr(tmp_path, 
     assert main(["plan", str(stack_file(tmp_path)), "--out", str(out), "--format", "json"]) == 0
     captured = capsys.readouterr()
     assert captured.out == out.read_text()
-    assert json.loads(captured.out)["fleet_figures"]["free_gpus"] == 12
+    assert json.loads(captured.out)["fleet_figures"]["free_gpus"] == 18
     assert captured.err == f"wrote {out}\n"
 
 
