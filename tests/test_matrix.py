@@ -138,6 +138,8 @@ def test_matrix_prints_a_version(capsys):
     assert main(["matrix", "--version", "2026.11"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("matrix 2026.11\n") and "    volcano                  1.15.0\n" in out
+    manifests = out.split("  manifests\n")[1].split("  images\n")[0]
+    assert [line.split()[0] for line in manifests.splitlines()] == sorted(m.load_matrix().get("2026.11").manifests)
 
 
 def test_matrix_diff_names_what_moves_and_whether_it_can_be_ringed(capsys):

@@ -273,6 +273,8 @@ def describe(version: MatrixVersion) -> str:
     """The matrix version as the `matrix` command prints it."""
     lines = [f"matrix {version.version}", f"  kubernetes   {_listed(version.kubernetes)}", f"  drivers      {_listed(version.drivers)}", f"  toolkit      {version.toolkit}", "  charts"]
     lines += [f"    {key:<24} {value}" for key, value in sorted(version.charts.items())]
+    lines.append("  manifests")
+    lines += [f"    {key:<24} {value}" for key, value in sorted(version.manifests.items())]
     lines.append("  images")
     lines += [f"    {key:<24} {value}" for key, value in sorted(version.images.items())]
     lines.append("  tested")
