@@ -48,6 +48,16 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120)
     )
 
 
+def refused_render(tmp_path: Path, text: str) -> str:
+    """`render` of the stack file `text`: refused with exit 2, no traceback, nothing written; its stderr."""
+    path, out = tmp_path / "Pulumi.bad.yaml", tmp_path / "out"
+    path.write_text(text)
+    proc = run_cli("render", str(path), "--out", str(out), "-q")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert not out.exists()
+    return proc.stderr
+
+
 # --------------------------------------------------------------------------- namespaces
 
 
