@@ -11,7 +11,7 @@ from ai_factory.factory.checking.findings import Finding
 from ai_factory.factory.model.config import FactoryConfig, Tenant
 from ai_factory.factory.model.gpus import GPU_MODELS
 from ai_factory.factory.model.tenancy import tenant_names
-from ai_factory.factory.planning.from_config import pool_spec
+from ai_factory.factory.planning.from_config import vm_resource
 from ai_factory.factory.planning.model import HAMI_CORES, HAMI_MEMORY, WHOLE_GPU
 from ai_factory.factory.planning.placement import SHARED_GPU
 from ai_factory.factory.rendering.bundle import Rendered
@@ -30,7 +30,7 @@ def grant(cfg: FactoryConfig, tenant: Tenant) -> dict[str, int]:
         elif pool.sharing == "hami":  # validation requires count, memory_mib and cores_percent here
             total.update({WHOLE_GPU: demand.count, HAMI_MEMORY: demand.count * demand.memory_mib, HAMI_CORES: demand.count * demand.cores_percent})
         else:  # and a count on every other pool; a VM pool's GPUs go by the sandbox device plugin's name
-            total[pool_spec(pool, cfg).vm_resource or (SHARED_GPU if pool.sharing == "time-slicing" else WHOLE_GPU)] += demand.count
+            total[vm_resource(pool, cfg) or (SHARED_GPU if pool.sharing == "time-slicing" else WHOLE_GPU)] += demand.count
     return dict(total)
 
 

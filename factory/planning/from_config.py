@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pydantic import TypeAdapter, ValidationError
 
-from ai_factory.factory.model.config import FactoryConfig, GpuDemand, Pool, Tenant, VmPool
+from ai_factory.factory.model.config import FactoryConfig, GpuDemand, Pool, Tenant
 from ai_factory.factory.model.gpus import GPU_MODELS, vm_resource_name
 from ai_factory.factory.model.loading import ConfigError, project_dir
 from ai_factory.factory.planning.fabric import INFINIBAND, FabricError, FabricWant, allocate, roce_fabric
@@ -24,7 +24,6 @@ PLANS_DIR = "plans"
 
 
 def pool_spec(pool: Pool, cfg: FactoryConfig) -> PoolSpec:
-    vm_pool = cfg.layers.kubevirt.pools.get(pool.name) if cfg.layers.kubevirt.enabled else None
     return PoolSpec(
         name=pool.name,
         gpu_model=pool.gpu.model,
@@ -33,12 +32,16 @@ def pool_spec(pool: Pool, cfg: FactoryConfig) -> PoolSpec:
         sharing=pool.sharing,
         time_slicing_replicas=pool.time_slicing.replicas,
         hami_split_count=pool.hami.split_count,
-        vm_resource=vm_resource(pool, vm_pool) if vm_pool else None,
+        vm_resource=vm_resource(pool, cfg),
     )
 
 
-def vm_resource(pool: Pool, vm_pool: VmPool) -> str | None:
-    """The resource name a VM pool's GPUs are advertised as (None: unknown, refused at validation)."""
+def vm_resource(pool: Pool, cfg: FactoryConfig) -> str | None:
+    """The resource name a VM pool's GPUs are advertised as; None for a pool not marked for VMs (or
+    a device unknown, refused at validation)."""
+    vm_pool = cfg.layers.kubevirt.pools.get(pool.name) if cfg.layers.kubevirt.enabled else None
+    if vm_pool is None:
+        return None
     return vm_resource_name(vm_pool.pci_device_id or GPU_MODELS[pool.gpu.model].pci_device_ids[0], vm_pool.resource_name)
 
 
