@@ -33,8 +33,19 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ai_factory.factory.planning.credits import QUARANTINE_CONDITION
+
 DRAIN_ANNOTATION = "ai-factory.io/gpu-drain"
-"""Set on a node the step drains: what it uncordons afterwards (and counts against the blast radius)."""
+"""Set on a node the step drains, before it cordons it (and counted against the blast radius)."""
+DRAINING = "draining"
+"""The annotation's value when the node was schedulable: the step cordoned it, so it uncordons it."""
+CORDONED_BEFORE = "draining-cordoned-before"
+"""The value when the node was already cordoned (by a person, for a reason of theirs): released, it
+stays cordoned."""
+QUARANTINED = QUARANTINE_CONDITION
+"""The node condition, then the device's name, True while the step's DeviceTaintRule quarantines it:
+what kube-state-metrics shows of the quarantine (it exports no DeviceTaintRule), for the tenants'
+availability rules and the blast radius (`components/health.py`)."""
 DRAINED_CONDITION = "GpuDrained"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "ai-factory-gpu-remediation"}
 """The label of the quarantine rules the step writes (and alone deletes)."""
@@ -42,10 +53,12 @@ DRAIN_STEP_SECONDS = 40
 """One run's `kubectl drain --timeout` per node: runs repeat each minute, the alert bounds the total."""
 
 DECIDE = r"""
-# Inputs: $nodes, $slices, $rules (kubectl List objects, slurped), $pools ({pool: {limit, dra}}),
+# Inputs: $nodes, $slices, $rules (kubectl List objects, slurped), $pools ({pool: {limit, dra, gpus}}),
 # $now (epoch seconds), $fault_seconds, $quarantine (whether DeviceTaintRules can be written).
 def cond($n; $type): [($n.status.conditions // [])[] | select(.type == $type)] | first // {};
 def faults($n): [($n.status.conditions // [])[] | select((.type == "GpuXidFatal" or .type == "GpuXidNeedsReset") and .status == "True")];
+# The GPUs the node's conditions say are quarantined.
+def marks($n): [($n.status.conditions // [])[] | select(.status == "True" and (.type | startswith("QUARANTINED"))) | .type | ltrimstr("QUARANTINED")];
 # A PCI address as "domain:bus:device" without leading zeros in the domain, lower case: the XID line
 # prints 0000:c6:00, the DRA driver's pciBusID 0000:c6:00.0.
 def pcis: [ascii_downcase | scan("([0-9a-f]{4,8}):([0-9a-f]{2}):([0-9a-f]{2})") | "\(.[0] | sub("^0+"; "")):\(.[1]):\(.[2])"];
@@ -59,21 +72,29 @@ def gpus($node): [$slices[0].items[]? | select(.spec.nodeName == $node and .spec
      faulty: ($faults | length > 0),
      due: (($faults | length > 0) and ($now - ($faults | map(.lastTransitionTime | fromdateiso8601) | min) >= $fault_seconds)),
      ready: (cond(.; "Ready").status == "True"),
-     marked: (.metadata.annotations["DRAIN_ANNOTATION"] != null),
+     mark: .metadata.annotations["DRAIN_ANNOTATION"],
+     cordoned: (.spec.unschedulable == true),
      drained: (cond(.; "DRAINED_CONDITION").status == "True"),
+     marks: marks(.),
+     held: [$rules[0].items[]? | select(.spec.deviceSelector.pool == $name) | .spec.deviceSelector.device],
      devices: (if $pools[$pool].dra and $quarantine and ($named | length > 0) and ($devices | length) == ($named | length) then $devices else [] end)}
-  | .unhealthy = ((.faulty and (.devices | length) == 0) or (.ready | not) or .marked)] as $states
-| ($states | group_by(.pool) | map({key: .[0].pool, value: map(select(.unhealthy)) | length}) | from_entries) as $unhealthy
-| ($states[] | . as $s
-  | ([$rules[0].items[]? | select(.spec.deviceSelector.pool == $s.name)] | map(.metadata.name)) as $held
-  | (if $s.due then $s.devices | map("gpu-fault-\($s.name)-\(.)") else [] end) as $wanted
-  | ($s.devices[] | . as $d | select($s.due and ($held | index("gpu-fault-\($s.name)-\($d)") | not)) | "quarantine \($s.name) \($d)"),
-    ($held[] | select(. as $r | $wanted | index($r) | not) | "unquarantine \($s.name) \(.)"),
-    (if $s.marked and ($s.faulty | not) and $s.ready then "release \($s.name)"
+  | .marked = (.mark != null)
+  | .unhealthy = ((.faulty and (.devices | length) == 0) or (.ready | not) or .marked)
+  # The node's share of its pool's blast radius, in GPUs of a DRA pool (each quarantined or faulty
+  # GPU one, an unhealthy node all of its GPUs), in nodes elsewhere.
+  | .weight = (if .unhealthy then ($pools[$pool].gpus // 1) else (.held + .devices | unique | length) end)] as $states
+| ($states | group_by(.pool) | map({key: .[0].pool, value: map(.weight) | add}) | from_entries) as $used
+| ($states[] | . as $s | ($used[$s.pool] <= $pools[$s.pool].limit * ($pools[$s.pool].gpus // 1)) as $within
+  | (if $s.due then $s.devices else [] end) as $wanted
+  | ($wanted[] | select(. as $d | [$s.held, $s.marks] | any(index($d) | not))
+     | if ($s.held | index([.])) or $within then "quarantine \($s.name) \(.)" else "hold \($s.name) \(.)" end),
+    ($s.held + $s.marks | unique[] | select(. as $d | $wanted | index($d) | not) | "unquarantine \($s.name) \(.)"),
+    (if $s.marked and ($s.faulty | not) and $s.ready then "release \($s.name) \(if $s.mark == "DRAINING" then "uncordon" else "keep-cordoned" end)"
      elif $s.due and ($s.devices | length) == 0 and ($s.drained | not) then
-       (if $s.marked or $unhealthy[$s.pool] <= $pools[$s.pool].limit then "drain \($s.name)" else "hold \($s.name)" end)
+       (if $s.marked or $within then "drain \($s.name) \($s.mark // (if $s.cordoned then "CORDONED_BEFORE" else "DRAINING" end))" else "hold \($s.name)" end)
      else empty end))
-""".replace("DRAIN_ANNOTATION", DRAIN_ANNOTATION).replace("DRAINED_CONDITION", DRAINED_CONDITION)
+""".replace("DRAIN_ANNOTATION", DRAIN_ANNOTATION).replace("DRAINED_CONDITION", DRAINED_CONDITION).replace("QUARANTINED", QUARANTINED)
+DECIDE = DECIDE.replace("CORDONED_BEFORE", CORDONED_BEFORE).replace("DRAINING", DRAINING)
 
 SCRIPT = r"""#!/bin/bash
 # The health layer's remediation step: decide.jq says what to do, this carries it out.
@@ -91,29 +112,32 @@ if [ -n "${RULE_API:-}" ] \
 else
   echo '{"items": []}' > "$work/slices.json"  # DRA nodes take the drain path
 fi
-condition() {  # node status
-  local reason=$([ "$2" = True ] && echo DrainedForGpuFault || echo GpuFaultCleared)
-  kubectl patch node "$1" --subresource=status --type=strategic -p "{\"status\":{\"conditions\":[{\"type\":\"$DRAINED_CONDITION\",\"status\":\"$2\",\"reason\":\"$reason\",\"message\":\"ai-factory GPU remediation step\",\"lastTransitionTime\":\"$(date -u +%Y-%m-%dT%H:%M:%SZ)\",\"lastHeartbeatTime\":\"$(date -u +%Y-%m-%dT%H:%M:%SZ)\"}]}}"
+condition() {  # node status: node, type, True|False, reason
+  kubectl patch node "$1" --subresource=status --type=strategic -p "{\"status\":{\"conditions\":[{\"type\":\"$2\",\"status\":\"$3\",\"reason\":\"$4\",\"message\":\"ai-factory GPU remediation step\",\"lastTransitionTime\":\"$(date -u +%Y-%m-%dT%H:%M:%SZ)\",\"lastHeartbeatTime\":\"$(date -u +%Y-%m-%dT%H:%M:%SZ)\"}]}}"
 }
 status=0
 jq -r -n --slurpfile nodes "$work/nodes.json" --slurpfile slices "$work/slices.json" --slurpfile rules "$work/rules.json" \
   --argjson pools "$(cat "$conf/pools.json")" --argjson now "$(date -u +%s)" --argjson fault_seconds "$FAULT_SECONDS" \
   --argjson quarantine "$quarantine" -f "$conf/decide.jq" > "$work/actions" || exit 1
-while read -r action node device; do
-  echo "$action $node $device"
+while read -r action node arg; do
+  echo "$action $node $arg"
   case "$action" in
-    quarantine)
-      jq --arg node "$node" --arg device "$device" \
+    quarantine)  # arg: the device
+      jq --arg node "$node" --arg device "$arg" \
         '.metadata.name = "gpu-fault-\($node)-\($device)" | .spec.deviceSelector.pool = $node | .spec.deviceSelector.device = $device' \
-        "$conf/rule.json" | kubectl apply -f - || status=1 ;;
+        "$conf/rule.json" | kubectl apply -f - \
+        && condition "$node" "$QUARANTINED_CONDITION$arg" True GpuQuarantined || status=1 ;;
     unquarantine)
-      kubectl delete "devicetaintrules.${RULE_API#resource.k8s.io/}.resource.k8s.io" "$device" --ignore-not-found || status=1 ;;
-    drain)
-      kubectl annotate node "$node" "$DRAIN_ANNOTATION=draining" --overwrite \
+      kubectl delete "devicetaintrules.${RULE_API#resource.k8s.io/}.resource.k8s.io" "gpu-fault-$node-$arg" --ignore-not-found \
+        && condition "$node" "$QUARANTINED_CONDITION$arg" False GpuFaultCleared || status=1 ;;
+    drain)  # arg: the annotation's value, written before the cordon (whether the node was cordoned already)
+      kubectl annotate node "$node" "$DRAIN_ANNOTATION=$arg" --overwrite \
         && kubectl drain "$node" --ignore-daemonsets --delete-emptydir-data --timeout="${DRAIN_STEP_SECONDS}s" \
-        && condition "$node" True || status=1 ;;
-    release)
-      condition "$node" False && kubectl uncordon "$node" && kubectl annotate node "$node" "$DRAIN_ANNOTATION-" || status=1 ;;
+        && condition "$node" "$DRAINED_CONDITION" True DrainedForGpuFault || status=1 ;;
+    release)  # arg: uncordon, or keep-cordoned for a node cordoned before the step took it
+      condition "$node" "$DRAINED_CONDITION" False GpuFaultCleared \
+        && { [ "$arg" != uncordon ] || kubectl uncordon "$node"; } \
+        && kubectl annotate node "$node" "$DRAIN_ANNOTATION-" || status=1 ;;
   esac
 done < "$work/actions"
 rm -rf "$work"
@@ -122,9 +146,14 @@ exit $status
 """`hold` lines are only logged. A failed action fails the Job (its retry is the next minute's run)."""
 
 
-def pools_file(pools: dict[str, tuple[int, bool]]) -> str:
-    """The step's per-pool settings: the blast radius and whether the pool's GPUs are DRA devices."""
-    return json.dumps({name: {"limit": limit, "dra": dra} for name, (limit, dra) in sorted(pools.items())}, indent=2, sort_keys=True)
+def pools_file(pools: dict[str, tuple[int, int | None]]) -> str:
+    """The step's per-pool settings: the blast radius in nodes and, for a pool whose GPUs are DRA
+    devices (quarantined one by one), its GPUs per node: there a quarantined GPU takes 1/gpus of a
+    node's share of the radius."""
+    return json.dumps(
+        {name: {"limit": limit, "dra": gpus is not None, **({"gpus": gpus} if gpus is not None else {})} for name, (limit, gpus) in sorted(pools.items())},
+        indent=2, sort_keys=True,
+    )
 
 
 def environment(fault_minutes: int, rule_api: str | None) -> list[dict[str, Any]]:
@@ -135,6 +164,7 @@ def environment(fault_minutes: int, rule_api: str | None) -> list[dict[str, Any]
         "DRAIN_STEP_SECONDS": str(DRAIN_STEP_SECONDS),
         "DRAIN_ANNOTATION": DRAIN_ANNOTATION,
         "DRAINED_CONDITION": DRAINED_CONDITION,
+        "QUARANTINED_CONDITION": QUARANTINED,
         "MANAGED_BY": ",".join(f"{k}={v}" for k, v in MANAGED_BY.items()),
         "RULE_API": rule_api or "",
     }

@@ -93,7 +93,15 @@ from ai_factory.factory.model.catalog import ChartSource
 from ai_factory.factory.model.config import FactoryConfig, Pool
 from ai_factory.factory.model.gpus import GPU_MODELS
 from ai_factory.factory.model.raw import as_dict, as_list, did_you_mean
-from ai_factory.factory.planning.credits import NODE_UNAVAILABLE as UNAVAILABLE, TENANT_ENTITLED, TENANT_UNAVAILABLE, tenant_shares
+from ai_factory.factory.planning.credits import (
+    DRA_DEVICE,
+    GPU_QUARANTINED,
+    NODE_UNAVAILABLE as UNAVAILABLE,
+    QUARANTINE_CONDITION,
+    TENANT_ENTITLED,
+    TENANT_UNAVAILABLE,
+    tenant_shares,
+)
 from ai_factory.factory.metering.rules import ksm_resource
 from ai_factory.factory.planning.model import WHOLE_GPU, Plan, PoolPlan
 from ai_factory.factory.planning.placement import advertised_name
@@ -201,6 +209,7 @@ class PoolRemediation:
     max_unhealthy: int
     dra: bool
     """GPUs are DRA devices: a fault quarantines the GPU alone (a DeviceTaintRule), not the node."""
+    gpus_per_node: int
     allocatable: tuple[str, int] | None
     """The GPU resource (kube-state-metrics spelling) and count every node should advertise; None
     where it depends on the node's MIG layout (mig) or nothing is advertised (dra)."""
@@ -236,6 +245,8 @@ class HealthArgs:
     """The GPU Operator's DCGM exporter runs: its default counters feed the DCGM alerts."""
     tenant_nodes: dict[str, dict[str, float]]
     """GPU-equivalents each tenant holds per node (from the plan), for the availability rules."""
+    tenant_dra_gpus: dict[str, dict[tuple[str, int], float]]
+    """The same per GPU of the DRA pools, whose GPUs are quarantined one by one."""
 
     @classmethod
     def from_config(cls, cfg: FactoryConfig, plan: Plan) -> HealthArgs:
@@ -249,6 +260,7 @@ class HealthArgs:
                 nodes=tuple(n.name for n in p.node_specs()),
                 max_unhealthy=limits[p.name],
                 dra=p.sharing == "dra",
+                gpus_per_node=p.gpu.per_node,
                 allocatable=expected_allocatable(p, plan.pool(p.name)),
             )
             for p in cfg.fleet.pools
@@ -268,6 +280,7 @@ class HealthArgs:
             kubernetes=cfg.kubernetes.version,
             dcgm=cfg.layers.gpu_operator.enabled and cfg.layers.gpu_operator.dcgm_exporter,
             tenant_nodes=tenant_node_shares(plan),
+            tenant_dra_gpus=tenant_gpu_shares(plan, {p.name for p in cfg.fleet.pools if p.sharing == "dra"}),
         )
 
     @property
@@ -337,6 +350,10 @@ def _node_regex(nodes: Iterable[str]) -> str:
     return "|".join(n.replace(".", "\\\\.") for n in sorted(nodes))
 
 
+def _in(nodes: Iterable[str]) -> str:
+    return f'node=~"{_node_regex(nodes)}"'
+
+
 def alert_rules(args: HealthArgs) -> list[dict[str, Any]]:
     """Alerts of the loop. Node sets are spelled out per pool (node names come from the fleet), so
     the rules need no node-label join in kube-state-metrics."""
@@ -380,63 +397,112 @@ def alert_rules(args: HealthArgs) -> list[dict[str, Any]]:
         })
         rules.append({
             "alert": "GpuRemediationBlastRadius",
-            "expr": _unhealthy_count(pool.nodes) + f" > {pool.max_unhealthy}",
+            "expr": _unhealthy_measure([pool]) + f" > {pool.max_unhealthy}",
             "labels": {"severity": "critical", "pool": pool.pool},
             "annotations": {"summary": f"more than {pool.max_unhealthy} nodes of pool {pool.pool} are unhealthy: automatic remediation has stopped"},
         })
     for site, limit in sorted(args.site_limits.items()):
-        nodes = [n for p in args.pools if p.site == site for n in p.nodes]
         rules.append({
             "alert": "GpuRemediationBlastRadius",
-            "expr": _unhealthy_count(nodes) + f" > {limit}",
+            "expr": _unhealthy_measure([p for p in args.pools if p.site == site]) + f" > {limit}",
             "labels": {"severity": "critical", "site": site},
             "annotations": {"summary": f"more than {limit} GPU nodes of site {site} are unhealthy: automatic remediation is at its limit"},
         })
     return rules
 
 
-def _unhealthy_count(nodes: Iterable[str]) -> str:
-    """Nodes of the set with a GPU fault or not Ready, each counted once."""
-    selector = f'node=~"{_node_regex(nodes)}"'
+def _unhealthy_measure(pools: list[PoolRemediation]) -> str:
+    """What the pools' nodes take of a blast radius, in nodes, as the remediation step counts it:
+    each node with a GPU fault or not Ready once; on a DRA pool a node whose faulty GPUs are
+    quarantined is not unhealthy, each quarantined GPU counts 1/gpus-per-node of a node instead."""
+    selector = _in(n for p in pools for n in p.nodes)
     faults = "|".join(FAULT_CONDITIONS)
-    return (
-        f'count((max by (node) (kube_node_status_condition{{condition=~"{faults}",status="true",{selector}}}) == 1)'
+    fault = f'(max by (node) (kube_node_status_condition{{condition=~"{faults}",status="true",{selector}}}) == 1)'
+    dra = [p for p in pools if p.dra]
+    if not dra:
+        return f'count({fault} or (max by (node) (kube_node_status_condition{{condition="Ready",status!="true",{selector}}}) == 1))'
+    whole = (
+        f"(({fault} unless on (node) ({_quarantined_gpus(selector)}))"
         f' or (max by (node) (kube_node_status_condition{{condition="Ready",status!="true",{selector}}}) == 1))'
     )
+    gpus = [f"((count({_quarantined_gpus(_in(p.nodes))} unless on (node) {whole}) or vector(0)) / {p.gpus_per_node})" for p in dra]
+    return f"((count({whole}) or vector(0)) + {' + '.join(gpus)})"
 
 
-def tenant_node_shares(plan: Plan) -> dict[str, dict[str, float]]:
-    """GPU-equivalents per tenant per node (`credits.tenant_shares` summed over the node's GPUs)."""
-    shares: dict[str, dict[str, float]] = {}
+def tenant_gpu_shares(plan: Plan, pools: set[str]) -> dict[str, dict[tuple[str, int], float]]:
+    """GPU-equivalents per tenant per (node, GPU index) of the given pools (`credits.tenant_shares`)."""
+    shares: dict[str, dict[tuple[str, int], float]] = {}
     for pool in plan.pools:
+        if pool.name not in pools:
+            continue
         model = GPU_MODELS[pool.gpu_model]
         for node in pool.nodes:
             for gpu in node.gpus:
                 for tenant, share in tenant_shares(model, pool, gpu).items():
-                    per_node = shares.setdefault(tenant, {})
-                    per_node[node.name] = round(per_node.get(node.name, 0.0) + share, 6)
+                    shares.setdefault(tenant, {})[node.name, gpu.index] = share
+    return {t: dict(sorted(g.items())) for t, g in sorted(shares.items())}
+
+
+def tenant_node_shares(plan: Plan) -> dict[str, dict[str, float]]:
+    """GPU-equivalents per tenant per node: its shares of the node's GPUs summed."""
+    shares: dict[str, dict[str, float]] = {}
+    for tenant, gpus in tenant_gpu_shares(plan, {p.name for p in plan.pools}).items():
+        per_node = shares.setdefault(tenant, {})
+        for (node, _), share in gpus.items():
+            per_node[node] = round(per_node.get(node, 0.0) + share, 6)
     return {t: dict(sorted(n.items())) for t, n in sorted(shares.items())}
 
 
 def availability_rules(args: HealthArgs) -> list[dict[str, Any]]:
     """Recording rules tying node health to tenants: a node is unavailable (1) while a GPU fault
     condition is True, it is not Ready, or remediation taints it; a tenant loses its GPU-equivalents
-    on every such node. `sum_over_time` of the tenant series over a period, in hours, is the lost
-    GPU-hours `factory/planning/credits.py` computes from the same inputs."""
+    on every such node. On a DRA pool a GPU the remediation step quarantined (its
+    `GpuQuarantined-gpu-<index>` condition) is out and the node is not: its tenants lose their share
+    of that GPU, nobody else anything; a fault takes the node out there only once the step cordons
+    it (the drain path) and no GPU of it is quarantined. `sum_over_time` of the
+    tenant series over a period, in hours, is the lost GPU-hours `factory/planning/credits.py`
+    computes from the same inputs."""
     faults = "|".join(FAULT_CONDITIONS)
-    rules: list[dict[str, Any]] = [{
+    fault = f'(max by (node) (kube_node_status_condition{{condition=~"{faults}",status="true"}}) == 1)'
+    rules: list[dict[str, Any]] = []
+    dra = [n for p in args.pools if p.dra for n in p.nodes]
+    if dra:
+        # A DRA node's fault takes it out once the step cordons it to drain it, unless the step
+        # quarantined its faulty GPUs instead.
+        others = [n for p in args.pools if not p.dra for n in p.nodes]
+        rules.append({"record": GPU_QUARANTINED, "expr": _quarantined_gpus()})
+        fault = (
+            (f'(max by (node) (kube_node_status_condition{{condition=~"{faults}",status="true",{_in(others)}}}) == 1) or ' if others else "")
+            + f'((max by (node) (kube_node_status_condition{{condition=~"{faults}",status="true",{_in(dra)}}}) == 1)'
+            f" and on (node) (max by (node) (kube_node_spec_unschedulable{{{_in(dra)}}}) == 1) unless on (node) {GPU_QUARANTINED})"
+        )
+    rules.append({
         "record": UNAVAILABLE,
         "expr": (
-            f'(max by (node) (kube_node_status_condition{{condition=~"{faults}",status="true"}}) == 1)'
+            f"{fault}"
             ' or (max by (node) (kube_node_status_condition{condition="Ready",status!="true"}) == 1)'
             ' or (max by (node) (kube_node_spec_taint{key=~"medik8s.io/remediation|node.kubernetes.io/out-of-service"}) == 1)'
         ),
-    }]
+    })
     for tenant, nodes in args.tenant_nodes.items():
-        terms = " or ".join(f'({share} * {UNAVAILABLE}{{node="{node}"}})' for node, share in nodes.items())
-        rules.append({"record": TENANT_UNAVAILABLE, "expr": f"sum({terms}) or vector(0)", "labels": {"tenant": tenant}})
+        terms = [f'({share} * {UNAVAILABLE}{{node="{node}"}})' for node, share in nodes.items()]
+        # A quarantined GPU of a node that is unavailable as a whole is counted there, once.
+        terms += [
+            f'({round(share, 6)} * ({GPU_QUARANTINED}{{node="{node}",gpu="{gpu}"}} unless on (node) {UNAVAILABLE}{{node="{node}"}}))'
+            for (node, gpu), share in args.tenant_dra_gpus.get(tenant, {}).items()
+        ]
+        rules.append({"record": TENANT_UNAVAILABLE, "expr": f"sum({' or '.join(terms)}) or vector(0)", "labels": {"tenant": tenant}})
         rules.append({"record": TENANT_ENTITLED, "expr": f"vector({round(sum(nodes.values()), 6)})", "labels": {"tenant": tenant}})
     return rules
+
+
+def _quarantined_gpus(selector: str = "") -> str:
+    """1 per (node, gpu index) the remediation step has quarantined, from its node conditions."""
+    condition = f"{QUARANTINE_CONDITION}{DRA_DEVICE}"
+    return (
+        f'max by (node, gpu) (label_replace(kube_node_status_condition{{condition=~"{condition}[0-9]+",status="true"{"," * bool(selector)}{selector}}} == 1,'
+        f' "gpu", "$1", "condition", "{condition}([0-9]+)"))'
+    )
 
 
 def dcgm_rules(args: HealthArgs) -> list[dict[str, Any]]:
@@ -570,7 +636,7 @@ def remediation_step(component: FactoryComponent, args: HealthArgs, object_label
         data={
             "decide.jq": step.DECIDE,
             "remediate.sh": step.SCRIPT,
-            "pools.json": step.pools_file({p.pool: (p.max_unhealthy, p.dra) for p in args.pools}),
+            "pools.json": step.pools_file({p.pool: (p.max_unhealthy, p.gpus_per_node if p.dra else None) for p in args.pools}),
             "rule.json": json.dumps(rule, indent=2, sort_keys=True),
         },
         opts=component.child(depends_on=[ns]),

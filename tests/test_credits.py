@@ -13,6 +13,7 @@ from ai_factory.factory.model.gpus import GPU_MODELS
 from ai_factory.factory.planning.credits import ConditionEvent, Outage, credits, outages_from_conditions, tenant_shares
 from ai_factory.factory.planning.model import GpuAssignment, HamiAllocation, MigInstance
 from ai_factory.factory.planning.from_config import plan_for
+from tests.test_device_layer import device_config
 
 H = 3600.0
 PERIOD = (0.0, 100 * H)
@@ -100,3 +101,63 @@ def test_credits_count_gpu_equivalents_as_the_metering_rules_do(plan, gpu, share
     model = GPU_MODELS["A100-80GB"]
     assert model.memory_mib == 81920
     assert tenant_shares(model, pool, gpu) == pytest.approx(shares)
+
+
+# --------------------------------------------------------------------------- DRA: one GPU, not the node
+
+SHARED = "h100-dra-001"
+"""Of `shared_dra_config`'s plan: assistant holds its GPUs 0 and 1, search its GPUs 2 and 3."""
+M = 60.0
+
+
+def shared_dra_config(dev_config: dict) -> dict:
+    """Dev with a DRA pool (test_device_layer) whose node h100-dra-001 two tenants of one trust
+    domain share."""
+    raw = device_config(dev_config)
+    tenants = {t["name"]: t for t in raw["tenants"]}
+    tenants["assistant"]["trust_domain"] = "internal"
+    tenants["search"]["gpus"].append({"pool": "h100-dra", "count": 2})
+    return raw
+
+
+@pytest.fixture(scope="module")
+def shared(dev_raw):
+    return plan_for(validate(shared_dra_config(dev_raw[0])))
+
+
+def test_the_shared_dra_node_is_shared(shared):
+    pool = next(p for p in shared.pools if p.name == "h100-dra")
+    owners = {g.index: g.owner for n in pool.nodes if n.name == SHARED for g in n.gpus}
+    assert owners == {0: "assistant", 1: "assistant", 2: "search", 3: "search"}
+
+
+DRA_EVENTS = [
+    # (id, events on the shared node, outages, GPU-hours lost by assistant and search over [0, 60 min))
+    ("a quarantined GPU costs its owner that GPU alone",
+     [(10, "GpuXidFatal", "True"), (12, "GpuQuarantined-gpu-1", "True")], [Outage(SHARED, 12 * M, 60 * M, 1)], (0.8, 0)),
+    ("the quarantine ends when its condition does",
+     [(10, "GpuXidNeedsReset", "True"), (12, "GpuQuarantined-gpu-2", "True"), (29, "GpuXidNeedsReset", "False"), (30, "GpuQuarantined-gpu-2", "False")],
+     [Outage(SHARED, 12 * M, 30 * M, 2)], (0, 0.3)),
+    ("a fault the step drains the node for costs everyone on it",
+     [(10, "GpuXidFatal", "True"), (12, "Unschedulable", "True")], [Outage(SHARED, 12 * M, 60 * M)], (1.6, 1.6)),
+    ("a node cordoned by hand counts whole until the step quarantines its GPU",
+     [(5, "Unschedulable", "True"), (9, "GpuXidFatal", "True"), (12, "GpuQuarantined-gpu-0", "True")],
+     [Outage(SHARED, 9 * M, 12 * M), Outage(SHARED, 12 * M, 60 * M, 0)], (2 * 0.05 + 0.8, 2 * 0.05)),
+    ("a node not Ready costs everyone, its quarantined GPU once",
+     [(10, "GpuXidFatal", "True"), (12, "GpuQuarantined-gpu-1", "True"), (30, "Ready", "False")],
+     [Outage(SHARED, 30 * M, 60 * M), Outage(SHARED, 12 * M, 60 * M, 1)], (0.8 + 0.5, 1.0)),
+    ("a fault not yet acted on costs nobody", [(10, "GpuXidFatal", "True")], [], (0, 0)),
+]
+
+
+@pytest.mark.parametrize("events, outages, lost", [r[1:] for r in DRA_EVENTS], ids=[r[0] for r in DRA_EVENTS])
+def test_dra_outages_are_per_gpu(shared, events, outages, lost):
+    found = outages_from_conditions([ConditionEvent(t * M, SHARED, c, s) for t, c, s in events], healthy_delay=0, end=60 * M, dra_nodes={SHARED})
+    assert found == outages
+    result = {c.tenant: c.lost_gpu_hours for c in credits(shared, {"assistant": "medium", "search": "high"}, SloTargets(), found, 0, 60 * M)}
+    assert (result["assistant"], result["search"]) == pytest.approx(lost)
+
+
+def test_outside_the_dra_pools_a_fault_takes_the_whole_node_and_quarantines_are_not_read():
+    events = [ConditionEvent(10, "n1", "GpuXidFatal", "True"), ConditionEvent(20, "n1", "GpuQuarantined-gpu-1", "True"), ConditionEvent(30, "n1", "GpuXidFatal", "False")]
+    assert outages_from_conditions(events, healthy_delay=0, end=100) == [Outage("n1", 10, 30)]

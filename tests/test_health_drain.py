@@ -24,7 +24,8 @@ from tests.test_device_layer import device_config
 
 NOW = 1_800_000_000
 MINUTE = 60
-POOLS = {"train": {"limit": 1, "dra": False}, "big": {"limit": 2, "dra": False}, "dra": {"limit": 1, "dra": True}}
+POOLS = {"train": {"limit": 1, "dra": False}, "big": {"limit": 2, "dra": False}, "dra": {"limit": 1, "dra": True, "gpus": 2}}
+"""dra: two GPUs a node, one node at once: two quarantined GPUs take the whole blast radius."""
 
 
 def jq() -> str:
@@ -43,16 +44,19 @@ def stamp(seconds_ago: int) -> str:
 
 
 def node(name: str, pool: str, *, fault: str | None = None, since: int = 5 * MINUTE, pci: str = "0000:c6:00", ready: bool = True,
-         marked: bool = False, drained: bool = False) -> dict:
+         marked: bool | str = False, drained: bool = False, cordoned: bool = False, quarantined: tuple[str, ...] = ()) -> dict:
+    """A recorded Node; `marked` True is the step's annotation on a node it cordoned, a string the
+    annotation's value; `quarantined` the devices whose quarantine condition is True."""
     conditions = [{"type": "Ready", "status": "True" if ready else "Unknown"}]
     if fault:
         conditions.append({"type": fault, "status": "True", "lastTransitionTime": stamp(since), "message": f"NVRM: Xid (PCI:{pci}): 79, pid=1101, name=python"})
     if drained:
         conditions.append({"type": "GpuDrained", "status": "True"})
+    conditions += [{"type": f"{step.QUARANTINED}{d}", "status": "True"} for d in quarantined]
     metadata = {"name": name, "labels": {"ai-factory.io/pool": pool}}
     if marked:
-        metadata["annotations"] = {step.DRAIN_ANNOTATION: "draining"}
-    return {"metadata": metadata, "status": {"conditions": conditions}}
+        metadata["annotations"] = {step.DRAIN_ANNOTATION: step.DRAINING if marked is True else marked}
+    return {"metadata": metadata, "spec": {"unschedulable": True} if cordoned or marked else {}, "status": {"conditions": conditions}}
 
 
 def slice_of(name: str, *pcis: str) -> dict:
@@ -85,31 +89,45 @@ GPU_SLICES = [slice_of("d1", "0000:3b:00", "0000:c6:00"), slice_of("d2", "0000:3
 STATES = [
     # (id, nodes, slices, rules, quarantine, expected actions)
     ("healthy-nothing", [node("t1", "train")], [], [], True, []),
-    ("fault-drains", [node("t1", "train", fault="GpuXidFatal")], [], [], True, ["drain t1"]),
-    ("needs-reset-drains", [node("t1", "train", fault="GpuXidNeedsReset")], [], [], True, ["drain t1"]),
+    ("fault-drains", [node("t1", "train", fault="GpuXidFatal")], [], [], True, ["drain t1 draining"]),
+    ("needs-reset-drains", [node("t1", "train", fault="GpuXidNeedsReset")], [], [], True, ["drain t1 draining"]),
     ("fault-not-held-long-enough-waits", [node("t1", "train", fault="GpuXidFatal", since=30)], [], [], True, []),
     ("drained-waits-for-the-reboot", [node("t1", "train", fault="GpuXidFatal", marked=True, drained=True)], [], [], True, []),
-    ("refused-drain-retries", [node("t1", "train", fault="GpuXidFatal", marked=True)], [], [], True, ["drain t1"]),
-    ("healed-and-ready-released", [node("t1", "train", marked=True, drained=True)], [], [], True, ["release t1"]),
+    ("refused-drain-retries", [node("t1", "train", fault="GpuXidFatal", marked=True)], [], [], True, ["drain t1 draining"]),
+    ("healed-and-ready-released", [node("t1", "train", marked=True, drained=True)], [], [], True, ["release t1 uncordon"]),
     ("healed-not-ready-waits", [node("t1", "train", marked=True, drained=True, ready=False)], [], [], True, []),
     ("unmarked-healthy-never-uncordoned", [node("t1", "train", drained=True)], [], [], True, []),
+    ("cordoned-before-fault-recorded", [node("t1", "train", fault="GpuXidFatal", cordoned=True)], [], [], True, [f"drain t1 {step.CORDONED_BEFORE}"]),
+    ("cordoned-before-retry-keeps-the-record",
+     [node("t1", "train", fault="GpuXidFatal", marked=step.CORDONED_BEFORE)], [], [], True, [f"drain t1 {step.CORDONED_BEFORE}"]),
+    ("cordoned-before-released-stays-cordoned", [node("t1", "train", marked=step.CORDONED_BEFORE, drained=True)], [], [], True, ["release t1 keep-cordoned"]),
     ("over-blast-radius-holds", [node("t1", "train", fault="GpuXidFatal"), node("t2", "train", ready=False)], [], [], True, ["hold t1"]),
     ("over-blast-radius-continues-started-drain",
-     [node("t1", "train", fault="GpuXidFatal", marked=True), node("t2", "train", fault="GpuXidFatal")], [], [], True, ["drain t1", "hold t2"]),
+     [node("t1", "train", fault="GpuXidFatal", marked=True), node("t2", "train", fault="GpuXidFatal")], [], [], True, ["drain t1 draining", "hold t2"]),
     ("within-blast-radius-drains-both",
-     [node("b1", "big", fault="GpuXidFatal"), node("b2", "big", fault="GpuXidFatal"), node("t1", "train", ready=False)], [], [], True, ["drain b1", "drain b2"]),
-    ("other-pools-do-not-count", [node("t1", "train", fault="GpuXidFatal"), node("b1", "big", ready=False)], [], [], True, ["drain t1"]),
+     [node("b1", "big", fault="GpuXidFatal"), node("b2", "big", fault="GpuXidFatal"), node("t1", "train", ready=False)], [], [], True, ["drain b1 draining", "drain b2 draining"]),
+    ("other-pools-do-not-count", [node("t1", "train", fault="GpuXidFatal"), node("b1", "big", ready=False)], [], [], True, ["drain t1 draining"]),
     ("unknown-pool-ignored", [node("x1", "elsewhere", fault="GpuXidFatal")], [], [], True, []),
     ("dra-gpu-quarantined-alone", [node("d1", "dra", fault="GpuXidFatal")], GPU_SLICES, [], True, ["quarantine d1 gpu-1"]),
     ("dra-upper-case-pci-matches", [node("d1", "dra", fault="GpuXidFatal", pci="0000:C6:00")], GPU_SLICES, [], True, ["quarantine d1 gpu-1"]),
-    ("dra-quarantine-not-repeated", [node("d1", "dra", fault="GpuXidFatal")], GPU_SLICES, [rule_for("d1", "gpu-1")], True, []),
-    ("dra-quarantined-node-not-counted",
-     [node("d1", "dra", fault="GpuXidFatal"), node("d2", "dra", fault="GpuXidFatal", pci="0000:3b:00")], GPU_SLICES, [rule_for("d1", "gpu-1")], True,
-     ["quarantine d2 gpu-0"]),
-    ("dra-healed-unquarantined", [node("d1", "dra")], GPU_SLICES, [rule_for("d1", "gpu-1")], True, ["unquarantine d1 gpu-fault-d1-gpu-1"]),
-    ("dra-unknown-gpu-drains", [node("d1", "dra", fault="GpuXidFatal", pci="0000:99:00")], GPU_SLICES, [], True, ["drain d1"]),
-    ("dra-without-taint-rules-drains", [node("d1", "dra", fault="GpuXidFatal")], GPU_SLICES, [], False, ["drain d1"]),
-    ("non-dra-pool-never-quarantined", [node("d1", "train", fault="GpuXidFatal")], GPU_SLICES, [], True, ["drain d1"]),
+    ("dra-quarantine-not-repeated", [node("d1", "dra", fault="GpuXidFatal", quarantined=("gpu-1",))], GPU_SLICES, [rule_for("d1", "gpu-1")], True, []),
+    ("dra-quarantine-recorded-where-its-condition-is-missing", [node("d1", "dra", fault="GpuXidFatal")], GPU_SLICES, [rule_for("d1", "gpu-1")], True,
+     ["quarantine d1 gpu-1"]),
+    ("dra-quarantined-gpus-count-proportionally",  # one GPU each on two nodes: 2 of the pool's 1 x 2 GPUs
+     [node("d1", "dra", fault="GpuXidFatal", quarantined=("gpu-1",)), node("d2", "dra", fault="GpuXidFatal", pci="0000:3b:00")], GPU_SLICES,
+     [rule_for("d1", "gpu-1")], True, ["quarantine d2 gpu-0"]),
+    ("dra-quarantine-beyond-the-radius-holds",  # a NotReady node (2 GPUs) and a quarantined GPU: 3 > 2
+     [node("d1", "dra", fault="GpuXidFatal"), node("d2", "dra", ready=False)], GPU_SLICES, [], True, ["hold d1 gpu-1"]),
+    ("dra-held-quarantine-kept-beyond-the-radius",
+     [node("d1", "dra", fault="GpuXidFatal", quarantined=("gpu-1",)), node("d2", "dra", ready=False)], GPU_SLICES, [rule_for("d1", "gpu-1")], True, []),
+    ("dra-quarantined-gpu-holds-a-drain",  # d2's fault names no GPU of its slice: draining it (2) beside d1's GPU (1) is 3 > 2
+     [node("d1", "dra", fault="GpuXidFatal", quarantined=("gpu-1",)), node("d2", "dra", fault="GpuXidFatal", pci="0000:99:00")], GPU_SLICES,
+     [rule_for("d1", "gpu-1")], True, ["hold d2"]),
+    ("dra-healed-unquarantined", [node("d1", "dra", quarantined=("gpu-1",))], GPU_SLICES, [rule_for("d1", "gpu-1")], True, ["unquarantine d1 gpu-1"]),
+    ("dra-stale-quarantine-condition-cleared", [node("d1", "dra", quarantined=("gpu-1",))], GPU_SLICES, [], True, ["unquarantine d1 gpu-1"]),
+    ("dra-unknown-gpu-drains", [node("d1", "dra", fault="GpuXidFatal", pci="0000:99:00")], GPU_SLICES, [], True, ["drain d1 draining"]),
+    ("dra-without-taint-rules-drains", [node("d1", "dra", fault="GpuXidFatal")], GPU_SLICES, [], False, ["drain d1 draining"]),
+    ("non-dra-pool-never-quarantined", [node("d1", "train", fault="GpuXidFatal")], GPU_SLICES, [], True, ["drain d1 draining"]),
     ("dra-fault-not-held-long-enough-waits", [node("d1", "dra", fault="GpuXidFatal", since=30)], GPU_SLICES, [], True, []),
 ]
 
@@ -170,6 +188,7 @@ def _verbs(calls: list[dict]) -> list[str]:
 def test_a_drain_evicts_then_marks_the_node_drained(tmp_path):
     calls = run_step(tmp_path, [node("t1", "train", fault="GpuXidFatal", since=LONG_AGO)])
     assert _verbs(calls) == ["annotate node", "drain t1", "patch node"]
+    assert next(c["args"][3] for c in calls if c["args"][0] == "annotate") == f"{step.DRAIN_ANNOTATION}={step.DRAINING}"  # it was schedulable: the step cordons it
     drain = next(c["args"] for c in calls if c["args"][0] == "drain")
     # Eviction (kubectl drain's default): no --disable-eviction, no --force past pods no controller owns.
     assert not {"--disable-eviction", "--force"} & set(drain) and f"--timeout={step.DRAIN_STEP_SECONDS}s" in drain
@@ -188,6 +207,14 @@ def test_a_released_node_is_unmarked_and_uncordoned(tmp_path):
     assert json.loads(calls[-3]["args"][-1])["status"]["conditions"][0]["status"] == "False"
 
 
+def test_a_node_cordoned_before_its_fault_is_drained_and_released_still_cordoned(tmp_path):
+    calls = run_step(tmp_path, [node("t1", "train", fault="GpuXidFatal", since=LONG_AGO, cordoned=True)])
+    assert [c["args"] for c in calls if c["args"][0] == "annotate"] == [["annotate", "node", "t1", f"{step.DRAIN_ANNOTATION}={step.CORDONED_BEFORE}", "--overwrite"]]
+    (tmp_path / "after").mkdir()
+    calls = run_step(tmp_path / "after", [node("t1", "train", marked=step.CORDONED_BEFORE, drained=True)])
+    assert _verbs(calls) == ["patch node", "annotate node"]  # no uncordon
+
+
 @pytest.mark.parametrize("version, api", [("1.34", "v1alpha3"), ("1.37", "v1")])
 def test_a_dra_quarantine_applies_a_valid_rule_for_the_faulty_gpu_only(tmp_path, version, api):
     calls = run_step(tmp_path, [node("d1", "dra", fault="GpuXidFatal", since=LONG_AGO)], GPU_SLICES, rule_api=f"resource.k8s.io/{api}")
@@ -196,7 +223,9 @@ def test_a_dra_quarantine_applies_a_valid_rule_for_the_faulty_gpu_only(tmp_path,
     assert rule["spec"]["deviceSelector"] == {"driver": "gpu.nvidia.com", "pool": "d1", "device": "gpu-1"}
     assert rule["spec"]["taint"]["effect"] == "NoExecute" and rule["metadata"]["name"] == "gpu-fault-d1-gpu-1"
     validate_object(rule, f"{version}.0", strict=True)
-    assert not [c for c in calls if c["args"][0] in ("drain", "patch")]
+    (patch,) = [json.loads(c["args"][-1])["status"]["conditions"][0] for c in calls if c["args"][0] == "patch"]
+    assert (patch["type"], patch["status"]) == ("GpuQuarantined-gpu-1", "True")  # what the availability rules read
+    assert not [c for c in calls if c["args"][0] == "drain"]
 
 
 # --------------------------------------------------------------------------- rendered
@@ -226,7 +255,7 @@ def test_the_step_evicts_and_never_deletes_pods_nor_reads_secrets(dev):
 def test_a_dra_pool_gets_the_rule_template_of_the_clusters_version(dev_raw):
     rendered = render(device_config(dev_raw[0]))
     config = one(rendered, "ConfigMap", health.STEP)["data"]
-    assert json.loads(config["pools.json"])["h100-dra"] == {"dra": True, "limit": 1}
+    assert json.loads(config["pools.json"])["h100-dra"] == {"dra": True, "gpus": 4, "limit": 1}  # a quarantined GPU is 1/4 of a node
     rule = json.loads(config["rule.json"])
     assert rule["apiVersion"] == "resource.k8s.io/v1alpha3" and rule["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "ai-factory-gpu-remediation"
     env = {e["name"]: e["value"] for e in one(rendered, "CronJob", health.STEP)["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["env"]}
