@@ -260,3 +260,7 @@ def test_a_dra_pool_gets_the_rule_template_of_the_clusters_version(dev_raw):
     assert rule["apiVersion"] == "resource.k8s.io/v1alpha3" and rule["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "ai-factory-gpu-remediation"
     env = {e["name"]: e["value"] for e in one(rendered, "CronJob", health.STEP)["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["RULE_API"] == "resource.k8s.io/v1alpha3" and env["FAULT_SECONDS"] == "60"
+    # The alert counts as the step does: the pool's one node, a quarantined GPU a quarter of it.
+    groups = one(rendered, "PrometheusRule", "ai-factory-gpu-health")["spec"]["groups"]
+    (radius,) = [r["expr"] for g in groups for r in g["rules"] if r.get("alert") == "GpuRemediationBlastRadius" and r["labels"].get("pool") == "h100-dra"]
+    assert radius.endswith(" or vector(0)) / 4)) > 1") and "GpuQuarantined-gpu-" in radius

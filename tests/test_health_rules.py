@@ -13,9 +13,10 @@ import pytest
 
 from ai_factory.components import health
 from ai_factory.factory.model.loading import validate
-from ai_factory.factory.planning.credits import TENANT_UNAVAILABLE, Outage, credits
+from ai_factory.factory.planning.credits import CORDONED, TENANT_UNAVAILABLE, ConditionEvent, Outage, credits, outages_from_conditions
 from ai_factory.factory.planning.from_config import plan_for
-from tests.conftest import one
+from tests.conftest import one, render
+from tests.test_credits import SHARED, shared_dra_config
 from tests.promtool_support import SAMPLES, RuleTest, gpu_seconds, run_rule_test, without_annotations
 
 
@@ -124,3 +125,56 @@ def test_a_broken_availability_rule_fails_the_replay(groups, dev_raw, tmp_path):
     test.expect(gpu_seconds(TENANT_UNAVAILABLE, "tenant") + ' > 0', [({"tenant": "search"}, 1.75 * SAMPLES * 60)])
     passes(groups, test, tmp_path)
     assert run_rule_test(broken, test, tmp_path).returncode != 0
+
+
+# --------------------------------------------------------------------------- DRA: one GPU, not the node
+
+
+@pytest.fixture(scope="module")
+def shared_dra(dev_raw):
+    """Dev with a DRA pool h100-dra (2 nodes of 4 GPUs, one node at once) whose node h100-dra-001
+    assistant (GPUs 0, 1) and search (GPUs 2, 3) share; partner-acme holds 3 GPUs of h100-dra-000."""
+    raw = shared_dra_config(dev_raw[0])
+    return raw, without_annotations(one(render(raw), "PrometheusRule", "ai-factory-gpu-health")["spec"]["groups"])
+
+
+def test_a_quarantined_gpu_of_a_shared_dra_node_debits_its_owner_alone(shared_dra, tmp_path):
+    """h100-dra-001: an XID from minute 10, its GPU 1 quarantined from minute 13 (assistant's): the
+    node stays in service, search's GPUs on it lose nothing. h100-dra-000: an XID from minute 15
+    naming no GPU of its slice, cordoned to be drained from minute 20: partner-acme loses its 3."""
+    raw, groups = shared_dra
+    test = RuleTest()
+    condition(test, SHARED, "GpuXidFatal", "true", (0, 9), (1, 51))
+    condition(test, SHARED, "GpuQuarantined-gpu-1", "true", (0, 12), (1, 48))
+    test.add("kube_node_spec_unschedulable", {"node": SHARED}, (0, SAMPLES))
+    condition(test, "h100-dra-000", "GpuXidFatal", "true", (0, 14), (1, 46))
+    test.add("kube_node_spec_unschedulable", {"node": "h100-dra-000"}, (0, 19), (1, 41))
+    minute = 60.0
+    events = [
+        ConditionEvent(10 * minute, SHARED, "GpuXidFatal", "True"), ConditionEvent(13 * minute, SHARED, "GpuQuarantined-gpu-1", "True"),
+        ConditionEvent(15 * minute, "h100-dra-000", "GpuXidFatal", "True"), ConditionEvent(20 * minute, "h100-dra-000", CORDONED, "True"),
+    ]
+    cfg = validate(raw)
+    outages = outages_from_conditions(events, healthy_delay=0, end=61 * minute, dra_nodes={"h100-dra-000", SHARED})
+    trust = {"search": "high", "assistant": "medium", "partner-acme": "low"}
+    expected = {c.tenant: c.lost_gpu_hours * 3600 for c in credits(plan_for(cfg), trust, cfg.layers.health.slo, outages, minute, 61 * minute)}
+    assert expected == pytest.approx({"assistant": 48 * 60, "search": 0, "partner-acme": 3 * 41 * 60})
+    test.expect(gpu_seconds(TENANT_UNAVAILABLE, "tenant"), [({"tenant": t}, round(v, 3)) for t, v in sorted(expected.items())])
+    passes(groups, test, tmp_path)
+
+
+def test_quarantined_gpus_take_their_share_of_a_dra_pools_blast_radius(shared_dra, tmp_path):
+    """h100-dra may have one node's worth (4 GPUs) out: four quarantined GPUs are at the limit, a
+    fifth beyond it; a quarantined GPU of a node unhealthy as a whole is not counted twice."""
+    _, groups = shared_dra
+    test = RuleTest()
+    for gpu in range(4):
+        condition(test, "h100-dra-000", f"GpuQuarantined-gpu-{gpu}", "true", (1, 30), (0, 30))
+    condition(test, SHARED, "GpuQuarantined-gpu-0", "true", (0, 19), (1, 41))
+    condition(test, SHARED, "Ready", "false", (0, 39), (1, 21))
+    fired = [{"pool": "h100-dra", "severity": "critical"}]
+    test.expect_alert("GpuRemediationBlastRadius", "15m", [])  # 4 of 4 GPUs
+    test.expect_alert("GpuRemediationBlastRadius", "25m", fired)  # 5 of 4
+    test.expect_alert("GpuRemediationBlastRadius", "35m", [])  # 1 of 4
+    test.expect_alert("GpuRemediationBlastRadius", "45m", [])  # one whole node, its GPU in it
+    passes(groups, test, tmp_path)
