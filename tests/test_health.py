@@ -271,8 +271,28 @@ def _with_site_limit(rendered: Rendered, raw: dict, nodes: int) -> Rendered:
     return Rendered(validate(raw), rendered.kubernetes_version, rendered.manifests, rendered.inventory)
 
 
+def _step_pool(pool: str, **settings) -> "callable":
+    """Change one pool's settings in the remediation step's pools.json."""
+    def change(obj: dict) -> None:
+        pools = json.loads(obj["data"]["pools.json"])
+        pools[pool].update(settings)
+        obj["data"]["pools.json"] = json.dumps(pools)
+    return change
+
+
 BLAST_RADIUS = [
     ("accepts dev", lambda r, raw: r, []),
+    ("flags a step draining more nodes than the pool's limit", lambda r, raw: broken(r, *STEP, _step_pool("h100-train", limit=2)),
+     ["ConfigMap/medik8s/ai-factory-gpu-remediation (pools.json, pool h100-train): the remediation step may take 2 nodes at once, above the pool's limit of 1"]),
+    ("flags a step limit that is no count", lambda r, raw: broken(r, *STEP, _step_pool("a100-mig", limit="1")),
+     ["(pools.json, pool a100-mig): limit '1' is not a node count of at least 1"]),
+    ("flags a step limit of zero", lambda r, raw: broken(r, *STEP, _step_pool("a100-mig", limit=0)), ["(pools.json, pool a100-mig): limit 0 is not a node count"]),
+    ("flags GPUs per node that are no count", lambda r, raw: broken(r, *STEP, _step_pool("a100-mig", gpus=0)),
+     ["(pools.json, pool a100-mig): gpus 0 is not a GPU count of at least 1"]),
+    ("flags a DRA pool counting a GPU for less than its share", lambda r, raw: broken(r, *STEP, _step_pool("h100-train", dra=True, gpus=9)),
+     ["(pools.json, pool h100-train): counts a quarantined GPU as 1/9 of a node, but the pool's nodes have 8 GPUs"]),
+    ("accepts a DRA pool counting a GPU as its share", lambda r, raw: broken(r, *STEP, _step_pool("h100-train", dra=True, gpus=8)), []),
+    ("accepts a DRA pool counting a GPU for more than its share", lambda r, raw: broken(r, *STEP, _step_pool("h100-train", dra=True, gpus=4)), []),
     ("flags maxUnhealthy above the pool's limit", lambda r, raw: broken(r, *nhc("h100-train"), lambda o: o["spec"].update(maxUnhealthy=3)),
      ["ai-factory-gpu-h100-train: may remediate 3 nodes at once, above the limit of its pools (h100-train 1)"]),
     ("flags a percentage above the limit", lambda r, raw: broken(r, *nhc("a100-mig"), lambda o: o["spec"].update(maxUnhealthy="100%")),

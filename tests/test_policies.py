@@ -1302,3 +1302,22 @@ def test_unbounded_node_health_checks_are_reported():
 def test_namespaces_selected_by_a_label_selector(selector, expected):
     cluster = Cluster([tenant_space("a", domain="x"), tenant_space("b", domain="x"), tenant_space("c", domain="z"), res("Namespace", "kube-system")])
     assert cluster.namespaces_selected(selector, cluster.namespace_tenant) == expected
+
+
+STEP_POOLS = [
+    # (id, pools.json, problem or None)
+    ("accepts a node count per pool", {"a": {"limit": 1, "dra": False}, "d": {"limit": 2, "dra": True, "gpus": 4}}, None),
+    ("flags a limit of zero", {"a": {"limit": 0, "dra": False}}, "pools.json, pool a: limit 0 is not a node count of at least 1"),
+    ("flags a limit jq would compare as a string", {"a": {"limit": "1", "dra": False}}, "pools.json, pool a: limit '1' is not a node count"),
+    ("flags a pool without a limit", {"a": {"dra": False}}, "pools.json, pool a: limit None is not a node count"),
+    ("flags GPUs per node that are no count", {"d": {"limit": 1, "dra": True, "gpus": 0}}, "pools.json, pool d: gpus 0 is not a GPU count"),
+]
+
+
+@pytest.mark.parametrize("pools, problem", [r[1:] for r in STEP_POOLS], ids=[r[0] for r in STEP_POOLS])
+def test_the_remediation_steps_bounds_are_checked(pools, problem):
+    def program():
+        k8s.core.v1.ConfigMap("step", metadata={"name": "ai-factory-gpu-remediation", "namespace": "medik8s"}, data={"pools.json": json.dumps(pools)})
+
+    messages = [m for ms in violations(stack(program), "remediation-bounded").values() for m in ms]
+    assert (len(messages) == 1 and problem in messages[0]) if problem else messages == [], messages

@@ -55,7 +55,7 @@ def detection_coverage(rendered: Rendered, oracles: Oracles | None) -> Iterable[
     releases = [m for m in rendered.manifests if m.kind == "HelmRelease" and _chart(m, rendered) == NPD_CHART]
     checks = _of(rendered, *NHC)
     snr_configs = _of(rendered, *SNR_CONFIG)
-    stepped = {pool for m in rendered.manifests if m.kind == "ConfigMap" and m.name == STEP for pool in _step_pools(m)}
+    stepped = {pool for m in rendered.manifests if m.kind == "ConfigMap" and m.name == STEP for pool in _step_settings(m)}
     for node in nodes:
         labels, taints = _labels(node.obj), _taints(node.obj)
         if not any(_schedules(_values(r), labels, taints) for r in releases):
@@ -72,7 +72,9 @@ def remediation_blast_radius(rendered: Rendered, oracles: Oracles | None) -> Ite
     """Every NodeHealthCheck bounds concurrent remediations with `maxUnhealthy` (not `minHealthy`,
     which bounds healthy nodes), no node is counted by two of them, and - against the config - each
     allows at most the smallest limit of the pools it selects, and those selecting a site's nodes
-    together at most the site's limit."""
+    together at most the site's limit; the remediation step's own bound per pool is a node count
+    within the pool's limit, and on a DRA pool counts a quarantined GPU no less than its share of
+    a node."""
     nodes = _nodes(rendered)
     checks = _of(rendered, *NHC)
     cfg = rendered.config
@@ -105,6 +107,10 @@ def remediation_blast_radius(rendered: Rendered, oracles: Oracles | None) -> Ite
         for site in sorted({s for n in selected if (s := _labels(n.obj).get(SITE_LABEL))}):
             in_site = sum(1 for n in selected if _labels(n.obj).get(SITE_LABEL) == site)
             per_site[site].append((check, min(allowed, in_site)))
+    per_node = {p.name: p.gpu.per_node for p in cfg.fleet.pools} if pools is not None and cfg else {}
+    for config in (m for m in rendered.manifests if m.kind == "ConfigMap" and m.name == STEP):
+        for pool, settings in sorted(_step_settings(config).items()):
+            yield from _step_radius(config, pool, settings, (pools or {}).get(pool), per_node.get(pool))
     for node, names in sorted(selected_by.items()):
         if len(names) > 1:
             yield Finding("remediation-blast-radius", f"Node/{node}", f"selected by {len(names)} NodeHealthChecks ({', '.join(sorted(names))}): each counts it, so their limits add up")
@@ -114,6 +120,45 @@ def remediation_blast_radius(rendered: Rendered, oracles: Oracles | None) -> Ite
         if limit is not None and total > limit:
             listed = ", ".join(f"{c.name} {n}" for c, n in members)
             yield Finding("remediation-blast-radius", f"site/{site}", f"NodeHealthChecks may remediate {total} nodes of the site at once ({listed}), above its limit of {limit}")
+
+
+def _step_radius(config: Manifest, pool: str, settings: Any, limit: int | None, gpus_per_node: int | None) -> Iterable[Finding]:
+    """The remediation step's own bound for one pool (`pools.json`): by itself (`step_bound_problems`),
+    and against the config: at most the pool's limit; on a DRA pool, where a quarantined GPU counts
+    1/gpus of a node, at most the pool's GPUs per node (more would let more GPUs out at once than
+    the limit's nodes hold)."""
+    where = f"{config.ref} (pools.json, pool {pool})"
+    problems = step_bound_problems(settings)
+    for problem in problems:
+        yield Finding("remediation-blast-radius", where, problem)
+    if problems:
+        return
+    if limit is not None and settings["limit"] > limit:
+        yield Finding("remediation-blast-radius", where, f"the remediation step may take {settings['limit']} nodes at once, above the pool's limit of {limit}")
+    gpus = settings.get("gpus", 1)
+    if settings.get("dra") and gpus_per_node is not None and gpus > gpus_per_node:
+        yield Finding(
+            "remediation-blast-radius", where,
+            f"counts a quarantined GPU as 1/{gpus} of a node, but the pool's nodes have {gpus_per_node} GPUs: more GPUs could be out at once than its limit allows",
+        )
+
+
+def step_bound_problems(settings: Any) -> list[str]:
+    """What makes one pool's entry of the remediation step's `pools.json` no bound at all: a limit
+    that is not a node count of at least 1 (jq compares a string above every number), GPUs per node
+    that are not a count. Shared with the pack's `remediation-bounded`."""
+    settings = settings if isinstance(settings, dict) else {}
+    limit, gpus = settings.get("limit"), settings.get("gpus", 1)
+    problems = []
+    if not _count(limit):
+        problems.append(f"limit {limit!r} is not a node count of at least 1: the step would drain without bound")
+    if not _count(gpus):
+        problems.append(f"gpus {gpus!r} is not a GPU count of at least 1: quarantined GPUs would not be counted against the limit")
+    return problems
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 READ_VERBS = frozenset({"get", "list", "watch", "*"})
@@ -175,12 +220,18 @@ def _names(rule: Mapping[str, Any], group: str, resource: str) -> bool:
     return (group in groups or "*" in groups) and (resource in resources or "*" in resources)
 
 
-def _step_pools(config: Manifest) -> list[str]:
+def _step_settings(config: Manifest) -> dict[str, Any]:
+    return step_settings(config.obj.get("data"))
+
+
+def step_settings(data: Any) -> dict[str, Any]:
+    """The remediation step's `pools.json` from its ConfigMap's data: {pool: {limit, dra, gpus}};
+    empty when unreadable."""
     try:
-        pools = json.loads(str((config.obj.get("data") or {}).get("pools.json") or "{}"))
+        pools = json.loads(str((data if isinstance(data, Mapping) else {}).get("pools.json") or "{}"))
     except ValueError:
-        return []
-    return list(pools) if isinstance(pools, dict) else []
+        return {}
+    return pools if isinstance(pools, dict) else {}
 
 
 def _resolve(value: Any, total: int) -> int | None:

@@ -14,6 +14,7 @@ from typing import Any, Iterator
 
 from pulumi_policy import PolicyResource
 
+from ai_factory.factory.checking.health import STEP as REMEDIATION_STEP, step_bound_problems, step_settings
 from ai_factory.factory.model.catalog import CHARTS
 from ai_factory.policies.aif_policies.core import Violation, protected, resource_policy, retain_on_delete, stack_policy
 from ai_factory.policies.aif_policies.kube import HELM_TYPES, as_list, as_map, cluster_of, describe, group_of, helm_chart
@@ -233,7 +234,13 @@ LIMIT = re.compile(r"^(100|[1-9][0-9]?)%$")
 
 def check_remediation_bounded(resource_type: str, props: Mapping[str, Any], config: Mapping[str, Any]) -> Iterator[str]:
     """A NodeHealthCheck bounds how many nodes remediate at once and how long a remediation may
-    take, on a selector of its own (components/health.py)."""
+    take, on a selector of its own; the remediation step's ConfigMap bounds each pool it drains or
+    quarantines in (components/health.py, components/_gpu_remediation.py)."""
+    if resource_type == "kubernetes:core/v1:ConfigMap" and as_map(props.get("metadata")).get("name") == REMEDIATION_STEP:
+        for pool, settings in sorted(step_settings(props.get("data")).items()):
+            for problem in step_bound_problems(settings):
+                yield f"{describe(resource_type, props)}: pools.json, pool {pool}: {problem}; give each pool its blast radius in nodes."
+        return
     if not resource_type.endswith(f":{NODE_HEALTH_CHECK}") or group_of(resource_type) != NHC_GROUP:
         return
     spec = as_map(props.get("spec"))
@@ -268,7 +275,8 @@ POLICIES = [
     ),
     resource_policy(
         "remediation-bounded",
-        "Every NodeHealthCheck bounds concurrent remediations (maxUnhealthy), selects a pool, and times out each remediation step.",
+        "Every NodeHealthCheck bounds concurrent remediations (maxUnhealthy), selects a pool, and times out each remediation step; "
+        "the remediation step bounds each pool in nodes.",
         check_remediation_bounded,
     ),
     resource_policy(
