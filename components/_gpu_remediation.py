@@ -15,17 +15,23 @@ so the state machine is tested on recorded objects (tests/test_health_drain.py).
 - faulty (a `GpuXidFatal`/`GpuXidNeedsReset` condition True for `fault_minutes`), on a DRA pool,
   and every GPU its fault conditions name (the XID line's PCI address) found in the node's
   ResourceSlice: `quarantine` - one NoExecute DeviceTaintRule per GPU (pods whose claims hold it
-  have lost it already; the node's other GPUs and their pods are untouched), no drain, no reboot;
-- otherwise faulty: `drain` - annotate, cordon, evict (PodDisruptionBudgets honoured, bounded per
-  run), and once no pod is left set the node condition `GpuDrained=True`: that condition, not the
-  XID one, is what the pool's NodeHealthCheck remediates (reboots) on. A drain still incomplete
-  after `drain_timeout_minutes` raises `GpuDrainOverdue`: the node stays cordoned, unrebooted, and
-  a person resolves what blocks it (the step keeps retrying);
-- more unhealthy nodes in the pool than its blast radius: `hold` - no new drain starts (as the
-  NodeHealthCheck starts no remediation), `GpuRemediationBlastRadius` fires;
+  have lost it already; the node's other GPUs and their pods are untouched) and the node condition
+  `GpuQuarantined-<device>=True` (what kube-state-metrics shows of it), no drain, no reboot;
+- otherwise faulty: `drain` - annotate (`draining` if the node was schedulable, `draining-cordoned-
+  before` if it was already cordoned: a person's cordon outlives the loop), cordon, evict
+  (PodDisruptionBudgets honoured, bounded per run), and once no pod is left set the node condition
+  `GpuDrained=True`: that condition, not the XID one, is what the pool's NodeHealthCheck
+  remediates (reboots) on. A drain still incomplete after `drain_timeout_minutes` raises
+  `GpuDrainOverdue`: the node stays cordoned, unrebooted, and a person resolves what blocks it (the
+  step keeps retrying);
+- more of the pool unhealthy than its blast radius: `hold` - no new drain or quarantine starts (as
+  the NodeHealthCheck starts no remediation), `GpuRemediationBlastRadius` fires. An unhealthy node
+  counts one node; on a DRA pool a quarantined (or to be quarantined) GPU counts 1/gpus of one;
 - drained by the step, no fault left and Ready (it rebooted): `release` - `GpuDrained=False`,
-  uncordon, annotation removed; the NodeHealthCheck then ends its remediation;
-- a quarantine rule whose node has no fault left (the reboot reset the GPU): `unquarantine`.
+  uncordon unless it was cordoned before, annotation removed; the NodeHealthCheck then ends its
+  remediation;
+- a quarantine rule or condition whose node has no fault left (the reboot reset the GPU):
+  `unquarantine` - the rule deleted, the condition False.
 """
 
 from __future__ import annotations

@@ -21,7 +21,8 @@ The loop, per node (a bounded state machine; every state has an exit):
 1. healthy -> a GPU fault condition holds `fault_minutes` -> the remediation step
    (`components/_gpu_remediation.py`, a CronJob) takes it: on a DRA pool whose ResourceSlice names
    the faulty GPU, that GPU alone is quarantined (see below) and the node stays in service;
-   otherwise, if at most the pool's limit of nodes is unhealthy, the step cordons it and drains it
+   otherwise, if at most the pool's limit of nodes is unhealthy, the step records whether the node
+   was already cordoned, cordons it and drains it
    through the Eviction API (PodDisruptionBudgets honoured) -> draining; beyond the limit no drain
    starts and `GpuRemediationBlastRadius` fires (a person decides);
 2. draining -> no pod left -> the step sets `GpuDrained=True` -> unhealthy (for NHC, which watches
@@ -36,7 +37,7 @@ The loop, per node (a bounded state machine; every state has an exit):
    `node.kubernetes.io/out-of-service`, so pods stuck on it (a NotReady node could not be drained)
    are deleted and their volumes detached; the reboot resets every GPU of the node;
 5. after the reboot NPD starts with its conditions False; the step sets `GpuDrained=False` and
-   uncordons the node; NHC waits `healthy_delay_minutes`, deletes the SNR object, SNR removes its
+   uncordons the node (not one cordoned before the fault); NHC waits `healthy_delay_minutes`, deletes the SNR object, SNR removes its
    taints: back in service;
 6. remediating longer than `reboot_timeout_minutes` -> NHC marks the remediation failed and stops;
    the node keeps its taints and `GpuRemediationOverdue` pages a person. A GPU node cordoned or
@@ -61,7 +62,10 @@ Per sharing mode, what the stack allows (conditions and remediation are per node
   `factory/planning/quarantine.py`): new claims avoid it, the pods whose claims hold it (they have
   lost it) are evicted, and no other GPU of the node or its pods is touched; the node is neither
   drained nor rebooted, so the GPU stays out until a person reboots the node (`GpuRemediationOverdue`
-  says so) and the step deletes the rule once the node's fault conditions are False. This needs the
+  says so) and the step deletes the rule once the node's fault conditions are False. The step
+  records each quarantine as the node condition `GpuQuarantined-gpu-<index>`: the availability
+  rules debit that GPU's tenants alone, and the blast radius counts it 1/gpus-per-node of a node
+  (`_unhealthy_measure`). This needs the
   DeviceTaintRule API served (1.33-1.35: the `DRADeviceTaints` feature gate); where the step cannot
   list the rules, or the slice names no such GPU, the node takes the drain path. The DRA driver's own
   `NVMLDeviceHealthCheck` gate (alpha) would withdraw the device from its ResourceSlice but neither

@@ -732,7 +732,9 @@ XidClass = Literal["fatal", "needs-reset", "informational"]
 
 class RemediationLimit(Model):
     """At most this many nodes remediating at once: a node count or a percentage of the nodes
-    (rounded down, as the remediation controller counts). Exactly one of the two."""
+    (rounded down, as the remediation controller counts). Exactly one of the two. On a DRA pool,
+    where a fault quarantines one GPU rather than its node, each quarantined GPU counts
+    `1/gpu.per_node` of a node (the remediation step and the `GpuRemediationBlastRadius` alert)."""
 
     nodes: int | None = Field(default=None, ge=1, le=100_000)
     percent: int | None = Field(default=None, ge=1, le=100)
@@ -756,7 +758,8 @@ class HealthRemediation(Model):
     namespace: DnsLabel = "medik8s"
     """Namespace of the medik8s operators (installed through OLM; no Helm chart exists upstream)."""
     pool_limit: RemediationLimit = RemediationLimit(nodes=1)
-    """Default blast radius of every GPU pool."""
+    """Default blast radius of every GPU pool (on a DRA pool quarantined GPUs count proportionally:
+    `{nodes: 1}` on 8-GPU nodes is 8 quarantined GPUs or one unhealthy node)."""
     pools: dict[DnsLabel, RemediationLimit] = Field(default={}, max_length=1000)
     """Per-pool blast radius overriding `pool_limit`."""
     sites: dict[DnsLabel, RemediationLimit] = Field(default={}, max_length=1000)
