@@ -133,8 +133,8 @@ while read -r action node arg; do
         '.metadata.name = "gpu-fault-\($node)-\($device)" | .spec.deviceSelector.pool = $node | .spec.deviceSelector.device = $device' \
         "$conf/rule.json" | kubectl apply -f - \
         && condition "$node" "$QUARANTINED_CONDITION$arg" True GpuQuarantined || status=1 ;;
-    unquarantine)
-      kubectl delete "devicetaintrules.${RULE_API#resource.k8s.io/}.resource.k8s.io" "gpu-fault-$node-$arg" --ignore-not-found \
+    unquarantine)  # no rule to delete where the rules cannot be listed: only the condition is left
+      { [ "$quarantine" != true ] || kubectl delete "devicetaintrules.${RULE_API#resource.k8s.io/}.resource.k8s.io" "gpu-fault-$node-$arg" --ignore-not-found; } \
         && condition "$node" "$QUARANTINED_CONDITION$arg" False GpuFaultCleared || status=1 ;;
     drain)  # arg: the annotation's value, written before the cordon (whether the node was cordoned already)
       kubectl annotate node "$node" "$DRAIN_ANNOTATION=$arg" --overwrite \

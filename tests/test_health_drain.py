@@ -155,14 +155,15 @@ elif args[0] == "drain":
 '''
 
 
-def run_step(tmp_path: Path, nodes: list[dict], slices: list[dict] = (), drain_rc: int = 0, rule_api: str = "resource.k8s.io/v1alpha3") -> list[dict]:
+def run_step(tmp_path: Path, nodes: list[dict], slices: list[dict] = (), drain_rc: int = 0, rule_api: str = "resource.k8s.io/v1alpha3",
+             rules: list[dict] = ()) -> list[dict]:
     jq()
     state, conf, bin_dir = tmp_path / "state", tmp_path / "conf", tmp_path / "bin"
     for d in (state, conf, bin_dir):
         d.mkdir()
     (state / "nodes.json").write_text(json.dumps({"items": nodes}))
     (state / "resourceslices.json").write_text(json.dumps({"items": list(slices)}))
-    (state / "devicetaintrules.json").write_text(json.dumps({"items": []}))
+    (state / "devicetaintrules.json").write_text(json.dumps({"items": list(rules)}))
     kubectl = bin_dir / "kubectl"
     kubectl.write_text(FAKE_KUBECTL.format(python=sys.executable))
     kubectl.chmod(0o755)
@@ -226,6 +227,14 @@ def test_a_dra_quarantine_applies_a_valid_rule_for_the_faulty_gpu_only(tmp_path,
     (patch,) = [json.loads(c["args"][-1])["status"]["conditions"][0] for c in calls if c["args"][0] == "patch"]
     assert (patch["type"], patch["status"]) == ("GpuQuarantined-gpu-1", "True")  # what the availability rules read
     assert not [c for c in calls if c["args"][0] == "drain"]
+
+
+def test_a_healed_gpu_loses_its_rule_then_its_quarantine_condition(tmp_path):
+    calls = run_step(tmp_path, [node("d1", "dra", quarantined=("gpu-1",))], GPU_SLICES, rules=[rule_for("d1", "gpu-1")])
+    assert _verbs(calls) == ["delete devicetaintrules.v1alpha3.resource.k8s.io", "patch node"]
+    assert calls[-2]["args"][2] == "gpu-fault-d1-gpu-1"
+    patch = json.loads(calls[-1]["args"][-1])["status"]["conditions"][0]
+    assert (patch["type"], patch["status"]) == ("GpuQuarantined-gpu-1", "False")
 
 
 # --------------------------------------------------------------------------- rendered
