@@ -107,7 +107,7 @@ def remediation_blast_radius(rendered: Rendered, oracles: Oracles | None) -> Ite
         for site in sorted({s for n in selected if (s := _labels(n.obj).get(SITE_LABEL))}):
             in_site = sum(1 for n in selected if _labels(n.obj).get(SITE_LABEL) == site)
             per_site[site].append((check, min(allowed, in_site)))
-    per_node = {p.name: p.gpu.per_node for p in cfg.fleet.pools} if pools is not None and cfg else {}
+    per_node = {p.name: p.gpu.per_node for p in cfg.fleet.pools} if cfg else {}
     for config in (m for m in rendered.manifests if m.kind == "ConfigMap" and m.name == STEP):
         for pool, settings in sorted(_step_settings(config).items()):
             yield from _step_radius(config, pool, settings, (pools or {}).get(pool), per_node.get(pool))
