@@ -45,6 +45,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pulumi
@@ -56,7 +57,7 @@ from ai_factory.components.external_secrets import STORE_NAME, STORE_SERVICE_ACC
 from ai_factory.components.gpu_operator import tolerations as gpu_node_tolerations
 from ai_factory.components.openbao import platform_path, service_address
 from ai_factory.components.registry import Layer
-from ai_factory.factory.acceptance import collect, gates, thresholds
+from ai_factory.factory.acceptance import collect, gates, nccl_tests, thresholds
 from ai_factory.factory.checking import provisioning as provisioning_checks
 from ai_factory.factory.checking.provisioning import PENDING_TAINT as REGISTRATION_TAINT
 from ai_factory.factory.checking.provisioning import REGISTER_TAINTS_ANNOTATION
@@ -201,7 +202,7 @@ def _job_name(gate: str, nodes: tuple[str, ...], generation: str) -> str:
     return f"accept-{gate}-{digest}-{generation[:8]}"
 
 
-TERMINATION_LOG = "/dev/termination-log"
+TERMINATION_LOG = nccl_tests.TERMINATION_LOG
 """Where a gate writes its result (the contract of `ai_factory.factory.acceptance.collect`)."""
 
 
@@ -231,6 +232,17 @@ INVENTORY_SCRIPT = (
 remapped), the driver, the RDMA NICs and their NUMA nodes, as the contract's `inventory` result."""
 
 
+NCCL_NODE_PROGRAM = Path(nccl_tests.__file__).read_text()
+"""The `nccl-node` gate's program, run by the loopback image's `python3` (`nccl_tests` says why)."""
+
+
+def nccl_node_command(pool: Pool, min_busbw_gbps: float) -> tuple[str, ...]:
+    """all_reduce_perf over every GPU of the node at the message size NVSentinel's loopback check
+    runs (its `TEST_SIZE_MB` default, 256), the figure written as the contract's result."""
+    return ("python3", "-c", NCCL_NODE_PROGRAM, "nccl-node", f"{min_busbw_gbps:g}", nccl_tests.BINARY,
+            "-b", "256M", "-e", "256M", "-g", str(pool.gpu.per_node))
+
+
 def gate_jobs(cfg: FactoryConfig) -> list[GateJob]:
     settings = cfg.layers.provisioning.acceptance
     images = settings.images
@@ -253,8 +265,8 @@ def gate_jobs(cfg: FactoryConfig) -> list[GateJob]:
             images.dcgm, {}, seconds + 1800))
         if pool.gpu.per_node >= 2:
             row = table[(pool.gpu.model, "node", pool.topology.intra_node)]
-            jobs.append(GateJob(_job_name("nccl-node", one, gen), "nccl-node", one, (gen,), pool, (), images.nccl_loopback,
-                                {"BW_THRESHOLD_GBPS": f"{row.min_busbw_gbps:g}", "TEST_SIZE_MB": "256"}, 1800))
+            jobs.append(GateJob(_job_name("nccl-node", one, gen), "nccl-node", one, (gen,), pool, nccl_node_command(pool, row.min_busbw_gbps),
+                                images.nccl_loopback, {}, 1800))
     seen: set[tuple[str, str]] = set()
     for s in subjects:
         for pair in s.pairs:

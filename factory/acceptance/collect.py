@@ -16,6 +16,11 @@ unreadable). `result` per gate, the results file's fields (`gates.NodeResult`):
 * `dcgm-diag`: `level`, `passed`, `failed_tests`; `burn-in`: `minutes`, `passed`;
 * `nccl-node`, `nccl-pair`: `busbw_gbps` (each pod of a pair's Job reports; the lower counts).
 
+A gate that ran but measured nothing writes `"error": "<why>"` in place of `result` (the
+`nccl-node` program, `nccl_tests`, when nccl-tests printed no figure, found wrong values or
+failed): its gates fail with that reason. A pod of a gate whose image writes no contract at all
+(`EXIT_CODE_ONLY`) fails with that said, its exit code alongside.
+
 Which node and generation a pod tested comes from its Job's pod template (`ai-factory.io/node`,
 `ai-factory.io/acceptance-generation`, the completion index of a pair's pod), never from the
 message. A pod of another generation than the node's current one is ignored (an earlier Job still
@@ -39,9 +44,9 @@ from pathlib import Path
 from typing import Any, Literal, Mapping
 
 import yaml
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 
-from ai_factory.factory.acceptance import gates
+from ai_factory.factory.acceptance import gates, nccl_tests
 from ai_factory.factory.acceptance.gates import (
     GATE_LABEL,
     GENERATION_LABEL,
@@ -54,6 +59,7 @@ from ai_factory.factory.acceptance.gates import (
     NicResult,
     NodeResult,
     PairResult,
+    Reason,
     Results,
     ResultsError,
     Short,
@@ -62,7 +68,8 @@ from ai_factory.factory.acceptance.gates import (
 from ai_factory.factory.model import bounded_yaml
 from ai_factory.factory.model.config import MAX_FLEET_NODES, MAX_GPUS_PER_NODE, MAX_ITEMS, FactoryConfig
 
-CONTRACT = "ai-factory.io/gate-result/v1"
+CONTRACT = nccl_tests.CONTRACT
+"""Spelt in the `nccl-node` gate's program, which runs in its image without this package."""
 MAX_MESSAGE = 4096
 MAX_PODS = 8 * MAX_FLEET_NODES
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
@@ -84,7 +91,23 @@ OUTPUTS: dict[str, type[_Model]] = {
 class Message(_Model):
     schema_: Literal["ai-factory.io/gate-result/v1"] = Field(alias="schema")
     gate: Literal["inventory", "dcgm-diag", "burn-in", "nccl-node", "nccl-pair"]
-    result: dict[str, Any]
+    result: dict[str, Any] | None = None
+    error: Reason | None = None
+    """A gate that ran but measured nothing says why, in place of its result."""
+
+    @model_validator(mode="after")
+    def _one_of(self) -> Message:
+        if (self.result is None) == (self.error is None):
+            raise ValueError("exactly one of result and error")
+        return self
+
+
+EXIT_CODE_ONLY = {
+    "nccl-pair": "its image (NVSentinel preflight-nccl-allreduce) reports by exit code only and needs NVSentinel's "
+                 "preflight webhook (gang ConfigMap, platform connector) to start",
+}
+"""Gates whose image writes no contract: a pod of one that ended without a message fails with this
+reason (never a verdict without a figure: see `gates.py`, "No figure, no pass")."""
 
 
 def _short(text: str) -> str:
@@ -107,6 +130,8 @@ def read_message(gate: str, message: Any) -> tuple[_Model | None, str | None]:
         return None, _invalid(err, ())
     if parsed.gate != gate:
         return None, f"termination message is the {parsed.gate} gate's, the pod runs {gate}"
+    if parsed.error is not None:
+        return None, _short(f"the gate measured nothing: {parsed.error}")
     try:
         return OUTPUTS[gate].model_validate(parsed.result), None
     except ValidationError as err:
@@ -155,7 +180,10 @@ def pod_outcome(pod: Mapping[str, Any]) -> PodOutcome | None:
         finished = datetime.datetime.fromisoformat(str(terminated.get("finishedAt", "")).replace("Z", "+00:00"))
     except ValueError:
         finished = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
-    result, error = read_message(gate, terminated.get("message"))
+    message = terminated.get("message")
+    result, error = read_message(gate, message)
+    if gate in EXIT_CODE_ONLY and not (isinstance(message, str) and message.strip()):
+        error = f"gate {gate} reports by exit code only: no figure ({EXIT_CODE_ONLY[gate]})"
     if error and status.get("phase") == "Failed":
         error = f"exited {terminated.get('exitCode', '?')} ({terminated.get('reason') or status.get('reason') or 'failed'}), {error}"
     job = str(labels.get(JOB_NAME_LABEL) or labels.get("job-name") or "")

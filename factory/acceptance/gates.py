@@ -21,6 +21,17 @@ Any failed gate makes it `failed`; all passed (or skipped) makes it `accepted`. 
 accepted carries the taint `ai-factory.io/acceptance=<verdict>:NoSchedule`, which tenants cannot
 tolerate (`components/kyverno.py` allows them only the placement and node-lifecycle taints).
 
+No figure, no pass: the NCCL gates pass on a measured bus bandwidth at least the table's row,
+never on an exit code alone, and no row of the table (built-in or a site's) waives that. An exit
+code does not say the threshold held: NVSentinel's preflight images exit non-zero when their
+health event cannot reach NVSentinel's platform connector, and zero after a failed test under its
+`STORE_ONLY` processing strategy; and the NetBox record of an accepted node carries its NCCL
+figures. So `nccl-node` runs the loopback image's nccl-tests and reports the figure
+(`nccl_tests`), and `nccl-pair`, whose image (`preflight-nccl-allreduce`, a PyTorch benchmark
+that starts only inside NVSentinel's preflight webhook: gang ConfigMap, `POD_NAME`, platform
+connector) reports by exit code only, fails when collected from pods with that reason until a pair
+result with a figure is recorded (`collect.EXIT_CODE_ONLY`).
+
 The gate generation of a node hashes what its acceptance depends on: the driver version, the OS
 image and BIOS settings of its pool, and its `reruns` count. A driver change or a new image gives a
 new generation (the Jobs are renamed and run again; earlier results stop counting); so does

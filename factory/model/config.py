@@ -1013,7 +1013,9 @@ class AcceptanceImages(Model):
     """DCGM (`dcgmi`, `nvidia-smi` from the host driver): inventory, ECC, diagnostics and burn-in;
     the DCGM release of the GPU Operator's exporter (4.5.3)."""
     nccl_loopback: Annotated[str, StringConstraints(pattern=r"^[a-z0-9][-a-z0-9.:/]*:[A-Za-z0-9._-]+$", max_length=MAX_TEXT)] = "ghcr.io/nvidia/nvsentinel/preflight-nccl-loopback:v1.14.0"
-    """NVSentinel's preflight NCCL loopback check (all GPUs of one node)."""
+    """NVSentinel's preflight NCCL loopback check image (all GPUs of one node): the gate runs its
+    nccl-tests binary, not its entrypoint (`ai_factory.factory.acceptance.nccl_tests`), so another
+    image must hold `python3` and `/opt/nccl-tests/build/all_reduce_perf` likewise."""
     nccl_allreduce: Annotated[str, StringConstraints(pattern=r"^[a-z0-9][-a-z0-9.:/]*:[A-Za-z0-9._-]+$", max_length=MAX_TEXT)] = "ghcr.io/nvidia/nvsentinel/preflight-nccl-allreduce:v1.14.0"
     """NVSentinel's preflight multi-node NCCL all-reduce check."""
 
