@@ -110,6 +110,9 @@ EXIT_CODE_ONLY = {
 reason (never a verdict without a figure: see `gates.py`, "No figure, no pass")."""
 
 
+NO_MESSAGE = "no termination message"
+
+
 def _short(text: str) -> str:
     return text if len(text) <= MAX_REASON else text[: MAX_REASON - 3] + "..."
 
@@ -117,7 +120,7 @@ def _short(text: str) -> str:
 def read_message(gate: str, message: Any) -> tuple[_Model | None, str | None]:
     """The gate's result from a termination message, or (None, why it is not the contract)."""
     if not isinstance(message, str) or not message.strip():
-        return None, "no termination message"
+        return None, NO_MESSAGE
     if len(message.encode()) > MAX_MESSAGE:
         return None, f"termination message longer than {MAX_MESSAGE} bytes"
     try:
@@ -180,9 +183,8 @@ def pod_outcome(pod: Mapping[str, Any]) -> PodOutcome | None:
         finished = datetime.datetime.fromisoformat(str(terminated.get("finishedAt", "")).replace("Z", "+00:00"))
     except ValueError:
         finished = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
-    message = terminated.get("message")
-    result, error = read_message(gate, message)
-    if gate in EXIT_CODE_ONLY and not (isinstance(message, str) and message.strip()):
+    result, error = read_message(gate, terminated.get("message"))
+    if gate in EXIT_CODE_ONLY and error == NO_MESSAGE:
         error = f"gate {gate} reports by exit code only: no figure ({EXIT_CODE_ONLY[gate]})"
     if error and status.get("phase") == "Failed":
         error = f"exited {terminated.get('exitCode', '?')} ({terminated.get('reason') or status.get('reason') or 'failed'}), {error}"

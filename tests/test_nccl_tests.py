@@ -1,0 +1,115 @@
+"""The `nccl-node` gate's program (`factory/acceptance/nccl_tests.py`): nccl-tests' output, in the
+format v2.13 prints (`tests/contracts/nccl-tests-2.13/`), read into the gate result contract, and
+the program run in-process over a fake `all_reduce_perf`. The Job's command itself, run as its
+image runs it and collected through `accept --pods`, is tested in `tests/test_acceptance_collect.py`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ai_factory.factory.acceptance import collect, gates, nccl_tests
+from tests.conftest import REPO
+
+NCCL_OUTPUTS = REPO / "tests" / "contracts" / "nccl-tests-2.13"
+HEALTHY = (NCCL_OUTPUTS / "h100-nvswitch-8gpu.txt").read_text()
+
+READS = [
+    # (case, all_reduce_perf output, its exit status, figure or None, reason fragment)
+    ("a healthy node", HEALTHY, 0, 414.62, None),
+    ("degraded NVLink: the figure, below the threshold", (NCCL_OUTPUTS / "degraded-nvlink-8gpu.txt").read_text(), 0, 119.95, None),
+    ("wrong values found by the data check", (NCCL_OUTPUTS / "wrong-values-8gpu.txt").read_text(), 0, None, "found 48 wrong values"),
+    ("a failed run", (NCCL_OUTPUTS / "nccl-failure.txt").read_text(), 1, None, "exited 1: .. gpu-h100-01 pid 42: Test failure common.cu:891"),
+    ("no summary, exit 0", HEALTHY.split("# Out of bounds")[0], 0, None, "no '# Avg bus bandwidth' line"),
+    ("a figure without the data check's line", HEALTHY.replace("# Out of bounds values : 0 OK\n", ""), 0, None, "no '# Out of bounds values' line"),
+    ("garbage", "\x00\x01 segfault \ufffd\n" * 10, 0, None, "no '# Avg bus bandwidth' line"),
+    ("no output", "", 0, None, "no '# Avg bus bandwidth' line"),
+    ("a figure that is not a number", HEALTHY.replace(": 414.62", ": -nan"), 0, None, "is '-nan', not a figure in GB/s"),
+    ("an infinite figure", HEALTHY.replace(": 414.62", ": inf"), 0, None, "is 'inf', not a figure"),
+    ("a negative figure", HEALTHY.replace(": 414.62", ": -0.5"), 0, None, "is '-0.5', not a figure"),
+    ("a figure too long to quote", HEALTHY.replace(": 414.62", ": " + "9" * 40), 0, None, f"is '{'9' * 32}', not a figure"),
+    ("one wrong value", HEALTHY.replace("values : 0 OK", "values : 1 FAILED"), 0, None, "found 1 wrong values"),
+    ("the last data check counts", (NCCL_OUTPUTS / "wrong-values-8gpu.txt").read_text() + HEALTHY, 0, 414.62, None),
+    ("the last data check's count is told", HEALTHY + (NCCL_OUTPUTS / "wrong-values-8gpu.txt").read_text(), 0, None, "found 48 wrong values"),
+    ("the last figure counts, even when it is none", HEALTHY + HEALTHY.replace(": 414.62", ": nan"), 0, None, "is 'nan'"),
+    ("a figure past the bound", HEALTHY.replace(": 414.62", ": 100001"), 0, None, "is '100001', not a figure"),
+    ("the bound itself", HEALTHY.replace(": 414.62", ": 100000"), 0, 100000.0, None),
+    ("zero", HEALTHY.replace(": 414.62", ": 0"), 0, 0.0, None),
+    ("a figure but a non-zero exit", HEALTHY, 139, None, "exited 139: #"),
+    ("the last summary counts", HEALTHY + HEALTHY.replace(": 414.62", ": 12.5"), 0, 12.5, None),
+    ("an older nccl-tests, no '#'", HEALTHY.replace("# Out of", " Out of").replace("# Avg", " Avg"), 0, 414.62, None),
+]
+
+
+@pytest.mark.parametrize(("output", "status", "figure", "reason"), [r[1:] for r in READS], ids=[r[0] for r in READS])
+def test_the_nccl_node_program_reads_the_figure_of_nccl_tests_or_says_why_not(output, status, figure, reason):
+    text, value = nccl_tests.report("nccl-node", output, status)
+    result, error = collect.read_message("nccl-node", text)
+    assert value == figure and (result.busbw_gbps if result else None) == figure
+    assert (error is None) == (reason is None) and (reason is None or "the gate measured nothing: " in error and reason in error), error
+    assert len(text.encode()) <= collect.MAX_MESSAGE
+
+
+def test_a_long_reason_is_cut_to_fit_the_termination_message():
+    text, _ = nccl_tests.report("nccl-node", "x" * 100_000, 1)
+    error = json.loads(text)["error"]
+    assert len(error) == nccl_tests.MAX_ERROR and error.endswith("...") and len(text) < collect.MAX_MESSAGE
+    fits = "x" * (nccl_tests.MAX_ERROR - len("all_reduce_perf exited 1: "))
+    assert json.loads(nccl_tests.report("nccl-node", fits, 1)[0])["error"] == "all_reduce_perf exited 1: " + fits
+
+
+
+def test_a_message_holds_a_result_or_an_error_not_both():
+    both = json.dumps({"schema": collect.CONTRACT, "gate": "nccl-node", "result": {"busbw_gbps": 1}, "error": "x"})
+    neither = json.dumps({"schema": collect.CONTRACT, "gate": "nccl-node"})
+    assert [collect.read_message("nccl-node", m)[1] for m in (both, neither)] == [
+        "termination message (document): Value error, exactly one of result and error"] * 2
+
+
+
+
+def _binary(tmp_path: Path, output: str, status: int = 0) -> str:
+    (tmp_path / "out.txt").write_text(output)
+    path = tmp_path / "all_reduce_perf"
+    path.write_text(f"#!/bin/sh\ntest \"$*\" = '-g 8' || exit 64\ncat '{tmp_path / 'out.txt'}'\nexit {status}\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+RUNS = [
+    # (case, output, exit status, minimum GB/s, the program's exit code, figure)
+    ("meets the minimum", HEALTHY, 0, 150, 0, 414.62),
+    ("at the minimum", HEALTHY, 0, 414.62, 0, 414.62),
+    ("below the minimum", HEALTHY, 0, 414.63, 1, 414.62),
+    ("no figure", "garbage\n", 0, 1, 1, None),
+    ("the binary failed", HEALTHY, 1, 1, 1, None),
+]
+
+
+@pytest.mark.parametrize(("output", "status", "minimum", "code", "figure"), [r[1:] for r in RUNS], ids=[r[0] for r in RUNS])
+def test_the_program_writes_the_message_prints_the_output_and_exits_with_the_verdict(tmp_path, monkeypatch, capsys, output, status, minimum, code, figure):
+    monkeypatch.setattr(nccl_tests, "TERMINATION_LOG", str(tmp_path / "termination-log"))
+    assert nccl_tests.main(["nccl-node", str(minimum), _binary(tmp_path, output, status), "-g", "8"]) == code
+    written = (tmp_path / "termination-log").read_text()
+    result, _ = collect.read_message("nccl-node", written)
+    assert (result.busbw_gbps if result else None) == figure
+    assert capsys.readouterr().out == output + "\n" + written + "\n"
+
+
+def test_the_program_keeps_the_end_of_a_huge_output(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(nccl_tests, "TERMINATION_LOG", str(tmp_path / "termination-log"))
+    noise = "gpu-h100-01:42:42 [0] NCCL INFO Channel 00/32 : 0 1 2 3 4 5 6 7 via P2P/CUMEM\n"
+    huge = noise * (3 * nccl_tests.MAX_OUTPUT // len(noise)) + HEALTHY
+    assert nccl_tests.main(["nccl-node", "150", _binary(tmp_path, huge), "-g", "8"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith(huge[-nccl_tests.MAX_OUTPUT:] + "\n") and len(printed) < nccl_tests.MAX_OUTPUT + collect.MAX_MESSAGE
+    assert collect.read_message("nccl-node", (tmp_path / "termination-log").read_text()) == (gates.NcclResult(busbw_gbps=414.62), None)
+
+
+def test_the_program_reports_a_binary_it_cannot_run(tmp_path, monkeypatch):
+    monkeypatch.setattr(nccl_tests, "TERMINATION_LOG", str(tmp_path / "termination-log"))
+    assert nccl_tests.main(["nccl-node", "1", str(tmp_path / "missing"), "-g", "8"]) == 1
+    assert collect.read_message("nccl-node", (tmp_path / "termination-log").read_text())[1] == (
+        f"the gate measured nothing: all_reduce_perf exited 127: cannot run {tmp_path / 'missing'}: No such file or directory")
