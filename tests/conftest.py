@@ -13,7 +13,6 @@ from typing import Any, Callable
 
 import pytest
 
-from ai_factory.factory.cli import main
 from ai_factory.factory.model.loading import read_stack_file, stack_file, validate
 from ai_factory.factory.checking.oracles import Oracles, locate_upstream_dir
 from ai_factory.factory.rendering.bundle import Rendered, render_raw
@@ -121,6 +120,8 @@ def run_main(*args: str, env: dict[str, str] | None = None, cwd: Path = REPO) ->
     `cwd` with the stack passphrase unset and `env` added: its exit status and what it printed.
     A test of what a command prints and returns needs no interpreter of its own (starting one costs
     more than most refusals); one subprocess test per command keeps the real entry point covered."""
+    from ai_factory.factory.cli import main
+
     saved = dict(os.environ)
     out, err = io.StringIO(), io.StringIO()
     caller_dir = os.getcwd()
