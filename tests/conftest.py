@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
 import os
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -110,3 +113,30 @@ def one(rendered: Rendered, kind: str, name: str) -> dict:
 
 
 Edit = Callable[[dict[str, Any]], None]
+
+
+def run_main(*args: str, env: dict[str, str] | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    """The CLI's `main` run in this process, as `python -m ai_factory.factory *args` would run in
+    `cwd` with the stack passphrase unset and `env` added: its exit status and what it printed.
+    A test of what a command prints and returns needs no interpreter of its own (starting one costs
+    more than most refusals); one subprocess test per command keeps the real entry point covered."""
+    from ai_factory.factory.cli import main
+
+    saved = dict(os.environ)
+    out, err = io.StringIO(), io.StringIO()
+    caller_dir = os.getcwd()
+    try:
+        for key in [k for k in os.environ if k.startswith("PULUMI_CONFIG_PASSPHRASE")]:
+            del os.environ[key]
+        os.environ.update(env or {})
+        os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                status = main(list(args))
+            except SystemExit as exit:  # argparse's usage errors
+                status = exit.code
+    finally:
+        os.chdir(caller_dir)
+        os.environ.clear()
+        os.environ.update(saved)
+    return subprocess.CompletedProcess(["ai-factory", *args], status, out.getvalue(), err.getvalue())

@@ -168,10 +168,12 @@ def test_a_reason_is_bounded_like_the_results_file_field():
 
 
 def test_a_dump_of_too_many_pods_is_refused(tmp_path):
-    (tmp_path / "pods.json").write_text(json.dumps({"items": [{"kind": "Pod"}] * (collect.MAX_PODS + 1)}))
+    # An item without a kind is a pod (as in `kubectl get pods -o json`); the shortest item keeps
+    # parsing tens of thousands of them cheap.
+    (tmp_path / "pods.json").write_text(json.dumps({"items": [{}] * (collect.MAX_PODS + 1)}))
     with pytest.raises(gates.ResultsError, match=f"{collect.MAX_PODS + 1} pods, at most {collect.MAX_PODS}"):
         collect.load_pods(tmp_path / "pods.json", "pods.json")
-    (tmp_path / "pods.json").write_text(json.dumps({"items": [{"kind": "Pod"}] * collect.MAX_PODS}))
+    (tmp_path / "pods.json").write_text(json.dumps({"items": [{}] * collect.MAX_PODS}))
     assert len(collect.load_pods(tmp_path / "pods.json", "pods.json")) == collect.MAX_PODS
 
 

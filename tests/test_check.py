@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import copy
-import subprocess
-import sys
 
 import yaml
 
 from ai_factory.factory.checking.check import run_checks
 from ai_factory.factory.rendering.bundle import Rendered
-from tests.conftest import REPO
+from tests.conftest import run_main
 
 
 def mutated(rendered: Rendered, kind: str, name: str, change) -> Rendered:
@@ -54,15 +52,15 @@ def test_chart_outside_the_catalog_fails(dev, oracles):
     assert any("not in the catalog" in str(f) for f in run_checks(broken, oracles))
 
 
-def test_check_on_a_rendered_directory_catches_an_edited_value(tmp_path, oracles):
+def test_check_on_a_rendered_directory_catches_an_edited_value(dev, tmp_path, oracles):
     out = tmp_path / "dev"
-    subprocess.run([sys.executable, "-m", "ai_factory.factory", "render", "dev", "--out", str(out)], cwd=REPO, check=True, capture_output=True, timeout=120)
-    clean = subprocess.run([sys.executable, "-m", "ai_factory.factory", "check", str(out), "--upstream", str(oracles.root)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    dev.write(out)
+    clean = run_main("check", str(out), "--upstream", str(oracles.root))
     assert clean.returncode == 0, clean.stdout + clean.stderr
     path = out / "manifests/crds/gpu-operator/gpu-operator/helmrelease-gpu-operator.yaml"
     release = yaml.safe_load(path.read_text())
     release["spec"]["values"]["devicePlugin"]["enabledd"] = release["spec"]["values"]["devicePlugin"].pop("enabled")
     path.write_text(yaml.safe_dump(release))
-    broken = subprocess.run([sys.executable, "-m", "ai_factory.factory", "check", str(out), "--upstream", str(oracles.root)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    broken = run_main("check", str(out), "--upstream", str(oracles.root))
     assert broken.returncode == 1
     assert "devicePlugin.enabledd" in broken.stdout

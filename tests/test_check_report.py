@@ -16,7 +16,7 @@ from sarif_kit.validate import validation_errors
 from ai_factory.factory.checking.findings import Finding
 from ai_factory.factory.checking.report import Location, config_problems, locate, to_json, to_junit, to_sarif
 from ai_factory.factory.model.loading import stack_file_lines
-from tests.conftest import REPO
+from tests.conftest import REPO, run_main
 
 STACK = REPO / "Pulumi.dev.yaml"
 
@@ -115,7 +115,7 @@ def test_cli_writes_findings_of_a_rendered_directory_as_sarif(dev, oracles, tmp_
     dev.write(tmp_path / "out")
     quota = tmp_path / "out/manifests/tenants/tenant-search/tenant-search/resourcequota-tenant-quota.yaml"
     quota.write_text(quota.read_text().replace("services.nodeports: '0'", "services.nodeports: '5'"))
-    proc = run_check(str(tmp_path / "out"), "--format", "sarif")
+    proc = run_main("check", str(tmp_path / "out"), "--format", "sarif")
     assert proc.returncode == 1, proc.stderr
     log = json.loads(proc.stdout)
     assert validation_errors(log) == []

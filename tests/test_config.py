@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pulumi
 import pytest
@@ -13,7 +11,7 @@ from ai_factory.factory.rendering.harness import RecordingMocks, RecordingMonito
 from ai_factory.factory.model.loading import ConfigError, load_pulumi_config, read_stack_file, validate
 from ai_factory.factory.rendering.program import main
 from ai_factory.factory.model.secrets import SecretValue
-from tests.conftest import REPO
+from tests.conftest import REPO, run_main
 
 
 def problems(raw) -> list[str]:
@@ -147,10 +145,7 @@ def test_cli_exits_2_without_traceback_listing_every_path(tmp_path):
     text = text.replace("per_node: 4}", "per_node: four}", 1)
     text = text.replace("- {pool: h100-train, count: 8}", "- {pool: h200-train, count: 8}", 1)
     (tmp_path / "Pulumi.broken.yaml").write_text(text)
-    proc = subprocess.run(
-        [sys.executable, "-m", "ai_factory.factory", "render", str(tmp_path / "Pulumi.broken.yaml"), "--out", str(tmp_path / "out")],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
-    )
+    proc = run_main("render", str(tmp_path / "Pulumi.broken.yaml"), "--out", str(tmp_path / "out"))
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
     assert "fleet.pools[0].sharring: unknown key" in proc.stderr

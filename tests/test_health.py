@@ -7,8 +7,6 @@ from __future__ import annotations
 import copy
 import json
 import re
-import subprocess
-import sys
 
 import promql_parser
 import pytest
@@ -20,7 +18,7 @@ from ai_factory.factory.planning.credits import credits
 from ai_factory.factory.planning.from_config import plan_for
 from ai_factory.factory.model.loading import ConfigError, validate
 from ai_factory.factory.rendering.bundle import Manifest, Rendered
-from tests.conftest import REPO, objects, one, render
+from tests.conftest import REPO, objects, one, render, run_main
 from tests.test_scheduling import broken, dropped
 
 NPD = ("HelmRelease", "node-problem-detector")
@@ -208,10 +206,7 @@ def test_bad_blast_radius_exits_2_without_traceback(tmp_path):
     text = (REPO / "Pulumi.dev.yaml").read_text().replace(
         "    health:\n      enabled: true\n", "    health:\n      enabled: true\n      remediation: {pools: {h100-train: {nodes: 0}}}\n", 1)
     (tmp_path / "Pulumi.broken.yaml").write_text(text)
-    proc = subprocess.run(
-        [sys.executable, "-m", "ai_factory.factory", "render", str(tmp_path / "Pulumi.broken.yaml"), "--out", str(tmp_path / "out")],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
-    )
+    proc = run_main("render", str(tmp_path / "Pulumi.broken.yaml"), "--out", str(tmp_path / "out"))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "layers.health.remediation.pools.h100-train.nodes: must be >= 1" in proc.stderr
     assert not (tmp_path / "out").exists()

@@ -15,7 +15,7 @@ from ai_factory.factory.model.loading import load_stack_file
 from ai_factory.factory.planning.model import Plan
 from ai_factory.factory.planning.from_config import plan_for
 from ai_factory.factory.planning.report import report_text
-from tests.conftest import REPO
+from tests.conftest import REPO, run_main
 
 
 def stack_file(tmp_path: Path, edit=None, name: str = "plantest") -> Path:
@@ -63,7 +63,7 @@ def test_plan_that_does_not_fit_exits_2_naming_tenant_resource_and_shortfall(tmp
         config["ai-factory:layers"].pop("slinky")  # whose Slurm nodes would no longer fit search's CPU quota
 
     out = tmp_path / "plan.json"
-    result = run_cli(str(stack_file(tmp_path, overdemand)), "--out", str(out))
+    result = run_main("plan", str(stack_file(tmp_path, overdemand)), "--out", str(out))
     assert result.returncode == 2
     assert "Traceback" not in result.stderr and result.stdout == ""
     problems = [line for line in result.stderr.splitlines() if line.startswith("  - plan:")]

@@ -14,7 +14,7 @@ import pytest
 from ai_factory.factory.rendering.harness import DuplicateResourceError, run_program
 from ai_factory.factory.model.loading import validate
 from ai_factory.factory.rendering.bundle import render_raw
-from tests.conftest import REPO, objects, one, render
+from tests.conftest import REPO, objects, one, render, run_main
 from tests.tenancy_env import many_tenants
 
 
@@ -114,7 +114,7 @@ def test_secret_values_never_reach_the_output(raw):
 
 
 def test_render_prints_a_summary_per_layer(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "ai_factory.factory", "render", "dev", "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    proc = run_main("render", "dev", "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     assert f"to {tmp_path}/" in proc.stdout
     assert "layer gpu-operator" in proc.stdout and "layer fleet" in proc.stdout

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import copy
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -14,7 +12,7 @@ from ai_factory.components import _common
 from ai_factory.factory.model.loading import validate
 from ai_factory.factory.rendering import cache as render_cache
 from ai_factory.factory.rendering.bundle import render_raw
-from tests.conftest import REPO
+from tests.conftest import REPO, run_main
 from tests.tenancy_env import many_tenants
 
 
@@ -118,9 +116,9 @@ def test_a_value_the_cache_cannot_key_is_refused():
 
 def test_render_writes_its_cache_unless_told_not_to(tmp_path):
     for flags, directory in (([], "cache"), (["--no-cache"], "none")):
-        command = [sys.executable, "-m", "ai_factory.factory", "render", "dev", "--quiet", "--out", str(tmp_path / "out"), *flags]
         env = {"HOME": str(tmp_path), render_cache.CACHE_ENV: str(tmp_path / directory)}
-        subprocess.run(command, cwd=REPO, env=env, check=True, capture_output=True, timeout=300)
+        proc = run_main("render", "dev", "--quiet", "--out", str(tmp_path / "out"), *flags, env=env)
+        assert proc.returncode == 0, proc.stderr
     assert list((tmp_path / "cache" / "units").rglob("*.json"))
     assert not (tmp_path / "none").exists()
 
