@@ -31,7 +31,6 @@ import json
 import os
 import pickle
 import re
-import shutil
 import subprocess
 import sys
 import threading
@@ -183,13 +182,32 @@ class Rendered:
         return files
 
     def write(self, out: Path, on_file: Callable[[], None] | None = None) -> None:
-        """`on_file`: called once per file written (progress)."""
-        if out.exists():
-            shutil.rmtree(out)
-        for relative, text in sorted(self.files().items()):
+        """`out` ends holding exactly the render's files. Over an earlier render only what differs
+        is touched: the files no longer rendered (and directories left empty) are removed, a file
+        is written only when its text changed (removing and rewriting a whole large tree cost a
+        one-tenant re-render more than rendering it). `on_file`: called once per file (progress)."""
+        files = self.files()
+        if out.exists() and not out.is_dir():
+            out.unlink()
+        present: set[str] = set()
+        for root, directories, names in os.walk(out, topdown=False):
+            for name in names:
+                relative = os.path.relpath(os.path.join(root, name), out)
+                if relative in files and not os.path.islink(os.path.join(root, name)):
+                    present.add(relative)
+                else:
+                    os.unlink(os.path.join(root, name))
+            for name in directories:
+                path = os.path.join(root, name)
+                if os.path.islink(path):
+                    os.unlink(path)
+                elif not os.listdir(path):
+                    os.rmdir(path)
+        for relative, text in sorted(files.items()):
             target = out / relative
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(text)
+            if relative not in present or _read_text(target) != text:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_text(text)
             if on_file is not None:
                 on_file()
 
@@ -208,6 +226,13 @@ class Rendered:
         lines += [f"  layer {layer:<24} {n:>5} objects" for layer, n in sorted(by_layer.items())]
         lines += [f"  tenant {tenant:<23} {n:>5} objects" for tenant, n in sorted(by_tenant.items())]
         return "\n".join(lines)
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def kustomize_files(files: Mapping[str, str]) -> dict[str, str]:
