@@ -35,6 +35,7 @@ import subprocess
 import sys
 import threading
 from dataclasses import dataclass, field
+from json.encoder import encode_basestring_ascii
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -176,9 +177,7 @@ class Rendered:
         files = {m.path: m.yaml() for m in self.manifests}
         files.update({f"flux/{k['metadata']['name']}.yaml": dump_yaml(k) for k in self.kustomizations})
         files.update(kustomize_files(files))
-        files["inventory.json"] = json.dumps(
-            {"kubernetesVersion": self.kubernetes_version, "resources": self.inventory}, indent=2, sort_keys=True
-        ) + "\n"
+        files["inventory.json"] = indented_json({"kubernetesVersion": self.kubernetes_version, "resources": self.inventory}) + "\n"
         return files
 
     def write(self, out: Path, on_file: Callable[[], None] | None = None) -> None:
@@ -226,6 +225,23 @@ class Rendered:
         lines += [f"  layer {layer:<24} {n:>5} objects" for layer, n in sorted(by_layer.items())]
         lines += [f"  tenant {tenant:<23} {n:>5} objects" for tenant, n in sorted(by_tenant.items())]
         return "\n".join(lines)
+
+
+def indented_json(value: Any, indent: str = "") -> str:
+    """`json.dumps(value, indent=2, sort_keys=True)` exactly (string keys), 5-10 times faster: with
+    an indent the standard library encodes in pure Python, and the inventory of a large
+    environment is tens of thousands of values."""
+    if isinstance(value, str):
+        return encode_basestring_ascii(value)
+    if isinstance(value, dict) and value:
+        inner = indent + "  "
+        items = ",\n".join(f"{inner}{encode_basestring_ascii(k)}: {indented_json(v, inner)}" for k, v in sorted(value.items()))
+        return f"{{\n{items}\n{indent}}}"
+    if isinstance(value, (list, tuple)) and value:
+        inner = indent + "  "
+        items = ",\n".join(inner + indented_json(v, inner) for v in value)
+        return f"[\n{items}\n{indent}]"
+    return json.dumps(value)
 
 
 def _read_text(path: Path) -> str | None:
@@ -591,6 +607,7 @@ class Staging:
         self.sources = {(m.namespace, m.kind, m.name): i for i, m in enumerate(manifests) if m.kind in FLUX_SOURCE_KINDS}
         self._ranks: dict[int, int] = {}
         self._resource_objects: dict[str, tuple[int, ...]] = {}
+        self._dependency_objects: dict[tuple[str, ...], tuple[int, ...]] = {}
         self._resource_floor: dict[str, int] = {}
         for i in range(len(manifests)):
             m = manifests[i]
@@ -629,10 +646,14 @@ class Staging:
         comes with it), an object's own file, every object under a component. Dependencies on
         what is not in the bundle (providers, live configuration) order nothing here."""
         if resource.key not in self._resource_objects:
-            found: set[int] = set()
-            for dependency in resource.dependencies:
-                found.update(self._objects_of(dependency))
-            self._resource_objects[resource.key] = tuple(sorted(found))
+            # Keyed by the dependencies too: every tenant stack depends on the same layers' resources.
+            dependencies = tuple(d.key for d in resource.dependencies)
+            if dependencies not in self._dependency_objects:
+                found: set[int] = set()
+                for dependency in resource.dependencies:
+                    found.update(self._objects_of(dependency))
+                self._dependency_objects[dependencies] = tuple(sorted(found))
+            self._resource_objects[resource.key] = self._dependency_objects[dependencies]
         return self._resource_objects[resource.key]
 
     def _objects_of(self, resource: Resource) -> list[int]:
@@ -683,13 +704,17 @@ class Staging:
     def unit_needs(self) -> dict[str, set[str]]:
         """Each stage directory and the stage directories it needs."""
         units: dict[str, set[str]] = {m.unit: set() for m in self.manifests}
-        by_resource: dict[str, set[str]] = {}
+        lineages: dict[str, set[str]] = {unit: set() for unit in units}
         for i, m in enumerate(self.manifests):
             units[m.unit].update(self.manifests[j].unit for j in self.needs(i))
-            for resource in self.lineage(i):
-                if resource.key not in by_resource:  # a tenant stack's dependencies are every layer's objects
-                    by_resource[resource.key] = {self.manifests[j].unit for j in self.resource_objects(resource)}
-                units[m.unit].update(by_resource[resource.key])
+            lineages[m.unit].update(resource.key for resource in self.lineage(i))
+        by_objects: dict[tuple[int, ...], set[str]] = {}
+        for unit, keys in lineages.items():
+            for key in keys:
+                objects = self.resource_objects(self.resources[key])
+                if objects not in by_objects:  # a tenant stack's dependencies are its layers' objects
+                    by_objects[objects] = {self.manifests[j].unit for j in objects}
+                units[unit].update(by_objects[objects])
         for unit, needed in units.items():
             needed.discard(unit)
         return units
