@@ -220,13 +220,13 @@ class UnitCache:
         return self.directory / "units" / key[:2] / f"{key}.json"
 
     def _load(self, key: str) -> tuple[list[Resource], dict[str, dict[str, str]]] | None:
-        entry = read_entry(self._path(key))
-        if not isinstance(entry, dict) or entry.get("key") != key or entry.get("format") != FORMAT or not isinstance(entry.get("texts"), dict):
-            return None
         try:
-            return [Resource(**fields) for fields in entry["resources"]], entry["texts"]
-        except (KeyError, TypeError):
+            entry = _ENTRY.decode(self._path(key).read_bytes())
+        except (OSError, msgspec.DecodeError):  # absent, not JSON, or not an entry's shape
             return None
+        if entry.key != key or entry.format != FORMAT:
+            return None
+        return entry.resources, entry.texts
 
     def complete(self, registered: list[Resource]) -> list[Resource]:
         """Every resource of the render: those registered plus the cached units', each unit root's
@@ -256,6 +256,20 @@ class UnitCache:
             own = {r.key: dict(texts[r.key]) for r in resources if r.key in texts}
             write_entry(self._path(key), {"format": FORMAT, "key": key, "resources": _fields(resources), "texts": own})
         write_entry(self._index(), {"format": FORMAT, "units": {unit: u.key for unit, u in sorted(self.units.items())}})
+
+
+class _Entry(msgspec.Struct):
+    """A unit's entry as `store` writes it."""
+
+    format: int
+    key: str
+    resources: list[Resource]
+    texts: dict[str, dict[str, str]]
+
+
+_ENTRY = msgspec.json.Decoder(_Entry)
+"""Decodes straight into resources, checking every field's type (an entry of another shape is
+unreadable: its unit is built again)."""
 
 
 def write_entry(path: Path, entry: Any) -> None:
