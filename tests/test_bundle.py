@@ -28,7 +28,6 @@ from ai_factory.factory.rendering.bundle import (
     ReferenceDumper,
     dump_yaml,
     from_graph,
-    indented_json,
     load_rendered,
     manifest_pin,
 )
@@ -325,12 +324,6 @@ def test_libyaml_writes_the_bundle_byte_for_byte_as_pyyamls_own_emitter(dev):
     ]
     for obj in objects:
         assert dump_yaml(obj) == dump_yaml(obj, ReferenceDumper)
-
-
-def test_the_inventory_is_written_as_the_standard_librarys_indented_json(dev):
-    odd = {"unicode": "é 中\u2028", "quote": 'a"b\\', "empty": [{}, []], "nested": {"b": [1, 2.5, None, True], "a": {"z": False}}, "nan": float("nan")}
-    for value in [{"resources": dev.inventory}, odd, [], {}, "x", 3]:
-        assert indented_json(value) == json.dumps(value, indent=2, sort_keys=True)
 
 
 def test_a_tenant_stack_depends_on_the_layers_its_objects_use_and_no_other(dev):
