@@ -1,6 +1,8 @@
 """A review after a one-tenant change: render and check a generated environment cold into a fresh
 render and check cache, then again after one tenant's quota changed; print the CPU and wall
-seconds, peak memory and what the cache rebuilt, with the machine's load average.
+seconds, the wall seconds of writing the rendered tree (the cached steps over one tree, as
+`ai-factory render` writes over its last output), peak memory and what the cache rebuilt, with the
+machine's load average.
 
     python benchmarks/tenant_change.py            # 1,000 tenants
     python benchmarks/tenant_change.py 200        # another size
@@ -35,7 +37,7 @@ def environment(tenants: int, changed: bool) -> tuple[dict, set[str]]:
     return raw, secret_sections
 
 
-def step(tenants: int, changed: bool, cache: str | None, out: str | None) -> dict:
+def step(tenants: int, changed: bool, cache: str | None, out: str | None, tree: str | None) -> dict:
     from ai_factory.factory.checking.charts import check_environment
     from ai_factory.factory.checking.oracles import locate_upstream_dir
     from ai_factory.factory.model.loading import validate
@@ -46,6 +48,10 @@ def step(tenants: int, changed: bool, cache: str | None, out: str | None) -> dic
     rendered = render_raw(raw, secret_sections, validate(raw), stack="bench", cache=Path(cache) if cache else None)
     files = rendered.files()
     render_s, render_cpu = time.perf_counter() - started, time.process_time() - cpu
+    started = time.perf_counter()
+    if tree:
+        rendered.write(Path(tree))
+    write_s = time.perf_counter() - started
     started, cpu = time.perf_counter(), time.process_time()
     report = check_environment(rendered, locate_upstream_dir(), None, None, cache=Path(cache) if cache else None)
     check_s, check_cpu = time.perf_counter() - started, time.process_time() - cpu
@@ -57,6 +63,7 @@ def step(tenants: int, changed: bool, cache: str | None, out: str | None) -> dic
         "objects": len(rendered.manifests),
         "render_s": round(render_s, 2),
         "render_cpu_s": round(render_cpu, 2),
+        "write_s": round(write_s, 2),
         "worker_cpu_s": round(workers.ru_utime + workers.ru_stime, 2),
         "check_s": round(check_s, 2),
         "check_cpu_s": round(check_cpu, 2),
@@ -71,19 +78,19 @@ def units_built(cache: Path, before: dict[str, str]) -> list[str]:
     return sorted(u for u, key in after.items() if before.get(u) != key)
 
 
-def run(tenants: int, changed: bool, cache: Path | None, out: Path | None) -> dict:
-    command = [sys.executable, __file__, "--step", str(tenants), "1" if changed else "0", str(cache or ""), str(out or "")]
+def run(tenants: int, changed: bool, cache: Path | None, out: Path | None, tree: Path) -> dict:
+    command = [sys.executable, __file__, "--step", str(tenants), "1" if changed else "0", str(cache or ""), str(out or ""), str(tree)]
     result = subprocess.run(command, capture_output=True, text=True, check=True, cwd=REPO)
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def main(argv: list[str]) -> None:
     if argv and argv[0] == "--step":
-        print(json.dumps(step(int(argv[1]), argv[2] == "1", argv[3] or None, argv[4] or None)))
+        print(json.dumps(step(int(argv[1]), argv[2] == "1", argv[3] or None, argv[4] or None, argv[5] or None)))
         return
     tenants = int(next((a for a in argv if a.isdigit()), "1000"))
     print(f"{tenants} generated tenants; load average before: {' '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} cores")
-    print(f"{'step':<28} {'resources':>9} {'objects':>8} {'render s wall/cpu':>18} {'workers cpu':>11} {'check s wall/cpu':>17} {'findings':>8} {'peak MiB':>8} {'workers MiB':>11}")
+    print(f"{'step':<28} {'resources':>9} {'objects':>8} {'render s wall/cpu':>18} {'write s':>7} {'workers cpu':>11} {'check s wall/cpu':>17} {'findings':>8} {'peak MiB':>8} {'workers MiB':>11}")
     with tempfile.TemporaryDirectory() as scratch:
         cache = Path(scratch) / "cache"
         rows = [("cold (empty cache)", False, cache, Path(scratch) / "cold.json")]
@@ -92,10 +99,11 @@ def main(argv: list[str]) -> None:
             rows.append(("one tenant changed (no cache)", True, None, Path(scratch) / "reference.json"))
         before: dict[str, str] = {}
         for label, changed, directory, out in rows:
-            r = run(tenants, changed, directory, out)
+            # The cached steps write over one tree, as `ai-factory render` over its last output.
+            r = run(tenants, changed, directory, out, Path(scratch) / ("tree" if directory is not None else "reference-tree"))
             render, check = f"{r['render_s']}/{r['render_cpu_s']}", f"{r['check_s']}/{r['check_cpu_s']}"
             print(
-                f"{label:<28} {r['resources']:>9} {r['objects']:>8} {render:>18} {r['worker_cpu_s']:>11} "
+                f"{label:<28} {r['resources']:>9} {r['objects']:>8} {render:>18} {r['write_s']:>7} {r['worker_cpu_s']:>11} "
                 f"{check:>17} {r['findings']:>8} {r['peak_rss_mib']:>8} {r['worker_peak_rss_mib']:>11}"
             )
             if directory is not None:

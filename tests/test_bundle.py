@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import shutil
 import subprocess
 import pulumi_kubernetes as k8s
@@ -243,6 +244,22 @@ def test_kustomize_builds_each_stage_into_exactly_its_objects(dev, tmp_path):
         )
         expected = [("ConfigMap", "", m.name) if m.is_remote else (m.kind, m.namespace or "", m.name) for m in dev.manifests if m.path.startswith(path + "/")]
         assert objects == sorted(expected), path
+
+
+def test_writing_over_an_earlier_render_touches_only_what_differs(dev, tmp_path):
+    dev.write(tmp_path / "fresh")
+    out = tmp_path / "out"
+    dev.write(out)
+    kept, changed = out / "inventory.json", next((out / "flux").glob("ai-*.yaml"))
+    changed.write_text("edited")
+    (out / "manifests" / "stale" / "deep").mkdir(parents=True)
+    (out / "manifests" / "stale" / "deep" / "old.yaml").write_text("{}")
+    (out / "flux" / "old.yaml").write_text("{}")
+    os.utime(kept, ns=(10**9, 10**9))  # a rewrite would set it to now
+    dev.write(out)
+    tree = lambda root: {str(p.relative_to(root)): p.read_bytes() if p.is_file() else None for p in root.rglob("*")}
+    assert tree(out) == tree(tmp_path / "fresh")
+    assert kept.stat().st_mtime_ns == 10**9
 
 
 def test_each_kustomization_applies_a_directory_of_the_bundle(dev, tmp_path):

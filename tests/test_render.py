@@ -11,7 +11,7 @@ import sys
 import pulumi_kubernetes as k8s
 import pytest
 
-from ai_factory.factory.rendering.harness import DuplicateResourceError, run_program
+from ai_factory.factory.rendering.harness import DuplicateResourceError, RecordingMocks, RecordingMonitor, run_program
 from ai_factory.factory.model.loading import validate
 from ai_factory.factory.rendering.bundle import render_raw
 from tests.conftest import REPO, objects, one, render, run_main
@@ -91,6 +91,23 @@ def test_duplicate_resource_names_are_refused():
 
     with pytest.raises(DuplicateResourceError, match="'same'"):
         run_program(program, project="p", stack="s")
+
+
+def test_the_harness_keeps_one_copy_of_inputs_and_copies_only_what_it_redacts():
+    import pulumi
+
+    monitor = RecordingMonitor(RecordingMocks())
+
+    def program():
+        k8s.core.v1.ConfigMap("plain", metadata={"name": "plain", "labels": {"a": "b"}}, data={"k": "v"})
+        k8s.core.v1.Secret("hidden", metadata={"name": "hidden", "labels": {"a": "b"}}, string_data={"k": pulumi.Output.secret("v")})
+
+    run_program(program, project="p", stack="s", monitor=monitor)
+    state = {urn: registration.state for urn, registration in monitor.resources.items()}
+    plain, hidden = (monitor.recorded[f"kubernetes:core/v1:{kind}::{name}"] for kind, name in (("ConfigMap", "plain"), ("Secret", "hidden")))
+    assert plain.inputs["data"] is state[plain.urn]["data"] and plain.inputs["metadata"]["labels"] is state[plain.urn]["metadata"]["labels"]
+    assert hidden.inputs["stringData"] == {"k": "[secret]"} and hidden.secret_paths == ["stringData.k"]
+    assert hidden.inputs["metadata"]["labels"] is state[hidden.urn]["metadata"]["labels"]
 
 
 def test_secret_values_never_reach_the_output(raw):

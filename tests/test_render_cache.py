@@ -104,7 +104,11 @@ def test_equal_values_have_one_digest(value, other):
     assert render_cache.digest(value) == render_cache.digest(other)
 
 
-@pytest.mark.parametrize("value, other", [((1, 2), (2, 1)), ({"a": 1}, {"a": 1.5}), ([1], [[1]])], ids=["order", "value", "shape"])
+@pytest.mark.parametrize(
+    "value, other",
+    [((1, 2), (2, 1)), ({"a": 1}, {"a": 1.5}), ([1], [[1]]), ([float("nan")], [None]), ([float("inf")], [float("-inf")]), (1, 1.0), (True, 1)],
+    ids=["order", "value", "shape", "nan-is-not-null", "infinities", "int-and-float", "bool-and-int"],
+)
 def test_different_values_have_different_digests(value, other):
     assert render_cache.digest(value) != render_cache.digest(other)
 

@@ -31,7 +31,6 @@ import json
 import os
 import pickle
 import re
-import shutil
 import subprocess
 import sys
 import threading
@@ -183,13 +182,32 @@ class Rendered:
         return files
 
     def write(self, out: Path, on_file: Callable[[], None] | None = None) -> None:
-        """`on_file`: called once per file written (progress)."""
-        if out.exists():
-            shutil.rmtree(out)
-        for relative, text in sorted(self.files().items()):
+        """`out` ends holding exactly the render's files. Over an earlier render only what differs
+        is touched: the files no longer rendered (and directories left empty) are removed, a file
+        is written only when its text changed (removing and rewriting a whole large tree cost a
+        one-tenant re-render more than rendering it). `on_file`: called once per file (progress)."""
+        files = self.files()
+        if out.exists() and not out.is_dir():
+            out.unlink()
+        present: set[str] = set()
+        for root, directories, names in os.walk(out, topdown=False):
+            for name in names:
+                relative = os.path.relpath(os.path.join(root, name), out)
+                if relative in files and not os.path.islink(os.path.join(root, name)):
+                    present.add(relative)
+                else:
+                    os.unlink(os.path.join(root, name))
+            for name in directories:
+                path = os.path.join(root, name)
+                if os.path.islink(path):
+                    os.unlink(path)
+                elif not os.listdir(path):
+                    os.rmdir(path)
+        for relative, text in sorted(files.items()):
             target = out / relative
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(text)
+            if relative not in present or _read_text(target) != text:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_text(text)
             if on_file is not None:
                 on_file()
 
@@ -208,6 +226,13 @@ class Rendered:
         lines += [f"  layer {layer:<24} {n:>5} objects" for layer, n in sorted(by_layer.items())]
         lines += [f"  tenant {tenant:<23} {n:>5} objects" for tenant, n in sorted(by_tenant.items())]
         return "\n".join(lines)
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def kustomize_files(files: Mapping[str, str]) -> dict[str, str]:
@@ -566,6 +591,7 @@ class Staging:
         self.sources = {(m.namespace, m.kind, m.name): i for i, m in enumerate(manifests) if m.kind in FLUX_SOURCE_KINDS}
         self._ranks: dict[int, int] = {}
         self._resource_objects: dict[str, tuple[int, ...]] = {}
+        self._dependency_objects: dict[tuple[str, ...], tuple[int, ...]] = {}
         self._resource_floor: dict[str, int] = {}
         for i in range(len(manifests)):
             m = manifests[i]
@@ -604,10 +630,14 @@ class Staging:
         comes with it), an object's own file, every object under a component. Dependencies on
         what is not in the bundle (providers, live configuration) order nothing here."""
         if resource.key not in self._resource_objects:
-            found: set[int] = set()
-            for dependency in resource.dependencies:
-                found.update(self._objects_of(dependency))
-            self._resource_objects[resource.key] = tuple(sorted(found))
+            # Keyed by the dependencies too: every tenant stack depends on the same layers' resources.
+            dependencies = tuple(d.key for d in resource.dependencies)
+            if dependencies not in self._dependency_objects:
+                found: set[int] = set()
+                for dependency in resource.dependencies:
+                    found.update(self._objects_of(dependency))
+                self._dependency_objects[dependencies] = tuple(sorted(found))
+            self._resource_objects[resource.key] = self._dependency_objects[dependencies]
         return self._resource_objects[resource.key]
 
     def _objects_of(self, resource: Resource) -> list[int]:
@@ -658,13 +688,17 @@ class Staging:
     def unit_needs(self) -> dict[str, set[str]]:
         """Each stage directory and the stage directories it needs."""
         units: dict[str, set[str]] = {m.unit: set() for m in self.manifests}
-        by_resource: dict[str, set[str]] = {}
+        lineages: dict[str, set[str]] = {unit: set() for unit in units}
         for i, m in enumerate(self.manifests):
             units[m.unit].update(self.manifests[j].unit for j in self.needs(i))
-            for resource in self.lineage(i):
-                if resource.key not in by_resource:  # a tenant stack's dependencies are every layer's objects
-                    by_resource[resource.key] = {self.manifests[j].unit for j in self.resource_objects(resource)}
-                units[m.unit].update(by_resource[resource.key])
+            lineages[m.unit].update(resource.key for resource in self.lineage(i))
+        by_objects: dict[tuple[int, ...], set[str]] = {}
+        for unit, keys in lineages.items():
+            for key in keys:
+                objects = self.resource_objects(self.resources[key])
+                if objects not in by_objects:  # a tenant stack's dependencies are its layers' objects
+                    by_objects[objects] = {self.manifests[j].unit for j in objects}
+                units[unit].update(by_objects[objects])
         for unit, needed in units.items():
             needed.discard(unit)
         return units

@@ -29,11 +29,13 @@ import importlib
 import importlib.metadata
 import ipaddress
 import json
+import math
 import os
 import sys
 import tempfile
+from collections.abc import Iterable, Mapping
 from pathlib import Path, PurePath
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import msgspec
 from pydantic import BaseModel
@@ -58,6 +60,9 @@ def canonical(value: Any, memo: dict[int, tuple[Any, Any]] | None = None) -> Any
     `memo`: models, dataclasses and tuples already seen (by identity, alive as long as the memo),
     each standing for the digest of its own form, so the data every tenant shares (the fleet's
     offerings, the identity settings) is serialised once per render, not once per tenant."""
+    kind = type(value)
+    if kind in PLAIN:
+        return value
     if memo is None or not isinstance(value, (BaseModel, tuple, frozenset)) and not _is_dataclass(value):
         return _canonical(value, memo)
     hit = memo.get(id(value))
@@ -68,42 +73,65 @@ def canonical(value: Any, memo: dict[int, tuple[Any, Any]] | None = None) -> Any
     return form
 
 
+PLAIN = frozenset({str, int, bool, type(None)})
+"""Types (exactly these, not subclasses) that are their own form."""
 TEXT_VALUED = (datetime.date, datetime.time, datetime.timedelta, decimal.Decimal, PurePath, ipaddress._BaseAddress, ipaddress._BaseNetwork)
 """Values (of config fields) that their text and type say exactly."""
 
 
 def _is_dataclass(value: Any) -> bool:
-    return dataclasses.is_dataclass(value) and not isinstance(value, type)
+    return hasattr(type(value), "__dataclass_fields__") and not isinstance(value, type)
+
+
+@functools.cache
+def _field_names(kind: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(kind))
 
 
 def _canonical(value: Any, memo: dict[int, tuple[Any, Any]] | None) -> Any:
+    # The builtin containers first (most of the data), by exact type: a subclass takes the long way.
+    kind = type(value)
+    if kind is list or kind is tuple:
+        return [canonical(v, memo) for v in value]
+    if kind is dict:
+        return _mapping(value, memo)
+    if kind is float:
+        return value if math.isfinite(value) else ["float", repr(value)]  # JSON has no NaN nor infinity
     if isinstance(value, SecretValue):
         return ["secret"]
     if isinstance(value, BaseModel):
         return [type(value).__qualname__, {name: canonical(getattr(value, name), memo) for name in type(value).model_fields}]
     if _is_dataclass(value):
-        return [type(value).__qualname__, {f.name: canonical(getattr(value, f.name), memo) for f in dataclasses.fields(value)}]
+        return [type(value).__qualname__, {name: canonical(getattr(value, name), memo) for name in _field_names(type(value))}]
     if isinstance(value, enum.Enum):
         return canonical(value.value, memo)
     if isinstance(value, Mapping):
-        return ["map", sorted(([canonical(k, memo), canonical(v, memo)] for k, v in value.items()), key=_sort_key)]
+        return _mapping(value, memo)
     if isinstance(value, (set, frozenset)):
         return ["set", sorted((canonical(v, memo) for v in value), key=_sort_key)]
     if isinstance(value, (list, tuple)):
         return [canonical(v, memo) for v in value]
-    if value is None or isinstance(value, (str, int, float, bool)):
-        return value
+    if isinstance(value, float):
+        return _canonical(float(value), memo)
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, int):
+        return int(value)
     if isinstance(value, TEXT_VALUED):
         return [type(value).__qualname__, str(value)]
     raise TypeError(f"cannot key a cached render on a {type(value).__name__}")
 
 
-def _sort_key(value: Any) -> str:
-    return json.dumps(value, sort_keys=True)
+def _mapping(value: Mapping, memo: dict[int, tuple[Any, Any]] | None) -> Any:
+    return ["map", sorted(([canonical(k, memo), canonical(v, memo)] for k, v in value.items()), key=_sort_key)]
+
+
+def _sort_key(value: Any) -> bytes:
+    return msgspec.json.encode(value, order="sorted")
 
 
 def _sha(form: Any) -> str:
-    return hashlib.sha256(json.dumps(form, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return hashlib.sha256(msgspec.json.encode(form, order="sorted")).hexdigest()
 
 
 def digest(*parts: Any, memo: dict[int, tuple[Any, Any]] | None = None) -> str:
@@ -192,13 +220,13 @@ class UnitCache:
         return self.directory / "units" / key[:2] / f"{key}.json"
 
     def _load(self, key: str) -> tuple[list[Resource], dict[str, dict[str, str]]] | None:
-        entry = read_entry(self._path(key))
-        if not isinstance(entry, dict) or entry.get("key") != key or entry.get("format") != FORMAT or not isinstance(entry.get("texts"), dict):
-            return None
         try:
-            return [Resource(**fields) for fields in entry["resources"]], entry["texts"]
-        except (KeyError, TypeError):
+            entry = _ENTRY.decode(self._path(key).read_bytes())
+        except (OSError, msgspec.DecodeError):  # absent, not JSON, or not an entry's shape
             return None
+        if entry.key != key or entry.format != FORMAT:
+            return None
+        return entry.resources, entry.texts
 
     def complete(self, registered: list[Resource]) -> list[Resource]:
         """Every resource of the render: those registered plus the cached units', each unit root's
@@ -228,6 +256,20 @@ class UnitCache:
             own = {r.key: dict(texts[r.key]) for r in resources if r.key in texts}
             write_entry(self._path(key), {"format": FORMAT, "key": key, "resources": _fields(resources), "texts": own})
         write_entry(self._index(), {"format": FORMAT, "units": {unit: u.key for unit, u in sorted(self.units.items())}})
+
+
+class _Entry(msgspec.Struct):
+    """A unit's entry as `store` writes it."""
+
+    format: int
+    key: str
+    resources: list[Resource]
+    texts: dict[str, dict[str, str]]
+
+
+_ENTRY = msgspec.json.Decoder(_Entry)
+"""Decodes straight into resources, checking every field's type (an entry of another shape is
+unreadable: its unit is built again)."""
 
 
 def write_entry(path: Path, entry: Any) -> None:

@@ -185,13 +185,31 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
 
 def _redact(value: Any, path: str, secret_paths: list[str], inside_secret: bool = False) -> Any:
     """Replace every secret scalar by `[secret]`, keeping the shape of secret maps and lists (a
-    Secret's `stringData` keeps its keys) so rendered objects stay schema-valid."""
+    Secret's `stringData` keeps its keys) so rendered objects stay schema-valid.
+
+    Copy on write: a map or list holding nothing to replace is returned itself, so the recorded
+    inputs share it with what the monitor keeps of the resource (one copy of each resource's
+    inputs, not two). Nothing may mutate recorded inputs."""
     if rpc.is_rpc_secret(value):
         return _redact(rpc.unwrap_rpc_secret(value), path, secret_paths, inside_secret=True)
     if isinstance(value, dict):
-        return {k: _redact(v, f"{path}.{k}" if path else k, secret_paths, inside_secret) for k, v in value.items()}
+        copied = None
+        for k, v in value.items():
+            new = _redact(v, f"{path}.{k}" if path else k, secret_paths, inside_secret)
+            if new is not v:
+                if copied is None:
+                    copied = dict(value)
+                copied[k] = new
+        return value if copied is None else copied
     if isinstance(value, list):
-        return [_redact(v, f"{path}[{i}]", secret_paths, inside_secret) for i, v in enumerate(value)]
+        copied = None
+        for i, v in enumerate(value):
+            new = _redact(v, f"{path}[{i}]", secret_paths, inside_secret)
+            if new is not v:
+                if copied is None:
+                    copied = list(value)
+                copied[i] = new
+        return value if copied is None else copied
     if inside_secret and value is not None:
         secret_paths.append(path or ".")
         return REDACTED
