@@ -32,6 +32,7 @@ import pulumi_kubernetes as k8s
 from ai_factory.components._common import GPU_MODEL_LABEL, FactoryComponent, helm_release, labels, namespace, tenant_entry
 from ai_factory.components.gpu_operator import tolerations
 from ai_factory.components.kubevirt import has_dra_vms
+from ai_factory.factory.checking.vms import PASSTHROUGH_GATE
 from ai_factory.factory.model.catalog import ChartSource
 from ai_factory.factory.model.config import FactoryConfig, KubernetesSpec, Tenant
 from ai_factory.factory.planning.model import Plan
@@ -99,9 +100,6 @@ class DraArgs:
             passthrough=has_dra_vms(cfg),
         )
 
-
-PASSTHROUGH_GATE = "PassthroughSupport"
-"""The chart's gate (`featureGates.PassthroughSupport`) for GPUs claimed as `vfio.gpu.nvidia.com`."""
 
 CHART_DEVICE_CLASSES = ("gpu.nvidia.com", "mig.nvidia.com", "vfio.gpu.nvidia.com")
 """The DeviceClasses the chart installs itself with `resources.gpus` (any GPU of the driver, MIG and

@@ -98,7 +98,8 @@ def test_a_vm_of_an_unusual_size_gets_an_instance_type_of_its_size(raw):
 
 
 def test_offline_checks_accept_the_dev_render(dev):
-    assert list(vm_checks.vm_devices_permitted(dev, None)) == [] and list(vm_checks.vm_resources_quotaed(dev, None)) == []
+    checks = (vm_checks.vm_devices_permitted, vm_checks.vm_resources_quotaed, vm_checks.vm_dra_claims)
+    assert [f.message for check in checks for f in check(dev, None)] == []
 
 
 # --------------------------------------------------------------------------- VMs on a DRA pool
@@ -346,15 +347,16 @@ CLAIM_TEMPLATES = {
     "wrong-class": {"spec": {"devices": {"requests": [{"name": "gpu0", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 1}}]}}},
     "two-devices": {"spec": {"devices": {"requests": [{"name": "gpu0", "exactly": {"deviceClassName": VFIO, "count": 2}}]}}},
     "all-devices": {"spec": {"devices": {"requests": [{"name": "gpu0", "exactly": {"deviceClassName": VFIO, "allocationMode": "All"}}]}}},
+    "defaults": {"spec": {"devices": {"requests": [{"name": "gpu0", "exactly": {"deviceClassName": VFIO}}]}}},
 }
 
 
-def _dra_vm_spec(template: str = "vm-gpus", claim: str = "gpus", request: str = "gpu0") -> dict:
+def _dra_vm_spec(template: str = "vm-gpus", claim: str = "gpus", request: str = "gpu0", key: str = "gpus", more: tuple[dict, ...] = ()) -> dict:
     return {
         "template": {
             "spec": {
-                "domain": {"devices": {"gpus": [{"name": "g", "claimName": claim, "requestName": request}]}},
-                "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": template}],
+                "domain": {"devices": {key: [{"name": "g", "claimName": claim, "requestName": request}, *more]}},
+                "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": template}, {"name": "other", "resourceClaimTemplateName": "gone"}],
             }
         }
     }
@@ -362,9 +364,13 @@ def _dra_vm_spec(template: str = "vm-gpus", claim: str = "gpus", request: str = 
 
 CLAIM_ROWS = [
     ("accepts-one-vfio-device-per-gpu", _dra_vm_spec(), None),
+    ("accepts-the-api-defaults-of-one-device", _dra_vm_spec(template="defaults"), None),
     ("accepts-a-vm-without-dra-gpus", _vm_spec(None, {"gpus": [{"name": "g", "deviceName": H100}]}), None),
-    ("claim-not-in-resource-claims", _dra_vm_spec(claim="other"), "names claim 'other', which is not in its resourceClaims"),
+    ("claim-not-in-resource-claims", _dra_vm_spec(claim="third"), "names claim 'third', which is not in its resourceClaims"),
     ("template-missing", _dra_vm_spec(template="gone"), "is not a ResourceClaimTemplate of its namespace ('gone')"),
+    ("host-device-of-another-class", _dra_vm_spec(template="wrong-class", key="hostDevices"), "must be exactly one vfio.gpu.nvidia.com device"),
+    ("every-gpu-after-one-without-claim", _dra_vm_spec(claim="third", more=({"name": "h", "claimName": "gpus", "requestName": "gpu9"},)), "names request 'gpu9'"),
+    ("every-gpu-after-one-without-template", _dra_vm_spec(claim="other", more=({"name": "h", "claimName": "gpus", "requestName": "gpu9"},)), "names request 'gpu9'"),
     ("request-missing", _dra_vm_spec(request="gpu1"), "names request 'gpu1', which claim template 'vm-gpus' does not have"),
     ("another-device-class", _dra_vm_spec(template="wrong-class"), "must be exactly one vfio.gpu.nvidia.com device"),
     ("two-devices-for-one-gpu", _dra_vm_spec(template="two-devices"), "must be exactly one vfio.gpu.nvidia.com device"),
@@ -430,6 +436,35 @@ def test_vm_feature_gates_policy(gates, annotations, dra_vms, expected):
     assert messages == [] if expected is None else any(expected.replace("2 VM(s)", "1 VM(s)") in m for m in messages), messages
 
 
+DRIVER_GATE_ROWS = [
+    ("accepts-the-gate-off-without-dra-vms", {}, 0, None),
+    ("accepts-the-gate-on-for-dra-vms", {"featureGates": {"PassthroughSupport": True}}, 1, None),
+    ("gate-on-without-dra-vms", {"featureGates": {"PassthroughSupport": True}}, 0, "alpha gate PassthroughSupport is on but no VM claims DRA GPUs"),
+    ("gate-off-with-dra-vms", {"featureGates": {"PassthroughSupport": False}}, 1, "1 VM(s) claim DRA GPUs but gate PassthroughSupport is off"),
+]
+
+
+@pytest.mark.parametrize(("values", "dra_vms", "expected"), [r[1:] for r in DRIVER_GATE_ROWS], ids=[r[0] for r in DRIVER_GATE_ROWS])
+def test_driver_gate_problems(values, dra_vms, expected):
+    found = vm_checks.driver_gate_problems(values, dra_vms)
+    assert found == [] if expected is None else any(expected in p for p in found), found
+
+
+@pytest.mark.parametrize(("values", "dra_vms", "expected"), [r[1:] for r in DRIVER_GATE_ROWS], ids=[r[0] for r in DRIVER_GATE_ROWS])
+def test_vm_driver_gate_policy(values, dra_vms, expected):
+    import pulumi_kubernetes as k8s
+
+    def program():
+        k8s.helm.v3.Release("dra", name="dra-driver-nvidia-gpu", chart="oci://registry.k8s.io/dra-driver-nvidia/charts/dra-driver-nvidia-gpu", version="0.4.1", namespace="dra-driver-nvidia-gpu", values=values)
+        if dra_vms:
+            for name, spec in CLAIM_TEMPLATES.items():
+                k8s.resource.v1.ResourceClaimTemplate(name, metadata={"name": name, "namespace": "tenant-a"}, spec=spec)
+            custom("vm", "VirtualMachine", _dra_vm_spec(), namespace_name="tenant-a", api_version=kubevirt.API_VERSION)
+
+    messages = [m for ms in violations(stack(program), "vm-dra-claims").values() for m in ms]
+    assert messages == [] if expected is None else any(expected in m for m in messages), messages
+
+
 def test_vm_quota_policy_demands_the_vfio_line_once_a_vm_claims_dra_gpus():
     import pulumi_kubernetes as k8s
 
@@ -443,15 +478,16 @@ def test_vm_quota_policy_demands_the_vfio_line_once_a_vm_claims_dra_gpus():
 
 
 DRA_BREAKAGES = [
-    ("claim-template-gone", lambda r: r.manifests.remove(next(m for m in r.manifests if m.kind == "ResourceClaimTemplate" and m.name == "workstation-gpus")), "is not a ResourceClaimTemplate of its namespace"),
-    ("gate-off", lambda r: one(r, "KubeVirt", "kubevirt")["spec"]["configuration"]["developerConfiguration"].update(featureGates=[]), "feature gate 'GPUsWithDRA' is off"),
-    ("vfio-quota-line-removed", lambda r: next(m.obj for m in r.manifests if m.kind == "ResourceQuota" and m.namespace == "tenant-assistant")["spec"]["hard"].pop(vm_checks.VFIO_QUOTA), f"does not cap {vm_checks.VFIO_QUOTA}"),
+    ("claim-template-gone", lambda r: r.manifests.remove(next(m for m in r.manifests if m.kind == "ResourceClaimTemplate" and m.name == "workstation-gpus")), "is not a ResourceClaimTemplate of its namespace", ("search",)),
+    ("gate-off", lambda r: one(r, "KubeVirt", "kubevirt")["spec"]["configuration"]["developerConfiguration"].update(featureGates=[]), "feature gate 'GPUsWithDRA' is off", ()),
+    ("driver-gate-off", lambda r: one(r, "HelmRelease", "dra-driver-nvidia-gpu")["spec"]["values"].pop("featureGates"), "gate PassthroughSupport is off", ()),
+    ("vfio-quota-line-removed", lambda r: next(m.obj for m in r.manifests if m.kind == "ResourceQuota" and m.namespace == "tenant-assistant")["spec"]["hard"].pop(vm_checks.VFIO_QUOTA), f"does not cap {vm_checks.VFIO_QUOTA}", ("assistant",)),
 ]
 
 
-@pytest.mark.parametrize(("change", "expected"), [(c, e) for _, c, e in DRA_BREAKAGES], ids=[i for i, *_ in DRA_BREAKAGES])
-def test_offline_checks_flag_a_broken_dra_vm_render(dra_vm, change, expected):
+@pytest.mark.parametrize(("change", "expected", "tenants"), [r[1:] for r in DRA_BREAKAGES], ids=[r[0] for r in DRA_BREAKAGES])
+def test_offline_checks_flag_a_broken_dra_vm_render(dra_vm, change, expected, tenants):
     broken = copy.deepcopy(dra_vm)
     change(broken)
-    checks = (vm_checks.vm_resources_quotaed, vm_checks.vm_dra_claims)
-    assert any(expected in f.message for check in checks for f in check(broken, None)), [f.message for check in checks for f in check(broken, None)]
+    found = [f for check in (vm_checks.vm_resources_quotaed, vm_checks.vm_dra_claims) for f in check(broken, None)]
+    assert [f.tenants for f in found if expected in f.message] == [tenants], [f.message for f in found]

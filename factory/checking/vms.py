@@ -12,7 +12,8 @@
   ResourceClaimTemplate exists in its namespace and asks, for that request, exactly one device of
   `vfio.gpu.nvidia.com`; the `KubeVirt` CR's feature gates are the justified ones only
   (`JUSTIFIED_GATES`, each with its reason recorded in `GATE_EXCEPTIONS_ANNOTATION`), and
-  `GPUsWithDRA` is on exactly when some VM claims DRA GPUs.
+  `GPUsWithDRA` is on exactly when some VM claims DRA GPUs, as is the DRA driver's
+  `PassthroughSupport` (without it no GPU is bound to vfio-pci for a VM's claim).
 
 The same functions serve the policy pack (`policies/aif_policies/vms.py`) over a stack's objects.
 """
@@ -38,6 +39,9 @@ JUSTIFIED_GATES: Mapping[str, str] = {
 """The only KubeVirt feature gates the platform may enable, each for a reason; none is on by default."""
 GATE_EXCEPTIONS_ANNOTATION = f"{LABEL_PREFIX}/feature-gate-exceptions"
 """On the KubeVirt CR: JSON {gate: reason} of the gates it enables, the reviewed exception."""
+DRA_DRIVER_CHART = "dra-driver-nvidia-gpu"
+PASSTHROUGH_GATE = "PassthroughSupport"
+"""The DRA driver chart's alpha gate (`featureGates.PassthroughSupport`) for `vfio.gpu.nvidia.com` devices."""
 
 
 def _map(value: Any) -> Mapping[str, Any]:
@@ -191,7 +195,7 @@ def claim_problems(vm_spec: Mapping[str, Any], templates: Mapping[str, Mapping[s
             problems.append(f"GPU {name!r} names request {request!r}, which claim template {template_name!r} does not have")
         elif exactly.get("deviceClassName") != VFIO_DEVICE_CLASS or exactly.get("allocationMode", "ExactCount") != "ExactCount" or exactly.get("count", 1) != 1:
             problems.append(f"GPU {name!r}'s request {request!r} must be exactly one {VFIO_DEVICE_CLASS} device (whole GPU bound to vfio-pci)")
-    return problems
+    return list(dict.fromkeys(problems))  # a claim's problem once, however many GPUs name it
 
 
 def gate_problems(kubevirt_spec: Mapping[str, Any], annotations: Mapping[str, Any], dra_vms: int) -> list[str]:
@@ -214,6 +218,16 @@ def gate_problems(kubevirt_spec: Mapping[str, Any], annotations: Mapping[str, An
     return problems
 
 
+def driver_gate_problems(values: Mapping[str, Any], dra_vms: int) -> list[str]:
+    """The DRA driver release's `PassthroughSupport`: on exactly when some VM claims DRA GPUs."""
+    on = _map(values.get("featureGates")).get(PASSTHROUGH_GATE) is True
+    if on and not dra_vms:
+        return [f"alpha gate {PASSTHROUGH_GATE} is on but no VM claims DRA GPUs"]
+    if dra_vms and not on:
+        return [f"{dra_vms} VM(s) claim DRA GPUs but gate {PASSTHROUGH_GATE} is off: no GPU is bound to vfio-pci for them"]
+    return []
+
+
 def vm_dra_claims(rendered: Rendered, oracles: Oracles | None) -> Iterable[Finding]:
     tenants = _tenant_of(rendered)
     templates: dict[str | None, dict[str, Mapping[str, Any]]] = {}
@@ -230,4 +244,7 @@ def vm_dra_claims(rendered: Rendered, oracles: Oracles | None) -> Iterable[Findi
     for m in rendered.manifests:
         if m.kind == "KubeVirt":
             for problem in gate_problems(_spec(m.obj), _map(_map(m.obj.get("metadata")).get("annotations")), dra_vms):
+                yield Finding("vm-dra", m.ref, problem)
+        elif m.kind == "HelmRelease" and rendered.release_chart(m) == DRA_DRIVER_CHART:
+            for problem in driver_gate_problems(_map(_spec(m.obj).get("values")), dra_vms):
                 yield Finding("vm-dra", m.ref, problem)

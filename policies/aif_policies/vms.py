@@ -6,7 +6,8 @@ permits is capped in every tenant namespace's ResourceQuota (`quota_problems`), 
 take VM GPUs beyond its grant (nor, once a VM claims DRA GPUs, claim VFIO devices beyond it). A
 VM's DRA GPUs are claimed through a template asking exactly one `vfio.gpu.nvidia.com` device each
 (`claim_problems`), and the KubeVirt CR enables only the justified feature gates, with their
-recorded reason, `GPUsWithDRA` exactly when such a VM exists (`gate_problems`).
+recorded reason, `GPUsWithDRA` exactly when such a VM exists (`gate_problems`), as the DRA driver's
+`PassthroughSupport` (`driver_gate_problems`).
 """
 
 from __future__ import annotations
@@ -16,9 +17,20 @@ from typing import Any, Iterator
 
 from pulumi_policy import PolicyResource
 
-from ai_factory.factory.checking.vms import INSTANCETYPE_KINDS, claim_problems, dra_gpus, gate_problems, permitted_devices, quota_problems, quotaed_claims, vm_problems
+from ai_factory.factory.checking.vms import (
+    DRA_DRIVER_CHART,
+    INSTANCETYPE_KINDS,
+    claim_problems,
+    dra_gpus,
+    driver_gate_problems,
+    gate_problems,
+    permitted_devices,
+    quota_problems,
+    quotaed_claims,
+    vm_problems,
+)
 from ai_factory.policies.aif_policies.core import Violation, stack_policy
-from ai_factory.policies.aif_policies.kube import Cluster, as_map, metadata
+from ai_factory.policies.aif_policies.kube import Cluster, as_map, chart_named, metadata
 
 
 def _permitted(cluster: Cluster) -> set[str]:
@@ -64,6 +76,9 @@ def check_vm_dra_claims(resources: Sequence[PolicyResource], config: Mapping[str
     for kv in cluster.of("KubeVirt"):
         for problem in gate_problems(kv.spec, as_map(metadata(kv.props).get("annotations")), dra_vms):
             yield kv.resource, f"{kv.describe()}: {problem}"
+    for resource, chart in chart_named(resources, DRA_DRIVER_CHART):
+        for problem in driver_gate_problems(chart.values, dra_vms):
+            yield resource, f"Helm release {chart.namespace}/{chart.name}: {problem}"
 
 
 POLICIES = [
@@ -79,7 +94,7 @@ POLICIES = [
     ),
     stack_policy(
         "vm-dra-claims",
-        "A VM's DRA GPUs are each one vfio.gpu.nvidia.com device of a template in its namespace; KubeVirt's feature gates are the justified ones, GPUsWithDRA only with such VMs.",
+        "A VM's DRA GPUs are each one vfio.gpu.nvidia.com device of a template in its namespace; KubeVirt's feature gates are the justified ones, GPUsWithDRA and the DRA driver's PassthroughSupport only with such VMs.",
         check_vm_dra_claims,
     ),
 ]
