@@ -13,9 +13,8 @@ model by the driver's `productName` attribute, so a claim can never get another 
 plan gives DRA pools whole GPUs only, so there is no MIG DeviceClass: MIG pools are served by MIG
 Manager and the device plugin, whose per-profile resources tenant quotas count. VMs on DRA pools
 claim the chart's own `vfio.gpu.nvidia.com` class (`components.kubevirt`), with the driver's
-`PassthroughSupport` gate on only then. Which nodes (trust
-domain, dedicated nodes) a claim may use is decided by pod placement (node labels, taints and the
-tenant's queue), as for any other GPU.
+`PassthroughSupport` gate on only then. Which nodes (trust domain, dedicated nodes) a claim may use
+is decided by pod placement (node labels, taints and the tenant's queue), as for any other GPU.
 
 Tenants get one ResourceClaimTemplate per DRA pool the plan grants them GPUs on, in their
 namespace, through a `TenantHook` (`DraClaimTemplates`) that the tenant stack attaches.
