@@ -11,9 +11,10 @@ there: the driver root is the operator's driver container when the operator is i
 DeviceClasses: one per GPU model of the DRA pools, selecting whole GPUs (`type == 'gpu'`) of that
 model by the driver's `productName` attribute, so a claim can never get another model's GPU. The
 plan gives DRA pools whole GPUs only, so there is no MIG DeviceClass: MIG pools are served by MIG
-Manager and the device plugin, whose per-profile resources tenant quotas count. Which nodes (trust
-domain, dedicated nodes) a claim may use is decided by pod placement (node labels, taints and the
-tenant's queue), as for any other GPU.
+Manager and the device plugin, whose per-profile resources tenant quotas count. VMs on DRA pools
+claim the chart's own `vfio.gpu.nvidia.com` class (`components.kubevirt`), with the driver's
+`PassthroughSupport` gate on only then. Which nodes (trust domain, dedicated nodes) a claim may use
+is decided by pod placement (node labels, taints and the tenant's queue), as for any other GPU.
 
 Tenants get one ResourceClaimTemplate per DRA pool the plan grants them GPUs on, in their
 namespace, through a `TenantHook` (`DraClaimTemplates`) that the tenant stack attaches.
@@ -29,6 +30,8 @@ import pulumi_kubernetes as k8s
 
 from ai_factory.components._common import GPU_MODEL_LABEL, FactoryComponent, helm_release, labels, namespace, tenant_entry
 from ai_factory.components.gpu_operator import tolerations
+from ai_factory.components.kubevirt import has_dra_vms
+from ai_factory.factory.checking.vms import PASSTHROUGH_GATE
 from ai_factory.factory.model.catalog import ChartSource
 from ai_factory.factory.model.config import FactoryConfig, KubernetesSpec, Tenant
 from ai_factory.factory.planning.model import Plan
@@ -82,6 +85,8 @@ class DraArgs:
     """Catalog models of the DRA pools, sorted: one whole-GPU DeviceClass each."""
     driver_root: str
     """Host path of the NVIDIA driver: the GPU Operator's driver container, or `/` for a host driver."""
+    passthrough: bool = False
+    """Some VM claims DRA GPUs (`kubevirt.has_dra_vms`): the driver's alpha `PassthroughSupport` gate."""
 
     @classmethod
     def from_config(cls, cfg: FactoryConfig) -> DraArgs:
@@ -91,6 +96,7 @@ class DraArgs:
             namespace=layer.namespace,
             gpu_models=tuple(sorted({p.gpu.model for p in cfg.fleet.pools if p.sharing == "dra"})),
             driver_root=GPU_OPERATOR_DRIVER_ROOT if cfg.layers.gpu_operator.enabled else HOST_DRIVER_ROOT,
+            passthrough=has_dra_vms(cfg),
         )
 
 
@@ -102,7 +108,7 @@ through the per-model classes, which their quotas cap at their ceilings."""
 
 def chart_values(args: DraArgs) -> dict:
     """The chart values: a pure function of the arguments, so tests can read them directly."""
-    return {
+    values: dict[str, Any] = {
         "nvidiaDriverRoot": args.driver_root,
         # The chart gates GPU allocation behind this override (its install docs set it).
         "gpuResourcesEnabledOverride": True,
@@ -111,6 +117,11 @@ def chart_values(args: DraArgs) -> dict:
         "resources": {"gpus": {"enabled": True}, "computeDomains": {"enabled": False}},
         "kubeletPlugin": {"nodeSelector": {DRA_LABEL: "enabled"}, "tolerations": tolerations()},
     }
+    if args.passthrough:
+        # Alpha, only for VMs on DRA GPUs: the kubelet plugin then binds a claimed GPU to vfio-pci
+        # (it mounts the host's root, /sys and /proc, in its already privileged namespace).
+        values["featureGates"] = {PASSTHROUGH_GATE: True}
+    return values
 
 
 class DraDriver(FactoryComponent):

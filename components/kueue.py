@@ -34,6 +34,8 @@ import yaml
 from ai_factory.components._common import GPU_MODEL_LABEL, POOL_LABEL, ArgumentError, FactoryComponent, helm_release, labels, namespace, tenant_items
 from ai_factory.components._topology import SchedulingTopology, pool_topology
 from ai_factory.components.dra import whole_gpu_class
+from ai_factory.components.kubevirt import has_dra_vms
+from ai_factory.factory.checking.vms import VFIO_DEVICE_CLASS
 from ai_factory.factory.model.catalog import ChartSource
 from ai_factory.factory.model.config import FactoryConfig, Tenant
 from ai_factory.factory.planning.model import WHOLE_GPU, Plan
@@ -127,7 +129,7 @@ class KueueArgs:
     """(flavor, topology) for the whole-GPU flavors of pools with a GPU fabric."""
     cohorts: tuple[CohortSpec, ...]
     dra_device_classes: tuple[str, ...]
-    """The whole-GPU DeviceClasses of the DRA pools (`components.dra`)."""
+    """The whole-GPU DeviceClasses of the DRA pools (`components.dra`), then the VFIO class of VMs' DRA GPUs."""
 
     @classmethod
     def from_config(cls, cfg: FactoryConfig, plan: Plan) -> KueueArgs:
@@ -143,7 +145,9 @@ class KueueArgs:
                 if o.kind == "whole" and cfg.pool(o.pool).topology.fabric in FABRICS_FOR_GANGS
             ),
             cohorts=queues.cohorts,
-            dra_device_classes=tuple(sorted({whole_gpu_class(p.gpu.model) for p in cfg.fleet.pools if p.sharing == "dra"})),
+            # A VM's VFIO claim takes one of the same GPUs: counted in the same `nvidia.com/gpu` budget.
+            dra_device_classes=tuple(sorted({whole_gpu_class(p.gpu.model) for p in cfg.fleet.pools if p.sharing == "dra"}))
+            + ((VFIO_DEVICE_CLASS,) if has_dra_vms(cfg) else ()),
         )
 
 

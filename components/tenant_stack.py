@@ -53,6 +53,7 @@ import yaml
 
 from ai_factory.components._common import FactoryComponent, TenantHook, helm_release, labels, namespace, narrowed
 from ai_factory.components.dra import CHART_DEVICE_CLASSES, whole_gpu_class
+from ai_factory.components.kubevirt import vfio_ceilings
 from ai_factory.components.network import vf_class_ceilings
 from ai_factory.factory.model.catalog import ChartSource
 from ai_factory.factory.model.config import FactoryConfig, Identity, PlatformFlow, Tenant, TenantQuota
@@ -176,7 +177,7 @@ def tenant_stack_args(cfg: FactoryConfig, plan: Plan, tenant: Tenant, hooks: Seq
         gpu_ceilings=dict(ceiling.resources),
         advertised_resources=advertised_resources(plan),
         device_class_ceilings=device_class_ceilings(plan, ceiling) | vf_class_ceilings(
-            cfg, plan, tenant.name, ceiling.per_offering, {o.name: o.pool for o in ceiling.offerings}),
+            cfg, plan, tenant.name, ceiling.per_offering, {o.name: o.pool for o in ceiling.offerings}) | vfio_ceilings(cfg, tenant.name, ceiling),
         platform_flows=tuple(tenancy.platform_flows),
         kubernetes_version=cfg.kubernetes.version,
         vcluster=vcluster,

@@ -52,7 +52,7 @@ def detection_coverage(rendered: Rendered, oracles: Oracles | None) -> Iterable[
     remediation step (the NodeHealthCheck reboots only drained nodes), and runs a Self Node
     Remediation agent (the SelfNodeRemediationConfig tolerates its taints)."""
     nodes = _nodes(rendered)
-    releases = [m for m in rendered.manifests if m.kind == "HelmRelease" and _chart(m, rendered) == NPD_CHART]
+    releases = [m for m in rendered.manifests if m.kind == "HelmRelease" and rendered.release_chart(m) == NPD_CHART]
     checks = _of(rendered, *NHC)
     snr_configs = _of(rendered, *SNR_CONFIG)
     stepped = {pool for m in rendered.manifests if m.kind == "ConfigMap" and m.name == STEP for pool in _step_settings(m)}
@@ -255,15 +255,6 @@ def _schedules(values: Mapping[str, Any], labels: Mapping[str, str], taints: lis
     if terms is not None and not any(selects({"matchExpressions": t.get("matchExpressions") or []}, labels) for t in terms):
         return False
     return all(tolerates(values.get("tolerations") or [], t) for t in taints)
-
-
-def _chart(release: Manifest, rendered: Rendered) -> str | None:
-    spec = _spec(release)
-    if "chartRef" in spec:
-        sources = {m.name: m for m in rendered.manifests if m.kind == "OCIRepository" and m.namespace == release.namespace}
-        source = sources.get((spec.get("chartRef") or {}).get("name"))
-        return str(_spec(source).get("url", "")).rstrip("/").rsplit("/", 1)[-1] if source else None
-    return ((spec.get("chart") or {}).get("spec") or {}).get("chart")
 
 
 def _values(release: Manifest) -> Mapping[str, Any]:

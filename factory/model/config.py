@@ -1119,10 +1119,12 @@ class SlinkyLayer(Model):
 class VmPool(Model):
     """A pool whose nodes run VMs: the GPU Operator's sandbox workloads put every node of it in
     `vm-passthrough` (the VFIO manager binds all its GPUs to vfio-pci, the sandbox device plugin
-    advertises them by PCI device name), so its GPUs serve VMs only, whole."""
+    advertises them by PCI device name), so its GPUs serve VMs only, whole. On a DRA pool instead,
+    each VM claims its GPUs from the DRA driver (`vfio.gpu.nvidia.com`) and the nodes stay as they are."""
 
     pci_device_id: Annotated[str, StringConstraints(pattern=r"^0x[0-9A-F]{4}10DE$")] | None = None
-    """The nodes' GPU, in the catalog's form (`0x233010DE`); one of the model's PCI IDs, default its first."""
+    """The nodes' GPU, in the catalog's form (`0x233010DE`); one of the model's PCI IDs, default its first.
+    Not on a DRA pool, nor `resource_name`: the driver publishes the devices."""
     resource_name: Annotated[str, StringConstraints(pattern=r"^nvidia\.com/[A-Za-z0-9_]{1,100}$")] | None = None
     """What the sandbox device plugin advertises the GPU as; default from the PCI ID
     (`components.kubevirt.VM_RESOURCE_NAMES`), required for a device not listed there."""

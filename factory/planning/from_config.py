@@ -38,9 +38,9 @@ def pool_spec(pool: Pool, cfg: FactoryConfig) -> PoolSpec:
 
 def vm_resource(pool: Pool, cfg: FactoryConfig) -> str | None:
     """The resource name a VM pool's GPUs are advertised as; None for a pool not marked for VMs (or
-    a device unknown, refused at validation)."""
+    a device unknown, refused at validation), and for a DRA pool, whose VMs claim their GPUs."""
     vm_pool = cfg.layers.kubevirt.pools.get(pool.name) if cfg.layers.kubevirt.enabled else None
-    if vm_pool is None:
+    if vm_pool is None or pool.sharing == "dra":
         return None
     return vm_resource_name(vm_pool.pci_device_id or GPU_MODELS[pool.gpu.model].pci_device_ids[0], vm_pool.resource_name)
 

@@ -172,6 +172,15 @@ class Rendered:
         """The layers the render holds objects of (the whole render's, for a part)."""
         return self.whole_layers if self.whole_layers is not None else frozenset(m.layer for m in self.manifests)
 
+    def release_chart(self, release: Manifest) -> str | None:
+        """The chart name of a HelmRelease: its chart spec's, or its OCIRepository's URL's last part."""
+        spec = release.obj.get("spec") or {}
+        if "chartRef" in spec:
+            sources = {m.name: m for m in self.manifests if m.kind == "OCIRepository" and m.namespace == release.namespace}
+            source = sources.get((spec.get("chartRef") or {}).get("name"))
+            return str((source.obj.get("spec") or {}).get("url", "")).rstrip("/").rsplit("/", 1)[-1] if source else None
+        return ((spec.get("chart") or {}).get("spec") or {}).get("chart")
+
     def files(self) -> dict[str, str]:
         files = {m.path: m.yaml() for m in self.manifests}
         files.update({f"flux/{k['metadata']['name']}.yaml": dump_yaml(k) for k in self.kustomizations})
