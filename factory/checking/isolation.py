@@ -37,6 +37,7 @@ from ai_factory.components.tenant_stack import (
 )
 from ai_factory.factory.model.catalog import CHARTS
 from ai_factory.factory.checking.findings import Finding
+from ai_factory.factory.checking.label_index import LabelIndex
 from ai_factory.factory.checking.oracles import Oracles
 from ai_factory.factory.checking.scheduling import selects
 from ai_factory.factory.planning.placement import (
@@ -140,6 +141,7 @@ class View:
                 self.tenant_namespaces[m.name] = TenantNamespace(
                     tenant, m.name, labels.get(TRUST_LABEL, ""), labels.get(TRUST_DOMAIN_LABEL, tenant), m
                 )
+        self._namespaces = LabelIndex(self.namespace_labels, self.namespace_labels.__getitem__)
         self.owners: dict[Subject, set[str]] = {}
         self.unreadable_owners: list[TenantNamespace] = []
         for t in self.tenant_namespaces.values():
@@ -151,6 +153,10 @@ class View:
                 continue
             for subject in subjects:
                 self.owners.setdefault(subject, set()).add(t.tenant)
+
+    def namespaces_labelled(self, label: str, value: Any) -> set[str]:
+        """The namespaces whose label `label` is `value`."""
+        return {self._namespaces.items[p] for p in self._namespaces.positions({label: value})}
 
     def of_kind(self, *kinds: str) -> list[Manifest]:
         """Objects of these kinds, in render order."""
@@ -546,8 +552,7 @@ def _endpoint_scope(selector: Mapping[str, Any], view: View, default_namespace: 
         if key in NAMESPACE_KEYS:
             narrow({value})
         elif key.startswith(NAMESPACE_LABEL_PREFIXES):
-            label = key.split(".labels.", 1)[1]
-            narrow({ns for ns, labels in view.namespace_labels.items() if labels.get(label) == value})
+            narrow(view.namespaces_labelled(key.split(".labels.", 1)[1], value))
         else:
             narrows_pods = True
     for expression in selector.get("matchExpressions") or []:
@@ -559,13 +564,6 @@ def _endpoint_scope(selector: Mapping[str, Any], view: View, default_namespace: 
     if namespaces is None and default_namespace:
         namespaces = {default_namespace}
     return namespaces, narrows_pods
-
-
-def _selects_whole(spec: Mapping[str, Any], view: View, namespace: str) -> bool:
-    if "nodeSelector" in spec:
-        return False  # a host policy
-    namespaces, narrows_pods = _endpoint_scope(spec.get("endpointSelector") or {}, view, None)
-    return not narrows_pods and (namespaces is None or namespace in namespaces)
 
 
 def _default_deny(spec: Mapping[str, Any], direction: str) -> bool:
@@ -606,9 +604,24 @@ def network_default_deny(rendered: Rendered, oracles: Oracles) -> Iterable[Findi
     policy (which no tenant can delete) that denies by default in both directions, allows DNS, and
     denies the cloud metadata address."""
     view = View(rendered)
-    cluster_policies = view.of_kind("CiliumClusterwideNetworkPolicy")
+    if not view.tenant_namespaces:
+        return
+    # Each policy's scope is read once (per tenant, every policy of every tenant was read again).
+    everywhere: list[int] = []
+    selecting: dict[str, list[int]] = {}
+    specs_in_order = [s for m in view.of_kind("CiliumClusterwideNetworkPolicy") for s in _policy_specs(m)]
+    for position, spec in enumerate(specs_in_order):
+        if "nodeSelector" in spec:
+            continue  # a host policy
+        namespaces, narrows_pods = _endpoint_scope(spec.get("endpointSelector") or {}, view, None)
+        if narrows_pods:
+            continue
+        for ns in namespaces if namespaces is not None else ():
+            selecting.setdefault(ns, []).append(position)
+        if namespaces is None:
+            everywhere.append(position)
     for ns, t in sorted(view.tenant_namespaces.items()):
-        specs = [s for m in cluster_policies for s in _policy_specs(m) if _selects_whole(s, view, ns)]
+        specs = [specs_in_order[p] for p in sorted({*everywhere, *selecting.get(ns, ())})]
         for direction in ("ingress", "egress"):
             if not any(_default_deny(s, direction) for s in specs):
                 yield _finding(

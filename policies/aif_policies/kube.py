@@ -266,6 +266,7 @@ class Cluster:
         self.tenants = {
             name: Tenant(name, e["trust"], e["domain"], tuple(sorted(e["namespaces"]))) for name, e in sorted(tenants.items())
         }
+        self._by_namespace: dict[tuple[str, str | None], list[Obj]] | None = None
         self._labelled: dict[tuple[str, Any], set[str]] = defaultdict(set)
         """Namespaces by (label, value): a selector of one tenant's labels finds its namespaces
         without testing every namespace (one ClusterQueue per tenant made that quadratic)."""
@@ -276,6 +277,14 @@ class Cluster:
 
     def of(self, *kinds: str) -> list[Obj]:
         return [o for kind in kinds for o in self._by_kind.get(kind, [])]
+
+    def in_namespace(self, kind: str, namespace: str | None) -> list[Obj]:
+        """The objects of one kind in one namespace, in stack order (indexed on first use)."""
+        if self._by_namespace is None:
+            self._by_namespace = defaultdict(list)
+            for o in self.objects:
+                self._by_namespace[o.kind, o.namespace].append(o)
+        return list(self._by_namespace.get((kind, namespace), ()))
 
     def tenant_of_namespace(self, namespace: str | None) -> Tenant | None:
         tenant = self.namespace_tenant.get(namespace or "")
