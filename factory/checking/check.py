@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable
 
 import msgspec
 
@@ -121,15 +121,19 @@ def run_checks(
     `oracle_state`: a digest of what the oracles know (`oracle_digest`)."""
     findings: set[Finding] = set()
     by_part = cache is not None and rendered.graph is not None
-    for check in checks(rendered):
-        if by_part and check in PER_PART:
-            continue
-        findings.update(_guarded(check)(rendered, oracles))
-        if on_check is not None:
-            on_check()
+    with isolation.View.shared():
+        for check in checks(rendered):
+            if by_part and check in PER_PART:
+                continue
+            findings.update(_guarded(check)(rendered, oracles))
+            if on_check is not None:
+                on_check()
     if by_part:
         assert cache is not None
-        context = [library_digest(), oracle_state, rendered.kubernetes_version, sorted(rendered.layers()), policy_check.pack_config(rendered)]
+        # What every part's key holds besides its content, digested once for all of them.
+        context = digest(
+            library_digest(), oracle_state, rendered.kubernetes_version, sorted(rendered.layers()), policy_check.pack_config(rendered), [c.__name__ for c in PER_PART]
+        )
         keys = []
         for part in parts(rendered).values():
             key, found = _part_findings(part, oracles, cache, context)
@@ -182,13 +186,13 @@ def _part_of(tenant: str | None, layer: str) -> tuple[str, str]:
     return ("tenant", tenant) if tenant else ("layer", layer)
 
 
-def _part_findings(part: Rendered, oracles: Oracles, cache: Path, context: list[Any]) -> tuple[str, list[Finding]]:
+def _part_findings(part: Rendered, oracles: Oracles, cache: Path, context: str) -> tuple[str, list[Finding]]:
     """The part's key in the check cache and its findings."""
     content = [
         [[m.obj, m.layer, m.tenant, m.origin, m.stage] for m in part.manifests],
         [[r.type, r.name, r.urn, r.inputs, r.parent_urn, r.protect, r.retain_on_delete, r.custom, r.tenant, r.layer] for r in part.graph.resources],
     ]
-    key = digest(*context, [c.__name__ for c in PER_PART], hashlib.sha256(msgspec.json.encode(content)).hexdigest())
+    key = digest(context, hashlib.sha256(msgspec.json.encode(content)).hexdigest())
     path = cache / "checks" / key[:2] / f"{key}.json"
     entry = read_entry(path)
     try:

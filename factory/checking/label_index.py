@@ -16,8 +16,9 @@ class LabelIndex:
     tested against every node made the flavor checks quadratic in the fleet's size.
 
     `labels_of` is read once per item. An item whose labels cannot be listed (a value unknown
-    during preview, which raises) or hold an unhashable value is tested by `labels_of` on every
-    query instead, as is every item for an unhashable or None wanted value: the answer is always exactly
+    during preview, which raises) is tested by `labels_of` on every query instead, as is every
+    item for an unhashable wanted value (only such a value can equal an unhashable label, which
+    is not indexed) or a None one (what an absent label reads as): the answer is always exactly
     `[i for i in items if all(labels_of(i).get(k) == v for k, v in wanted.items())]`."""
 
     def __init__(self, items: Iterable[Any], labels_of: Callable[[Any], Mapping[str, Any]]):
@@ -28,15 +29,14 @@ class LabelIndex:
         self._unindexed: set[int] = set()
         for position, item in enumerate(self.items):
             try:
-                labels = dict(labels_of(item))
-                pairs = [(key, value) for key, value in labels.items() if _hashable(value)]
+                labels: dict[str, Any] | None = dict(labels_of(item))
             except UnknownValueError:  # a value a preview cannot know: tested when a query reaches it
-                labels, pairs = None, []
-            self._labels.append(labels)
-            if labels is None or len(pairs) < len(labels):
+                labels = None
                 self._unindexed.add(position)
-            for pair in pairs:
-                self._positions[pair].add(position)
+            self._labels.append(labels)
+            for pair in (labels or {}).items():
+                if _hashable(pair[1]):
+                    self._positions[pair].add(position)
 
     def labels(self, position: int) -> Mapping[str, Any]:
         """The labels of the item at `position` (read once, unless they could not be listed)."""
@@ -46,13 +46,13 @@ class LabelIndex:
     def positions(self, wanted: Mapping[str, Any]) -> list[int]:
         """Positions of the items whose labels hold every `wanted` pair, ascending."""
         pairs = list(wanted.items())
-        if not all(value is not None and _hashable(value) for _, value in pairs):  # None is also what an absent label reads as
+        if not all(value is not None and _hashable(value) for _, value in pairs):
             return [p for p in range(len(self.items)) if self._holds(p, pairs)]
         if not pairs:
             return list(range(len(self.items)))
         sets = sorted((self._positions.get(pair, set()) for pair in pairs), key=len)
         found = set(sets[0]).intersection(*sets[1:])
-        return sorted(found | {p for p in self._unindexed if p not in found and self._holds(p, pairs)})
+        return sorted(found | {p for p in self._unindexed if self._holds(p, pairs)})
 
     def matching(self, wanted: Mapping[str, Any]) -> list[Any]:
         """The items whose labels hold every `wanted` pair, in their order."""

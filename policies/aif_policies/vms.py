@@ -15,7 +15,7 @@ from pulumi_policy import PolicyResource
 
 from ai_factory.factory.checking.vms import INSTANCETYPE_KINDS, permitted_devices, quota_problems, vm_problems
 from ai_factory.policies.aif_policies.core import Violation, stack_policy
-from ai_factory.policies.aif_policies.kube import Cluster
+from ai_factory.policies.aif_policies.kube import Cluster, cluster_of
 
 
 def _permitted(cluster: Cluster) -> set[str]:
@@ -23,7 +23,7 @@ def _permitted(cluster: Cluster) -> set[str]:
 
 
 def check_vm_devices_permitted(resources: Sequence[PolicyResource], config: Mapping[str, Any]) -> Iterator[Violation]:
-    cluster = Cluster(resources)
+    cluster = cluster_of(resources)
     permitted = _permitted(cluster)
     types: dict[str | None, dict[str, Mapping[str, Any]]] = {}
     for o in cluster.of(*INSTANCETYPE_KINDS):
@@ -34,7 +34,7 @@ def check_vm_devices_permitted(resources: Sequence[PolicyResource], config: Mapp
 
 
 def check_vm_gpus_quotaed(resources: Sequence[PolicyResource], config: Mapping[str, Any]) -> Iterator[Violation]:
-    cluster = Cluster(resources)
+    cluster = cluster_of(resources)
     permitted = _permitted(cluster)
     if not permitted:
         return
