@@ -28,20 +28,6 @@ def review(raw, secret_sections, oracles, directory):
     return run_checks(rendered, oracles, cache=directory)
 
 
-def test_a_one_tenant_change_leaves_the_entries_of_a_fresh_cache_of_the_change(dev_raw, tmp_path):
-    raw = many_tenants(copy.deepcopy(dev_raw[0]), 2)
-    oracles = Oracles(locate_upstream_dir())
-    review(raw, dev_raw[1], oracles, tmp_path / "cache")
-    changed = copy.deepcopy(raw)
-    changed["tenants"][1]["quota"] = {"cpu": "77"}
-    findings = review(changed, dev_raw[1], oracles, tmp_path / "cache")
-    assert findings == review(changed, dev_raw[1], oracles, tmp_path / "fresh")
-    for kind in ("units", "checks"):
-        assert entries(tmp_path / "cache", kind) == entries(tmp_path / "fresh", kind)
-    listed = json.loads((tmp_path / "cache" / "check-runs" / "ai-factory.dev.json").read_text())["parts"]
-    assert sorted(listed) == sorted(entries(tmp_path / "cache", "checks"))
-
-
 def stack(directory, name: str, units: list[str], parts: list[str]) -> None:
     write_entry(directory / "stacks" / f"{name}.json", {"format": 2, "units": {f"unit-{u}": u for u in units}})
     write_entry(directory / "check-runs" / f"{name}.json", {"parts": parts})
@@ -80,3 +66,17 @@ def test_only_abandoned_temporary_files_are_removed(tmp_path):
     os.utime(old, (past, past))
     assert evict(tmp_path) == 1
     assert not old.exists() and new.exists() and entries(tmp_path, "units") == {"aa1"}
+
+
+def test_a_one_tenant_change_leaves_the_entries_of_a_fresh_cache_of_the_change(dev_raw, tmp_path):
+    raw = many_tenants(copy.deepcopy(dev_raw[0]), 2)
+    oracles = Oracles(locate_upstream_dir())
+    review(raw, dev_raw[1], oracles, tmp_path / "cache")
+    changed = copy.deepcopy(raw)
+    changed["tenants"][1]["quota"] = {"cpu": "77"}
+    findings = review(changed, dev_raw[1], oracles, tmp_path / "cache")
+    assert findings == review(changed, dev_raw[1], oracles, tmp_path / "fresh")
+    for kind in ("units", "checks"):
+        assert entries(tmp_path / "cache", kind) == entries(tmp_path / "fresh", kind)
+    listed = json.loads((tmp_path / "cache" / "check-runs" / "ai-factory.dev.json").read_text())["parts"]
+    assert sorted(listed) == sorted(entries(tmp_path / "cache", "checks"))
