@@ -256,10 +256,13 @@ def _cache_dir(args: argparse.Namespace) -> Path | None:
 def _render(env: str, out: Path, quiet: bool, cache: Path | None = None) -> int:
     from ai_factory.factory.progress import Steps
     from ai_factory.factory.rendering.bundle import render_clusters
+    from ai_factory.factory.rendering.eviction import evict
 
     started = time.perf_counter()
     with Steps(quiet) as steps:
         renders = render_clusters(env, on_resource=steps.step("rendering: resources"), cache=cache)
+        if cache is not None:
+            evict(cache)
         single = len(renders) == 1 and next(iter(renders)) == stack_name(stack_file(env))
         for cluster, rendered in renders.items():
             rendered.write(out if single else out / cluster, on_file=steps.step("writing: files", total=len(rendered.manifests) + 1))

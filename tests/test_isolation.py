@@ -332,6 +332,8 @@ DENY_GAPS = {
         pytest.param([isolation_spec(), isolation_spec({"matchLabels": {NS_KEY: "tenant-b"}}, enableDefaultDeny={"ingress": False, "egress": False})], [], id="other-policy-for-another-namespace"),
         pytest.param([isolation_spec({"matchLabels": {NS_KEY: "tenant-b"}})], list(DENY_GAPS), id="another-namespace-only"),
         pytest.param([{**isolation_spec({}), "nodeSelector": {}}], list(DENY_GAPS), id="host-policy-is-no-tenant-default-deny"),
+        pytest.param([{**isolation_spec({}), "nodeSelector": {}}, isolation_spec()], [], id="host-policy-before-the-default-deny"),
+        pytest.param([isolation_spec({"matchLabels": {NS_KEY: "tenant-a", "app": "web"}}), isolation_spec()], [], id="pod-policy-before-the-default-deny"),
         pytest.param([isolation_spec({"matchLabels": {NS_KEY: "tenant-a", "app": "web"}})], list(DENY_GAPS), id="selects-some-pods-only"),
         pytest.param([isolation_spec({"matchExpressions": [{"key": "app", "operator": "Exists"}]})], list(DENY_GAPS), id="expression-selects-some-pods-only"),
         pytest.param([isolation_spec(enableDefaultDeny={"ingress": False, "egress": True})], ["ingress"], id="ingress-default-deny-off"),

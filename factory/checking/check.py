@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable
 
 import msgspec
 
@@ -29,6 +29,7 @@ from ai_factory.factory.checking.oracles import Oracles, is_core_api
 from ai_factory.factory.rendering.bundle import Manifest, Rendered
 from ai_factory.factory.rendering.cache import digest, library_digest, read_entry, write_entry
 from ai_factory.factory.rendering.charts import releases_of
+from ai_factory.factory.rendering.eviction import evict
 from ai_factory.factory.rendering.harness import Graph
 
 
@@ -120,20 +121,36 @@ def run_checks(
     `oracle_state`: a digest of what the oracles know (`oracle_digest`)."""
     findings: set[Finding] = set()
     by_part = cache is not None and rendered.graph is not None
-    for check in checks(rendered):
-        if by_part and check in PER_PART:
-            continue
-        findings.update(_guarded(check)(rendered, oracles))
-        if on_check is not None:
-            on_check()
+    with isolation.View.shared():
+        for check in checks(rendered):
+            if by_part and check in PER_PART:
+                continue
+            findings.update(_guarded(check)(rendered, oracles))
+            if on_check is not None:
+                on_check()
     if by_part:
         assert cache is not None
-        context = [library_digest(), oracle_state, rendered.kubernetes_version, sorted(rendered.layers()), policy_check.pack_config(rendered)]
+        # What every part's key holds besides its content, digested once for all of them.
+        context = digest(
+            library_digest(), oracle_state, rendered.kubernetes_version, sorted(rendered.layers()), policy_check.pack_config(rendered), [c.__name__ for c in PER_PART]
+        )
+        keys = []
         for part in parts(rendered).values():
-            findings.update(_part_findings(part, oracles, cache, context))
+            key, found = _part_findings(part, oracles, cache, context)
+            keys.append(key)
+            findings.update(found)
+        write_entry(cache / "check-runs" / f"{_stack_name(rendered.graph)}.json", {"parts": keys})
+        evict(cache)
         for _ in PER_PART if on_check is not None else ():
             on_check()
     return sorted(findings)
+
+
+def _stack_name(graph: Graph) -> str:
+    """`<project>.<stack>` of a render (its URNs say `urn:pulumi:<stack>::<project>::...`), as the
+    render cache names its stacks: the index of the parts its latest check used (`eviction`)."""
+    stack, _, rest = (graph.resources[0].urn.removeprefix("urn:pulumi:") if graph.resources else "").partition("::")
+    return f"{rest.partition('::')[0]}.{stack}"
 
 
 def _guarded(check: Check) -> Check:
@@ -169,19 +186,20 @@ def _part_of(tenant: str | None, layer: str) -> tuple[str, str]:
     return ("tenant", tenant) if tenant else ("layer", layer)
 
 
-def _part_findings(part: Rendered, oracles: Oracles, cache: Path, context: list[Any]) -> list[Finding]:
+def _part_findings(part: Rendered, oracles: Oracles, cache: Path, context: str) -> tuple[str, list[Finding]]:
+    """The part's key in the check cache and its findings."""
     content = [
         [[m.obj, m.layer, m.tenant, m.origin, m.stage] for m in part.manifests],
         [[r.type, r.name, r.urn, r.inputs, r.parent_urn, r.protect, r.retain_on_delete, r.custom, r.tenant, r.layer] for r in part.graph.resources],
     ]
-    key = digest(*context, [c.__name__ for c in PER_PART], hashlib.sha256(msgspec.json.encode(content)).hexdigest())
+    key = digest(context, hashlib.sha256(msgspec.json.encode(content)).hexdigest())
     path = cache / "checks" / key[:2] / f"{key}.json"
     entry = read_entry(path)
     try:
         if entry["key"] == key:
-            return [Finding(f["check"], f["ref"], f["message"], tuple(f["tenants"])) for f in entry["findings"]]
+            return key, [Finding(f["check"], f["ref"], f["message"], tuple(f["tenants"])) for f in entry["findings"]]
     except (KeyError, TypeError):
         pass  # absent or unreadable: checked again
     found = sorted({f for check in PER_PART for f in _guarded(check)(part, oracles)})
     write_entry(path, {"key": key, "findings": [{"check": f.check, "ref": f.ref, "message": f.message, "tenants": list(f.tenants)} for f in found]})
-    return found
+    return key, found

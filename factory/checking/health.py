@@ -172,7 +172,7 @@ def remediation_rbac(rendered: Rendered, oracles: Oracles | None) -> Iterable[Fi
     pod (a drain evicts through `pods/eviction`, which honours PodDisruptionBudgets), use no
     wildcard and cannot escalate, bind or impersonate; a role that is not rendered cannot be
     judged and is a finding. The medik8s operators' own roles come with OLM, outside the render."""
-    view = View(rendered)
+    view = View.of(rendered)
     homes = {m.name for m in rendered.manifests if m.kind == "Namespace" and m.layer == "health"}
     for binding, subject, scope, role, rules in bound_rules(view):
         home = service_account_home(subject, homes)

@@ -18,6 +18,7 @@ registered in `ai_factory.factory.checking.check`.
 from __future__ import annotations
 
 import functools
+from contextlib import contextmanager
 import ipaddress
 import json
 from fnmatch import fnmatchcase
@@ -37,6 +38,7 @@ from ai_factory.components.tenant_stack import (
 )
 from ai_factory.factory.model.catalog import CHARTS
 from ai_factory.factory.checking.findings import Finding
+from ai_factory.factory.checking.label_index import LabelIndex
 from ai_factory.factory.checking.oracles import Oracles
 from ai_factory.factory.checking.scheduling import selects
 from ai_factory.factory.planning.placement import (
@@ -47,7 +49,7 @@ from ai_factory.factory.planning.placement import (
     MIG_DISABLED_CONFIG,
     PLACEMENT_TAINT_KEYS,
 )
-from ai_factory.factory.rendering.bundle import Manifest, Rendered
+from ai_factory.factory.rendering.bundle import SAFE_LOADER, Manifest, Rendered
 from ai_factory.factory.rendering.charts import CHART_ORIGIN
 from ai_factory.factory.model.tenancy import OIDC_PREFIX, TENANT_LABEL, TRUST_DOMAIN_LABEL, TRUST_LABEL
 
@@ -120,6 +122,30 @@ class TenantNamespace:
 class View:
     """Tenants, namespaces and subjects of a rendered environment."""
 
+    _shared: dict[int, tuple[Rendered, View]] | None = None
+    """The views of a `shared` run, by render."""
+
+    @classmethod
+    def of(cls, rendered: Rendered) -> View:
+        """The view of a render: within `shared`, built once for every check of the run."""
+        if cls._shared is None:
+            return cls(rendered)
+        hit = cls._shared.get(id(rendered))
+        if hit is None or hit[0] is not rendered:
+            hit = cls._shared[id(rendered)] = (rendered, cls(rendered))
+        return hit[1]
+
+    @classmethod
+    @contextmanager
+    def shared(cls) -> Iterator[None]:
+        """Checks run in this block share one view per render (`run_checks`: nothing changes a
+        render while its checks run; each check building its own was a twentieth of the time)."""
+        outer, cls._shared = cls._shared, {}
+        try:
+            yield
+        finally:
+            cls._shared = outer
+
     def __init__(self, rendered: Rendered):
         self.manifests = rendered.manifests
         # Indexed once by kind and by (kind, namespace): checks ask per tenant, and a rescan of
@@ -140,6 +166,7 @@ class View:
                 self.tenant_namespaces[m.name] = TenantNamespace(
                     tenant, m.name, labels.get(TRUST_LABEL, ""), labels.get(TRUST_DOMAIN_LABEL, tenant), m
                 )
+        self._namespaces = LabelIndex(self.namespace_labels, self.namespace_labels.__getitem__)
         self.owners: dict[Subject, set[str]] = {}
         self.unreadable_owners: list[TenantNamespace] = []
         for t in self.tenant_namespaces.values():
@@ -151,6 +178,10 @@ class View:
                 continue
             for subject in subjects:
                 self.owners.setdefault(subject, set()).add(t.tenant)
+
+    def namespaces_labelled(self, label: str, value: Any) -> set[str]:
+        """The namespaces whose label `label` is `value`."""
+        return {self._namespaces.items[p] for p in self._namespaces.positions({label: value})}
 
     def of_kind(self, *kinds: str) -> list[Manifest]:
         """Objects of these kinds, in render order."""
@@ -226,7 +257,7 @@ def _finding(check: str, m: Manifest, message: str, *tenants: str | None) -> Fin
 def tenant_labels(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
     """A1, A14: every object in a tenant's namespace carries its tenant label; a tenant's objects
     live in its namespace (or are cluster-scoped), never in another tenant's or the platform's."""
-    view = View(rendered)
+    view = View.of(rendered)
     for m in view.manifests:
         if m.origin.startswith(CHART_ORIGIN):
             continue  # helm labels a chart's objects itself; they belong to the release's tenant
@@ -244,7 +275,7 @@ def rbac_subjects(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
     platform service accounts); no tenant subject is bound outside its namespace or cluster-wide;
     nobody is bound to cluster-admin or as a system group; owners carry the OIDC prefix and
     belong to one tenant. Bindings seeded inside a tenant's vCluster name only its owners."""
-    view = View(rendered)
+    view = View.of(rendered)
     for t in view.unreadable_owners:
         yield _finding("rbac-subjects", t.manifest, f"{OWNERS_ANNOTATION} is not a JSON list of {{kind, name}} subjects", t.tenant)
     for (kind, name), tenants in sorted(view.owners.items()):
@@ -362,7 +393,7 @@ def rule_text(rule: Mapping[str, Any]) -> str:
 def rbac_rules(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
     """A9: no role granted to a tenant has a wildcard verb, resource or API group, or `escalate`,
     `bind` or `impersonate`."""
-    view = View(rendered)
+    view = View.of(rendered)
     for g in tenant_grants(view):
         for rule in g.rules or ():
             wildcard = [part for part in ("apiGroups", "resources", "verbs") if "*" in (rule.get(part) or [])]
@@ -376,7 +407,7 @@ def rbac_access(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
     """A4–A8, offline RBAC evaluation: a tenant's subjects can do nothing cluster-wide or on
     cluster-scoped resources (its own Namespace included), nothing in other tenants' or platform
     namespaces, and cannot write its quota, limits, RBAC, network policies or queue binding."""
-    view = View(rendered)
+    view = View.of(rendered)
     for g in tenant_grants(view):
         home = view.tenant_at(g.scope)
         who = f"tenant {g.tenant} ({_show(g.subject)})"
@@ -403,7 +434,7 @@ def rbac_access(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
 
 def service_account_token(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
     """A13: each tenant namespace's `default` service account does not mount its token."""
-    view = View(rendered)
+    view = View.of(rendered)
     defaults = {m.namespace: m for m in view.of_kind("ServiceAccount") if m.name == "default"}
     for ns, t in sorted(view.tenant_namespaces.items()):
         account = defaults.get(ns)
@@ -417,7 +448,7 @@ def service_account_token(rendered: Rendered, oracles: Oracles) -> Iterable[Find
 def pod_security(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
     """B15: tenant namespaces enforce `restricted` (or `baseline` under a recorded, reviewed
     exception), with a pinned version, audited and warned."""
-    view = View(rendered)
+    view = View.of(rendered)
     for t in view.tenant_namespaces.values():
         labels = t.labels
         enforce = labels.get("pod-security.kubernetes.io/enforce")
@@ -451,7 +482,7 @@ def tenant_pods(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
     escape variables (directly or from a rendered ConfigMap), mounts the device-list, driver or
     preload paths (the lists the Kyverno layer enforces at admission), uses hostPath, host
     namespaces or privileged containers."""
-    view = View(rendered)
+    view = View.of(rendered)
     config_maps = {(m.namespace, m.name): m.obj.get("data") or {} for m in view.of_kind("ConfigMap")}
     for m in view.manifests:
         tenant = view.tenant_of(m)
@@ -514,7 +545,7 @@ def privileged_workloads(rendered: Rendered, oracles: Oracles) -> Iterable[Findi
     in the platform's allow-list: a namespace the platform creates with Pod Security `privileged`,
     or kube-system. Elsewhere Pod Security refuses it, or it is a node agent nobody declared.
     Tenant namespaces are `tenant_pods`' concern."""
-    view = View(rendered)
+    view = View.of(rendered)
     allowed = set(PRIVILEGED_SYSTEM_NAMESPACES) | {
         ns for ns, labels in view.namespace_labels.items() if labels.get("pod-security.kubernetes.io/enforce") == "privileged"
     }
@@ -546,8 +577,7 @@ def _endpoint_scope(selector: Mapping[str, Any], view: View, default_namespace: 
         if key in NAMESPACE_KEYS:
             narrow({value})
         elif key.startswith(NAMESPACE_LABEL_PREFIXES):
-            label = key.split(".labels.", 1)[1]
-            narrow({ns for ns, labels in view.namespace_labels.items() if labels.get(label) == value})
+            narrow(view.namespaces_labelled(key.split(".labels.", 1)[1], value))
         else:
             narrows_pods = True
     for expression in selector.get("matchExpressions") or []:
@@ -559,13 +589,6 @@ def _endpoint_scope(selector: Mapping[str, Any], view: View, default_namespace: 
     if namespaces is None and default_namespace:
         namespaces = {default_namespace}
     return namespaces, narrows_pods
-
-
-def _selects_whole(spec: Mapping[str, Any], view: View, namespace: str) -> bool:
-    if "nodeSelector" in spec:
-        return False  # a host policy
-    namespaces, narrows_pods = _endpoint_scope(spec.get("endpointSelector") or {}, view, None)
-    return not narrows_pods and (namespaces is None or namespace in namespaces)
 
 
 def _default_deny(spec: Mapping[str, Any], direction: str) -> bool:
@@ -605,10 +628,25 @@ def network_default_deny(rendered: Rendered, oracles: Oracles) -> Iterable[Findi
     """C23, C26, C28: every tenant namespace is selected, as a whole, by a cluster-scoped Cilium
     policy (which no tenant can delete) that denies by default in both directions, allows DNS, and
     denies the cloud metadata address."""
-    view = View(rendered)
-    cluster_policies = view.of_kind("CiliumClusterwideNetworkPolicy")
+    view = View.of(rendered)
+    if not view.tenant_namespaces:
+        return
+    # Each policy's scope is read once (per tenant, every policy of every tenant was read again).
+    everywhere: list[int] = []
+    selecting: dict[str, list[int]] = {}
+    specs_in_order = [s for m in view.of_kind("CiliumClusterwideNetworkPolicy") for s in _policy_specs(m)]
+    for position, spec in enumerate(specs_in_order):
+        if "nodeSelector" in spec:
+            continue  # a host policy
+        namespaces, narrows_pods = _endpoint_scope(spec.get("endpointSelector") or {}, view, None)
+        if narrows_pods:
+            continue
+        for ns in namespaces if namespaces is not None else ():
+            selecting.setdefault(ns, []).append(position)
+        if namespaces is None:
+            everywhere.append(position)
     for ns, t in sorted(view.tenant_namespaces.items()):
-        specs = [s for m in cluster_policies for s in _policy_specs(m) if _selects_whole(s, view, ns)]
+        specs = [specs_in_order[p] for p in sorted({*everywhere, *selecting.get(ns, ())})]
         for direction in ("ingress", "egress"):
             if not any(_default_deny(s, direction) for s in specs):
                 yield _finding(
@@ -629,7 +667,7 @@ def network_allow_rules(rendered: Rendered, oracles: Oracles) -> Iterable[Findin
     namespace (empty namespaceSelector, Cilium selector without a namespace), no whole platform
     namespace, no open entity (all, cluster, world, host, remote-node), no CIDR covering the cloud
     metadata address."""
-    view = View(rendered)
+    view = View.of(rendered)
     for m in view.of_kind("CiliumClusterwideNetworkPolicy", "CiliumNetworkPolicy"):
         default_ns = m.namespace if m.kind == "CiliumNetworkPolicy" else None
         for spec in _policy_specs(m):
@@ -776,7 +814,7 @@ def _quantity_is_zero(value: Any) -> bool:
 def quota(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
     """C27, D29, D30: every tenant namespace has a ResourceQuota capping CPU, memory, storage,
     object counts, no NodePort, and every GPU resource name; a LimitRange; no NodePort Service."""
-    view = View(rendered)
+    view = View.of(rendered)
     gpu_keys = gpu_quota_keys(view)
     limit_ranges = {m.namespace for m in view.of_kind("LimitRange")}
     for ns, t in sorted(view.tenant_namespaces.items()):
@@ -856,7 +894,7 @@ def gpu_placement(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
     namespace annotations of the `PodTolerationRestriction`/`PodNodeSelector` admission plugins, or
     the tenant's Kyverno rules (which hold where the plugins are not enabled); what either allows
     is checked."""
-    view = View(rendered)
+    view = View.of(rendered)
     low_trust = {t.tenant for t in view.tenant_namespaces.values() if t.trust == "low"}
     for t in sorted(view.tenant_namespaces.values(), key=lambda t: t.tenant):
         kyverno = view.enforced_pod_rules(t.namespace)
@@ -928,7 +966,7 @@ def _embedded_manifests(release: Manifest) -> list[Mapping[str, Any]]:
     values = (release.obj.get("spec") or {}).get("values") or {}
     text = (((values.get("experimental") or {}).get("deploy") or {}).get("vcluster") or {}).get("manifests") or ""
     try:
-        return [d for d in yaml.safe_load_all(text) if isinstance(d, Mapping)]
+        return [d for d in yaml.load_all(text, Loader=SAFE_LOADER) if isinstance(d, Mapping)]
     except yaml.YAMLError:
         return []
 
@@ -959,7 +997,7 @@ def vcluster_hardening(rendered: Rendered, oracles: Oracles) -> Iterable[Finding
     has no chart quota missing a GPU resource, the chart's network policy off,
     Pod Security set to the namespace's level, OIDC with the prefix and an audience of its own for
     its API server, and keeps its data volume on deletion."""
-    view = View(rendered)
+    view = View.of(rendered)
     gpu_keys = gpu_quota_keys(view)
     audiences: dict[str, list[str]] = {}
     for release, home in _vcluster_releases(view):
@@ -1007,7 +1045,7 @@ def vcluster_hardening(rendered: Rendered, oracles: Oracles) -> Iterable[Finding
 def tenant_protection(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
     """H52, H56: a tenant's namespace (its volumes go with it) and its vCluster (its state) are
     protected and retained on delete, and are the tenant's own Pulumi resources."""
-    view = View(rendered)
+    view = View.of(rendered)
     by_tenant: dict[str, list[Mapping[str, Any]]] = {}
     for entry in rendered.inventory:
         if entry.get("tenant"):

@@ -55,7 +55,7 @@ def _listeners(view: View) -> Iterator[tuple[Manifest, Mapping[str, Any], list[s
 
 
 def gateway_routes(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
-    view = View(rendered)
+    view = View.of(rendered)
     host_owner: dict[str, set[str]] = {}
     listeners = list(_listeners(view))
     for gateway, listener, tenants in listeners:
@@ -137,7 +137,7 @@ def routed_models(release: Manifest) -> set[tuple[str, str]]:
 
 
 def litellm_reach(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
-    view = View(rendered)
+    view = View.of(rendered)
     for release in _litellm_releases(rendered):
         ns = release.namespace or ""
         routed = routed_models(release)
@@ -172,7 +172,7 @@ def _is_litellm(selector: Mapping[str, Any], view: View, litellm_namespaces: set
 
 
 def model_ingress(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
-    view = View(rendered)
+    view = View.of(rendered)
     litellm = {m.namespace or "" for m in _litellm_releases(rendered)}
     for m in view.of_kind("CiliumClusterwideNetworkPolicy", "CiliumNetworkPolicy"):
         for spec in _policy_specs(m):

@@ -18,6 +18,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any, Iterable, Mapping
 
 from ai_factory.factory.checking.findings import Finding
+from ai_factory.factory.checking.label_index import LabelIndex
 from ai_factory.factory.checking.oracles import Oracles
 from ai_factory.factory.planning.placement import POOL_LABEL
 from ai_factory.factory.model.quantity import parse_quantity
@@ -92,16 +93,19 @@ def _is_gpu_flavor(flavor: Manifest) -> bool:
     return bool(_spec(flavor).get("nodeLabels") or _spec(flavor).get("tolerations"))
 
 
-def _reachable(flavor: Manifest, nodes: list[Manifest]) -> list[Manifest]:
+def _nodes(rendered: Rendered) -> LabelIndex:
+    """The rendered Nodes by label: each flavor's nodes are found without testing every node."""
+    return LabelIndex(_of(rendered, "Node"), lambda n: _labels(n.obj))
+
+
+def _reachable(flavor: Manifest, nodes: LabelIndex) -> list[Manifest]:
     """Nodes whose labels the flavor selects and whose scheduling taints it tolerates."""
     spec = _spec(flavor)
-    wanted = spec.get("nodeLabels") or {}
     tolerations = spec.get("tolerations") or []
     return [
         n
-        for n in nodes
-        if all(_labels(n.obj).get(k) == v for k, v in wanted.items())
-        and all(tolerates(tolerations, t) for t in (_spec(n).get("taints") or []) if t.get("effect") in ("NoSchedule", "NoExecute"))
+        for n in nodes.matching(spec.get("nodeLabels") or {})
+        if all(tolerates(tolerations, t) for t in (_spec(n).get("taints") or []) if t.get("effect") in ("NoSchedule", "NoExecute"))
     ]
 
 
@@ -160,7 +164,7 @@ def tenant_local_queues(rendered: Rendered, oracles: Oracles) -> Iterable[Findin
 def flavor_nodes(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
     """Every GPU flavor names a pool, each of its node labels exists on the nodes of that pool, and
     some node of the pool carries them all and has no taint the flavor does not tolerate."""
-    nodes = _of(rendered, "Node")
+    nodes = _nodes(rendered)
     for flavor in _of(rendered, "ResourceFlavor", KUEUE_GROUP):
         if not _is_gpu_flavor(flavor):
             continue
@@ -169,14 +173,13 @@ def flavor_nodes(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
         if pool is None:
             yield Finding("flavor-nodes", flavor.ref, f"its node labels name no pool ({POOL_LABEL})")
             continue
-        pool_nodes = [n for n in nodes if _labels(n.obj).get(POOL_LABEL) == pool]
-        if not pool_nodes:
+        if not nodes.positions({POOL_LABEL: pool}):
             yield Finding("flavor-nodes", flavor.ref, f"pool {pool!r} has no rendered node")
             continue
-        missing = [f"{k}={v}" for k, v in sorted(wanted.items()) if not any(_labels(n.obj).get(k) == v for n in pool_nodes)]
+        missing = [f"{k}={v}" for k, v in sorted(wanted.items()) if not nodes.positions({POOL_LABEL: pool, k: v})]
         if missing:
             yield Finding("flavor-nodes", flavor.ref, f"node label(s) {', '.join(missing)} on no node of pool {pool!r}")
-        elif not _reachable(flavor, pool_nodes):
+        elif not _reachable(flavor, nodes):
             yield Finding("flavor-nodes", flavor.ref, f"every node of pool {pool!r} with its labels has a taint it does not tolerate")
 
 
@@ -223,7 +226,7 @@ def flavor_trust_domains(rendered: Rendered, oracles: Oracles) -> Iterable[Findi
     """No GPU flavor mixes trust domains: it declares its trust domain, only queues and cohorts of
     that domain hold quota on it, it tolerates no other domain's taint (nor every taint), and no
     node it can reach belongs to another domain."""
-    nodes = _of(rendered, "Node")
+    nodes = _nodes(rendered)
     users = defaultdict(list)
     for user in _quota_users(rendered):
         for flavor, _, _ in _quotas(user):
@@ -262,7 +265,7 @@ def cluster_queue_namespaces(rendered: Rendered, oracles: Oracles) -> Iterable[F
     """Every ClusterQueue selects exactly its tenant's namespaces: never all (a selector that does
     not pin the tenant label to its own tenant, which tenants cannot set on a namespace), never
     another tenant's, never none (no selector, or one no rendered namespace matches)."""
-    namespaces = _of(rendered, "Namespace")
+    namespaces = LabelIndex(_of(rendered, "Namespace"), lambda ns: _labels(ns.obj))
     for queue in _of(rendered, "ClusterQueue", KUEUE_GROUP):
         tenant = _labels(queue.obj).get(TENANT_LABEL)
         tenants = _tenants(queue)
@@ -281,7 +284,8 @@ def cluster_queue_namespaces(rendered: Rendered, oracles: Oracles) -> Iterable[F
             what = f"pins {TENANT_LABEL} to {sorted(pinned)}" if pinned else f"does not pin {TENANT_LABEL}: selects every tenant's namespaces (all of them if empty)"
             yield Finding("cluster-queue-namespaces", queue.ref, f"queue of tenant {tenant!r}, but its namespaceSelector {what}", tenants)
             continue
-        if namespaces and not any(selects(selector, _labels(ns.obj)) for ns in namespaces):
+        candidates = namespaces.matching(selector.get("matchLabels") or {})
+        if namespaces.items and not any(selects(selector, _labels(ns.obj)) for ns in candidates):
             yield Finding("cluster-queue-namespaces", queue.ref, "selects none of the rendered namespaces", tenants)
 
 

@@ -80,7 +80,7 @@ def model_pods(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
     """Each model object is in a tenant's namespace; its pods name the tenant's Kueue queue (so
     serving is admitted against the tenant's quota), tolerate only their tenant's trust-domain and
     dedicated-node taints, and mount no host path (no node cache shared between tenants)."""
-    view = View(rendered)
+    view = View.of(rendered)
     for m in view.of_kind(*MODEL_KINDS):
         owner = view.tenant_at(m.namespace)
         if owner is None:
@@ -100,7 +100,7 @@ def model_pods(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
 def shared_model_caches(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
     """No KServe node-local model cache exists or is switched on: it would hand one tenant's
     weights to another tenant's pods."""
-    view = View(rendered)
+    view = View.of(rendered)
     for m in view.of_kind(*SHARED_CACHE_KINDS):
         yield Finding("shared-model-cache", m.ref, "a KServe node-local model cache is shared by every namespace")
     for m in view.of_kind("HelmRelease"):
@@ -219,7 +219,7 @@ def model_quota(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
     """The pods of a tenant namespace's models at their maximum replicas fit its ResourceQuota's
     CPU, memory and pods: a model that cannot scale to its maximum would stall below it, and
     its tenant's other pods would be refused meanwhile."""
-    view = View(rendered)
+    view = View.of(rendered)
     demands: dict[str, tuple[HostDemand, list[str]]] = {}
     for m in view.of_kind(*MODEL_KINDS):
         if view.tenant_at(m.namespace) is None:
@@ -269,7 +269,7 @@ def dynamo_workers(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
     """Each DynamoGraphDeployment serves a Dynamo model its tenant declares; each worker asks for
     exactly the GPUs the plan gives one of the model's pods, as requests and as limits, in Dynamo's
     `resources` and on its main container alike; no other component asks for a GPU."""
-    view = View(rendered)
+    view = View.of(rendered)
     cfg = rendered.config
     for m in view.of_kind("DynamoGraphDeployment"):
         owner = view.tenant_at(m.namespace)

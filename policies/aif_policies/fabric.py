@@ -50,7 +50,7 @@ def check_nic_policies_one_pool(resources: Sequence[PolicyResource], config: Map
 
 
 def check_dra_claims_aligned(resources: Sequence[PolicyResource], config: Mapping[str, Any]) -> Iterator[Violation]:
-    yield from _violations(alignment_problems(_items(Cluster(resources))))
+    yield from _violations(alignment_problems(_items(cluster_of(resources))))
 
 
 POLICIES = [

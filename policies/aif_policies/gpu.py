@@ -21,6 +21,7 @@ import yaml
 from pulumi_policy import PolicyResource
 
 from ai_factory.factory.checking.isolation import MULTIKUEUE_CONTROLLER
+from ai_factory.factory.checking.label_index import LabelIndex
 from ai_factory.factory.model.gpus import COMPUTE_SLICES, GPU_MODELS, MEMORY_SLICES, GpuModel
 from ai_factory.factory.planning.placement import (
     DEDICATED_LABEL,
@@ -119,6 +120,7 @@ class Fleet:
     def __init__(self, cluster: Cluster):
         self.cluster = cluster
         self.nodes = cluster.nodes()
+        self._by_label = LabelIndex(self.nodes.values(), lambda node: node.labels)
         self.mig = mig_configs(cluster)
         self.device_plugin = device_plugin_configs(cluster)
         self.hami = hami_node_selectors(cluster)
@@ -150,7 +152,18 @@ class Fleet:
 
     def selected(self, node_labels: Mapping[str, Any]) -> list[Obj]:
         """The nodes a flavor's `nodeLabels` select."""
-        return [n for n in self.nodes.values() if all(n.labels.get(k) == v for k, v in node_labels.items())]
+        return self._by_label.matching(node_labels)
+
+
+_last_fleet: tuple[Cluster, Fleet] | None = None
+
+
+def fleet_of(cluster: Cluster) -> Fleet:
+    """The fleet of a stack's index, built once for the GPU policies of a run (`cluster_of`)."""
+    global _last_fleet
+    if _last_fleet is None or _last_fleet[0] is not cluster:
+        _last_fleet = (cluster, Fleet(cluster))
+    return _last_fleet[1]
 
 
 def gpu_flavors(queue: Obj) -> list[str]:
@@ -209,7 +222,7 @@ def _tainted(node: Obj, key: str, value: str) -> bool:
 
 def check_gpu_no_cross_domain_sharing(resources: Sequence[PolicyResource], config: Mapping[str, Any]) -> Iterator[Violation]:
     cluster = cluster_of(resources)
-    fleet = Fleet(cluster)
+    fleet = fleet_of(cluster)
     for node in fleet.nodes.values():
         sharing = fleet.sharing(node)
         domain = fleet.domain(node)
@@ -258,7 +271,7 @@ def check_gpu_no_cross_domain_sharing(resources: Sequence[PolicyResource], confi
 
 def check_low_trust_whole_gpus(resources: Sequence[PolicyResource], config: Mapping[str, Any]) -> Iterator[Violation]:
     cluster = cluster_of(resources)
-    fleet = Fleet(cluster)
+    fleet = fleet_of(cluster)
     low = {t.name: t for t in cluster.tenants.values() if t.trust == "low"}
     for quota in cluster.of("ResourceQuota"):
         tenant = cluster.tenant_of_namespace(quota.namespace)
@@ -380,7 +393,7 @@ def check_mig_layouts_legal(resource_type: str, props: Mapping[str, Any], config
 
 def check_hami_device_plugin_disjoint(resources: Sequence[PolicyResource], config: Mapping[str, Any]) -> Iterator[Violation]:
     cluster = cluster_of(resources)
-    fleet = Fleet(cluster)
+    fleet = fleet_of(cluster)
     operator_plugin = any(
         as_map(chart.values.get("devicePlugin")).get("enabled", True) is not False
         for _, chart in chart_named(resources, "gpu-operator")
@@ -413,9 +426,7 @@ def check_hami_device_plugin_disjoint(resources: Sequence[PolicyResource], confi
 
 def may_use_gpus(cluster: Cluster, namespace: str) -> bool:
     """A tenant namespace may use GPUs unless one of its quotas caps every GPU line it has at 0."""
-    for quota in cluster.of("ResourceQuota"):
-        if quota.namespace != namespace:
-            continue
+    for quota in cluster.in_namespace("ResourceQuota", namespace):
         lines = [quantity(v) for k, v in as_map(quota.spec.get("hard")).items() if gpu_resource(str(k))]
         if lines and all(v == 0 for v in lines):
             return False
@@ -437,7 +448,7 @@ def check_gpu_namespaces_queued(resources: Sequence[PolicyResource], config: Map
         tenant = cluster.namespace_tenant.get(ns.name)
         if tenant is None or not may_use_gpus(cluster, ns.name):
             continue
-        local_queues = [q for q in cluster.of("LocalQueue") if q.namespace == ns.name]
+        local_queues = cluster.in_namespace("LocalQueue", ns.name)
         if not local_queues and (kueue or tenant not in scheduler_queues):
             queue_kind = "Kueue LocalQueue" if kueue else "queue (Kueue LocalQueue, KAI Scheduler or Volcano Queue)"
             yield ns.resource, (
@@ -507,7 +518,7 @@ def flavor_supply(fleet: Fleet, flavor: Obj) -> dict[str, Fraction] | None:
 
 def check_gpu_quota_within_supply(resources: Sequence[PolicyResource], config: Mapping[str, Any]) -> Iterator[Violation]:
     cluster = cluster_of(resources)
-    fleet = Fleet(cluster)
+    fleet = fleet_of(cluster)
     promised: dict[tuple[str, str], list[tuple[str, Fraction]]] = defaultdict(list)
     remote = dispatch_queues(cluster)  # their quota is the workers' (`factory check`'s fleet-dispatch compares them)
     for queue in cluster.of("ClusterQueue", "Cohort"):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Iterator
@@ -266,6 +266,8 @@ class Cluster:
         self.tenants = {
             name: Tenant(name, e["trust"], e["domain"], tuple(sorted(e["namespaces"]))) for name, e in sorted(tenants.items())
         }
+        self._by_namespace: dict[tuple[str, str | None], list[Obj]] | None = None
+        self._once: dict[str, _Replay] = {}
         self._labelled: dict[tuple[str, Any], set[str]] = defaultdict(set)
         """Namespaces by (label, value): a selector of one tenant's labels finds its namespaces
         without testing every namespace (one ClusterQueue per tenant made that quadratic)."""
@@ -276,6 +278,22 @@ class Cluster:
 
     def of(self, *kinds: str) -> list[Obj]:
         return [o for kind in kinds for o in self._by_kind.get(kind, [])]
+
+    def once(self, name: str, produce: Callable[[], Iterator[Any]]) -> Iterable[Any]:
+        """What `produce()` yields, produced once for every policy of a run (`cluster_of`) that
+        asks for `name`, and replayed to each as it came: a policy that stops early reads no
+        further, and one that reaches an error (a value unknown during preview) gets it there."""
+        if name not in self._once:
+            self._once[name] = _Replay(produce())
+        return self._once[name]
+
+    def in_namespace(self, kind: str, namespace: str | None) -> list[Obj]:
+        """The objects of one kind in one namespace, in stack order (indexed on first use)."""
+        if self._by_namespace is None:
+            self._by_namespace = defaultdict(list)
+            for o in self.objects:
+                self._by_namespace[o.kind, o.namespace].append(o)
+        return list(self._by_namespace.get((kind, namespace), ()))
 
     def tenant_of_namespace(self, namespace: str | None) -> Tenant | None:
         tenant = self.namespace_tenant.get(namespace or "")
@@ -292,6 +310,33 @@ class Cluster:
     def nodes(self) -> dict[str, Obj]:
         """The node patches of the fleet layer by node name (the platform never creates Nodes)."""
         return {o.name: o for o in self.of("NodePatch", "Node")}
+
+
+class _Replay:
+    """An iterator's items, read from it once however many times they are iterated."""
+
+    def __init__(self, source: Iterator[Any]):
+        self._source: Iterator[Any] | None = source
+        self._items: list[Any] = []
+        self._error: Exception | None = None
+
+    def __iter__(self) -> Iterator[Any]:
+        position = 0
+        while True:
+            if position < len(self._items):
+                yield self._items[position]
+                position += 1
+            elif self._error is not None:
+                raise self._error
+            elif self._source is None:
+                return
+            else:
+                try:
+                    self._items.append(next(self._source))
+                except StopIteration:
+                    self._source = None
+                except Exception as error:  # raised to every reader that gets this far, as the source raised it
+                    self._error, self._source = error, None
 
 
 _last_cluster: tuple[Sequence[PolicyResource], Cluster] | None = None

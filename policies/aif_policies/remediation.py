@@ -20,7 +20,7 @@ from ai_factory.components.health import TOKEN as HEALTH_COMPONENT
 from ai_factory.factory.checking.health import rbac_problems, service_account_home
 from ai_factory.factory.checking.isolation import rule_text
 from ai_factory.policies.aif_policies.core import Violation, stack_policy
-from ai_factory.policies.aif_policies.kube import Cluster, Obj, ancestors, as_list, as_map
+from ai_factory.policies.aif_policies.kube import Cluster, Obj, ancestors, as_list, as_map, cluster_of
 from ai_factory.policies.aif_policies.tenancy import show, subject_key
 
 
@@ -45,7 +45,7 @@ def _cluster_role_rules(role: Obj, cluster_roles: dict[str, Obj]) -> list[Mappin
 
 
 def check_remediation_rbac(resources: Sequence[PolicyResource], config: Mapping[str, Any]) -> Iterator[Violation]:
-    cluster = Cluster(resources)
+    cluster = cluster_of(resources)
     homes = health_namespaces(cluster)
     roles, cluster_roles = _role_rules(cluster)
     for binding in cluster.of("RoleBinding", "ClusterRoleBinding"):

@@ -79,7 +79,7 @@ def check_tenant_secret_stores_scoped(resources: Sequence[PolicyResource], confi
 
 
 def check_openbao_roles_scoped(resources: Sequence[PolicyResource], config: Mapping[str, Any]) -> Iterator[Violation]:
-    cluster = Cluster(resources)
+    cluster = cluster_of(resources)
     of_type = lambda t: [r for r in resources if r.resource_type == t]  # noqa: E731
     mounts = [str(r.props.get("path")) for r in of_type(secret_checks.AUTH_BACKEND) if r.props.get("type") == "kubernetes"]
     engines = [str(r.props.get("path")) for r in of_type("vault:index/mount:Mount") if r.props.get("type") == "kv"]

@@ -92,7 +92,7 @@ def check_tenant_routes_own_hostnames(resources: Sequence[PolicyResource], confi
 
 
 def check_models_fit_tenant_quota(resources: Sequence[PolicyResource], config: Mapping[str, Any]) -> Iterator[Violation]:
-    cluster = Cluster(resources)
+    cluster = cluster_of(resources)
     demands: dict[str, tuple[HostDemand, list[str]]] = {}
     for model in cluster.of(*MODEL_KINDS):
         if cluster.tenant_of_namespace(model.namespace) is None:
@@ -108,7 +108,7 @@ def check_models_fit_tenant_quota(resources: Sequence[PolicyResource], config: M
 
 
 def check_dynamo_models_in_tenant_bounds(resources: Sequence[PolicyResource], config: Mapping[str, Any]) -> Iterator[Violation]:
-    cluster = Cluster(resources)
+    cluster = cluster_of(resources)
     queues = {(q.namespace, q.name) for q in cluster.of("LocalQueue")}
     for dgd in cluster.of("DynamoGraphDeployment"):
         tenant = cluster.tenant_of_namespace(dgd.namespace)

@@ -30,7 +30,7 @@ from ai_factory.factory.checking.vms import (
     vm_problems,
 )
 from ai_factory.policies.aif_policies.core import Violation, stack_policy
-from ai_factory.policies.aif_policies.kube import Cluster, as_map, chart_named, metadata
+from ai_factory.policies.aif_policies.kube import Cluster, as_map, chart_named, cluster_of, metadata
 
 
 def _permitted(cluster: Cluster) -> set[str]:
@@ -38,7 +38,7 @@ def _permitted(cluster: Cluster) -> set[str]:
 
 
 def check_vm_devices_permitted(resources: Sequence[PolicyResource], config: Mapping[str, Any]) -> Iterator[Violation]:
-    cluster = Cluster(resources)
+    cluster = cluster_of(resources)
     permitted = _permitted(cluster)
     types: dict[str | None, dict[str, Mapping[str, Any]]] = {}
     for o in cluster.of(*INSTANCETYPE_KINDS):
@@ -49,7 +49,7 @@ def check_vm_devices_permitted(resources: Sequence[PolicyResource], config: Mapp
 
 
 def check_vm_gpus_quotaed(resources: Sequence[PolicyResource], config: Mapping[str, Any]) -> Iterator[Violation]:
-    cluster = Cluster(resources)
+    cluster = cluster_of(resources)
     capped = _permitted(cluster) | quotaed_claims(vm.spec for vm in cluster.of("VirtualMachine"))
     if not capped:
         return
@@ -64,7 +64,7 @@ def check_vm_gpus_quotaed(resources: Sequence[PolicyResource], config: Mapping[s
 
 
 def check_vm_dra_claims(resources: Sequence[PolicyResource], config: Mapping[str, Any]) -> Iterator[Violation]:
-    cluster = Cluster(resources)
+    cluster = cluster_of(resources)
     templates: dict[str | None, dict[str, Mapping[str, Any]]] = {}
     for o in cluster.of("ResourceClaimTemplate"):
         templates.setdefault(o.namespace, {})[o.name] = o.spec

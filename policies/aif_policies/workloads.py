@@ -16,7 +16,7 @@ References: shared/reference/security-and-reliability.md (sections 2.1 and 2.3; 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from fnmatch import fnmatchcase
 from typing import Any, Iterator
 
@@ -50,8 +50,13 @@ REQUIRED_RESOURCES = (("requests", "cpu"), ("requests", "memory"), ("limits", "m
 """What every tenant container states, so that quota and scheduling see its real size."""
 
 
-def tenant_workloads(cluster: Cluster) -> Iterator[tuple[Obj, str, str, Mapping[str, Any]]]:
-    """(object, tenant, namespace, pod spec) of every pod template in a tenant's namespace."""
+def tenant_workloads(cluster: Cluster) -> Iterable[tuple[Obj, str, str, Mapping[str, Any]]]:
+    """(object, tenant, namespace, pod spec) of every pod template in a tenant's namespace, read
+    once for the four policies on tenant pods."""
+    return cluster.once("tenant-workloads", lambda: _tenant_workloads(cluster))
+
+
+def _tenant_workloads(cluster: Cluster) -> Iterator[tuple[Obj, str, str, Mapping[str, Any]]]:
     for obj in cluster.objects:
         tenant = cluster.tenant_of_namespace(obj.namespace)
         if tenant is None or not runs_pods(obj.resource.resource_type):
