@@ -29,12 +29,31 @@ def fleet_document() -> dict[str, Any]:
     pools[0]["cluster"] = "par1-a"
     pools[1]["cluster"] = "par1-b"
     pools[2]["site"] = "fra1"
+    del pools[2]["cluster"]  # fra1's only cluster
     pools[3]["cluster"] = "par1-a"  # the VM pool
     pools.append({"name": "h100-ams", "site": "ams1", "gpu": {"model": "H100-80GB", "per_node": 8}, "sharing": "exclusive", "nodes": 2,
                   "topology": {"fabric": "infiniband"}, "driver": {"version": "595.91.07"}})
     tenants = config["ai-factory:tenants"]
     tenants[0]["gpus"].append({"pool": "h100-ams", "count": 8})
     tenants[1]["clusters"] = ["par1-a", "par1-b", "fra1-a"]
+    return document
+
+
+def fold_clusters(fleet: dict[str, Any], tenants: list[dict[str, Any]]) -> None:
+    """The `fleet` and `tenants` sections (changed in place) with no cluster declared: every site,
+    pool and tenant in one cluster, as an environment without clusters is."""
+    for site in fleet.get("sites") or []:
+        site.pop("clusters", None)
+    for pool in fleet.get("pools") or []:
+        pool.pop("cluster", None)
+    for tenant in tenants:
+        tenant.pop("clusters", None)
+
+
+def one_cluster(document: dict[str, Any]) -> dict[str, Any]:
+    """`document` (a copy) with no cluster declared (`fold_clusters`)."""
+    document = copy.deepcopy(document)
+    fold_clusters(document["config"]["ai-factory:fleet"], document["config"].get("ai-factory:tenants") or [])
     return document
 
 
