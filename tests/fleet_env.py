@@ -57,6 +57,23 @@ def one_cluster(document: dict[str, Any]) -> dict[str, Any]:
     return document
 
 
+def one_cluster_text(text: str) -> str:
+    """A stack file's text without its clusters' declarations (`fold_clusters`), its comments and
+    layout kept: dev's text as one cluster, for tests that edit it as text."""
+    kept, section, inside = [], None, None
+    for line in text.splitlines(keepends=True):
+        stripped = line.lstrip()
+        indent = len(line) - len(stripped)
+        if indent == 2 and stripped and not stripped.startswith("#"):
+            section = stripped.split(":", 2)[1] if stripped.startswith("ai-factory:") else None
+        if inside is not None and stripped.startswith("- ") and indent > inside:
+            continue  # an entry of a site's `clusters:` list
+        inside = indent if section == "fleet" and stripped.startswith("clusters:") else None
+        if inside is None and not (section == "fleet" and stripped.startswith("cluster: ")):
+            kept.append(line)
+    return "".join(kept)
+
+
 def write_env(directory: Path, document: dict[str, Any] | None = None, name: str = "fleet") -> Path:
     """The environment as `Pulumi.<name>.yaml` of a project in `directory`."""
     shutil.copy(REPO / "Pulumi.yaml", directory / "Pulumi.yaml")

@@ -55,8 +55,8 @@ def test_chart_outside_the_catalog_fails(dev, oracles):
 
 
 def test_check_on_a_rendered_directory_catches_an_edited_value(tmp_path, oracles):
-    out = tmp_path / "dev"
-    subprocess.run([sys.executable, "-m", "ai_factory.factory", "render", "dev", "--out", str(out)], cwd=REPO, check=True, capture_output=True, timeout=120)
+    subprocess.run([sys.executable, "-m", "ai_factory.factory", "render", "dev", "--out", str(tmp_path / "dev")], cwd=REPO, check=True, capture_output=True, timeout=120)
+    out = tmp_path / "dev" / "par1-a"  # dev's manager cluster, as `render` writes it
     clean = subprocess.run([sys.executable, "-m", "ai_factory.factory", "check", str(out), "--upstream", str(oracles.root)], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert clean.returncode == 0, clean.stdout + clean.stderr
     path = out / "manifests/crds/gpu-operator/gpu-operator/helmrelease-gpu-operator.yaml"

@@ -15,6 +15,7 @@ from ai_factory.factory.rendering.bundle import Manifest, Rendered
 from ai_factory.factory.model.tenancy import SERVES_TENANT_LABEL, TENANT_LABEL, TRUST_DOMAIN_LABEL
 from ai_factory.factory.planning.from_config import previous_plan
 from tests.conftest import REPO
+from tests.fleet_env import one_cluster_text
 
 SEARCH_EVAL = """\
     # A second tenant of the `internal` trust domain.
@@ -26,12 +27,15 @@ SEARCH_EVAL = """\
         - {pool: a100-mig, mig: {1g.10gb: 1}}
 """
 
+DEV_TEXT = one_cluster_text((REPO / "Pulumi.dev.yaml").read_text())
+"""dev as one cluster: these tests answer the removal from one stack; per cluster, `test_fleet_diff`."""
+
 
 @pytest.fixture
 def shared_domain_stack(tmp_path):
     """dev plus a tenant that shares its trust domain with `search`, as a stack file."""
     path = tmp_path / "Pulumi.shared.yaml"
-    path.write_text((REPO / "Pulumi.dev.yaml").read_text() + SEARCH_EVAL)
+    path.write_text(DEV_TEXT + SEARCH_EVAL)
     return path
 
 
@@ -52,7 +56,7 @@ def test_removing_a_tenant_changes_only_its_objects(shared_domain_stack, capsys)
 def test_removing_a_registered_tenant_changes_only_its_objects(tmp_path, monkeypatch, capsys):
     # search-eval onboarded itself: it lives in the registry, not in the stack file.
     (tmp_path / "Pulumi.yaml").write_text((REPO / "Pulumi.yaml").read_text())
-    (tmp_path / "Pulumi.shared.yaml").write_text((REPO / "Pulumi.dev.yaml").read_text())
+    (tmp_path / "Pulumi.shared.yaml").write_text(DEV_TEXT)
     [entry] = yaml.safe_load(SEARCH_EVAL)
     (tmp_path / "tenants" / "shared").mkdir(parents=True)
     (tmp_path / "tenants" / "shared" / "search-eval.yaml").write_text(yaml.safe_dump(entry))
@@ -197,7 +201,7 @@ ONE_POOL_USER = """\
 
 
 def test_removing_a_domains_only_user_of_a_pool_changes_only_what_follows_its_offerings(tmp_path, capsys):
-    dev = (REPO / "Pulumi.dev.yaml").read_text()
+    dev = DEV_TEXT
     path = tmp_path / "Pulumi.peers.yaml"
     document = yaml.safe_load(dev[: dev.index("  ai-factory:tenants:\n")] + ONE_POOL_USER)
     layers = document["config"]["ai-factory:layers"]
@@ -296,7 +300,7 @@ PARTNER_BETA = """\
 def two_partners_stack(tmp_path):
     """dev plus a second low-trust tenant: each holds a dedicated H100 node."""
     path = tmp_path / "Pulumi.partners.yaml"
-    path.write_text((REPO / "Pulumi.dev.yaml").read_text() + PARTNER_BETA)
+    path.write_text(DEV_TEXT + PARTNER_BETA)
     return path
 
 
