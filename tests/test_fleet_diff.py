@@ -8,6 +8,7 @@ import json
 import os
 
 import pytest
+import yaml
 
 from ai_factory.factory.cli import main
 from ai_factory.factory.rendering.diff import FleetRemoval, TenantRemoval, difference, without_tenant
@@ -165,3 +166,21 @@ def test_diff_advises_locking_exactly_the_cluster_whose_lock_is_missing(partly_l
     assert "fleet-par1-a has no plan lock (plans/fleet-par1-a.json): `pulumi up` re-plans every tenant from scratch" in out
     assert "lock the plan first (`ai-factory plan fleet --lock --cluster par1-a`, then commit it)" in out
     assert "plan fleet --lock`" not in out
+
+
+def test_a_self_service_tenant_on_two_clusters_is_removed_as_offboarding_does_on_each(tmp_path, capsys):
+    write_env(tmp_path)
+    registry = tmp_path / "tenants" / "fleet"
+    registry.mkdir(parents=True)
+    twoco = {"name": "twoco", "trust": "medium", "owners": {"groups": ["twoco-admins"]},
+             "gpus": [{"pool": "h100-train", "count": 8}, {"pool": "l40s-infer", "count": 1, "memory_mib": 12288, "cores_percent": 25}]}
+    (registry / "twoco.yaml").write_text(yaml.safe_dump(twoco))
+    assert main(["--project-dir", str(tmp_path), "plan", "fleet", "--lock", "-q", "--format", "json"]) == 0
+    capsys.readouterr()
+    assert main(["--project-dir", str(tmp_path), "diff", "fleet", "--without-tenant", "twoco", "--format", "json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert sorted(document["clusters"]) == ["fra1-a", "par1-a"] and document["unchanged"] == ["par1-b", "ams1-a"]
+    for cluster, removal in document["clusters"].items():
+        deleted = {c["path"] for c in removal["changes"] if c["step"] == "removal" and c["change"] == "deleted"}
+        assert "manifests/tenants/tenant-twoco/_cluster/namespace-tenant-twoco.yaml" in deleted, cluster
+    assert document["unexpected"] == [] and (registry / "twoco.yaml").is_file()  # the diff removes nothing
