@@ -196,7 +196,7 @@ def test_the_plan_report_shows_each_tenants_key(raw):
 def test_the_committed_dev_locks_hold_the_keys():
     locks = {c: TypeAdapter(Plan).validate_json((REPO / "plans" / f"dev-{c}.json").read_bytes()) for c in ("par1-a", "par1-b")}
     assert {n.shown for n in locks["par1-a"].networks} == {"pkey 0x0100", "vlan 300", "vlan 301"}  # the RDMA pools are par1-a's
-    assert locks["par1-b"].networks == []
+    assert locks["par1-b"].networks == ()
 
 
 # --------------------------------------------------------------------------- bad input
