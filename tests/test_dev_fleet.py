@@ -5,12 +5,9 @@ from __future__ import annotations
 
 import copy
 
-import pytest
-
 from ai_factory.factory.checking.policies import resources_from_graph
 from ai_factory.factory.cli import main
 from ai_factory.policies.aif_policies.gpu import check_gpu_no_cross_domain_sharing, check_gpu_quota_within_supply
-
 from tests.conftest import REPO
 
 
