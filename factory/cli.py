@@ -184,8 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     accept.add_argument("--format", choices=("text", "json"), default="text")
     accept.add_argument(
         "--apply", action="store_true",
-        help="through the Automation API: `pulumi up` the platform stack (taints and labels), then write the NetBox records "
-        "(token from $AIF_NETBOX_TOKEN); exit 1 when a node failed",
+        help="through the Automation API: `pulumi up` the platform stack (taints and labels; in a multi-cluster environment, each "
+        "stack of a cluster holding an accepted or failed node), then write the NetBox records of the nodes updated "
+        "(token from $AIF_NETBOX_TOKEN); exit 1 when a node or a cluster's update failed",
     )
 
     args = parser.parse_args(argv)
