@@ -364,3 +364,16 @@ def test_with_the_layer_off_no_node_is_under_acceptance(raw):
     cfg = validate(raw)
     assert gates.subjects(cfg) == [] and gates.node_verdicts(cfg) == []
     assert not [o for o in objects(render(raw), "Node") if gates.ACCEPTANCE_KEY in o["metadata"]["labels"]]
+
+
+def test_accept_apply_without_a_passphrase_says_so_and_updates_nothing(tmp_path, monkeypatch, capsys):
+    project = two_cluster_acceptance_project(tmp_path / "project")
+    cli_ = FakePulumi()
+    monkeypatch.setattr("ai_factory.stacks.backend.pulumi_cli", lambda: cli_)
+    for name in ("PULUMI_CONFIG_PASSPHRASE", "PULUMI_CONFIG_PASSPHRASE_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AI_FACTORY_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv(report.TOKEN_ENV, "token-from-the-environment")
+    assert cli.main(["--project-dir", str(project), "accept", "dev", "--apply"]) == 1
+    assert "accept --apply: the passphrase secrets provider needs a passphrase" in capsys.readouterr().err
+    assert cli_.calls == []

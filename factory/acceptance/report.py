@@ -157,7 +157,15 @@ def accept(env: str, node: str | None, results: Path | None, fmt: str, do_apply:
         target.write_text(collect.results_yaml(recorded))
         print(f"wrote {target}")
     print(render_json(found) if fmt == "json" else render_text(found), end="")
-    applied = apply(env, cfg, found) if do_apply else Applied([])
+    applied = Applied([])
+    if do_apply:
+        from ai_factory.stacks.backend import BackendError
+
+        try:
+            applied = apply(env, cfg, found)
+        except BackendError as err:  # the state backend cannot be used as set up: nothing was updated
+            print(f"accept --apply: {err}", file=sys.stderr)
+            return 1
     for written in applied.written:
         print(f"netbox: wrote {written}")
     for line in applied.failed:
