@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from ai_factory.factory.checking.check import run_checks  # noqa: E402
 from ai_factory.factory.checking.findings import Finding  # noqa: E402
 from ai_factory.factory.checking.oracles import Oracles, locate_upstream_dir  # noqa: E402
-from ai_factory.factory.rendering.bundle import SAFE_LOADER, load_rendered, render_env  # noqa: E402
+from ai_factory.factory.rendering.bundle import SAFE_LOADER, load_rendered, render_clusters  # noqa: E402
 
 TENANT = "tenant-search"
 """A high-trust tenant namespace of dev (trust domain internal; Pod Security baseline under the
@@ -360,9 +360,10 @@ def findings_of(base: Bundle, mutate: Callable[[Bundle], None], oracles: Oracles
 
 
 def dev_bundle() -> Bundle:
+    """dev's manager cluster par1-a, as `render dev` writes it: the namespaces mutated are its tenants'."""
     directory = Path(tempfile.mkdtemp(prefix="dev-render-"))
     try:
-        render_env("dev").write(directory)
+        render_clusters("dev")["par1-a"].write(directory)
         return read_bundle(directory)
     finally:
         shutil.rmtree(directory)

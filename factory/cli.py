@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import sys
 import time
@@ -86,7 +87,13 @@ def main(argv: list[str] | None = None) -> int:
     plan.add_argument(
         "--lock",
         action="store_true",
-        help="also write plans/<env>.json next to the stack file: later plans and `pulumi up` start from it",
+        help="also write plans/<env>.json next to the stack file (plans/<env>-<cluster>.json per cluster): later plans and `pulumi up` start from it",
+    )
+    plan.add_argument(
+        "--cluster",
+        action="append",
+        metavar="NAME",
+        help="plan (and lock) only this cluster of a multi-cluster environment; repeat for several (default: every cluster)",
     )
     plan.add_argument("--gpus", action="store_true", help="also print one row per GPU")
     plan.add_argument(
@@ -177,8 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     accept.add_argument("--format", choices=("text", "json"), default="text")
     accept.add_argument(
         "--apply", action="store_true",
-        help="through the Automation API: `pulumi up` the platform stack (taints and labels), then write the NetBox records "
-        "(token from $AIF_NETBOX_TOKEN); exit 1 when a node failed",
+        help="through the Automation API: `pulumi up` the platform stack (taints and labels; in a multi-cluster environment, each "
+        "stack of a cluster holding an accepted or failed node), then write the NetBox records of the nodes updated "
+        "(token from $AIF_NETBOX_TOKEN); exit 1 when a node or a cluster's update failed",
     )
 
     args = parser.parse_args(argv)
@@ -293,7 +301,10 @@ def _plan(args: argparse.Namespace, out: Path) -> int:
     path = stack_file(args.env)
     project_dir, stack = path.resolve().parent, stack_name(path)
     cfg = load_stack_file(args.env)
-    targets = [(c.name, cluster_stack(stack, c.name), cluster_view(cfg, c.name), out.parent / c.name / out.name) for c in clusters(cfg)]
+    wanted = _wanted_clusters(args.cluster, [c.name for c in clusters(cfg)], path)
+    targets = [
+        (c.name, cluster_stack(stack, c.name), cluster_view(cfg, c.name), out.parent / c.name / out.name) for c in clusters(cfg) if c.name in wanted
+    ]
     targets = targets or [(None, stack, cfg, out)]
     written: list[Path] = []
     texts: dict[str | None, str] = {}
@@ -329,6 +340,24 @@ def _plan(args: argparse.Namespace, out: Path) -> int:
     for target in written + maps:
         print(f"wrote {target}", file=messages)
     return 0
+
+
+def _wanted_clusters(asked: list[str] | None, declared: list[str], path: Path) -> set[str]:
+    """The clusters `plan --cluster` names (every declared one when none is named), each checked
+    against the environment's clusters."""
+    if not asked:
+        return set(declared)
+    if not declared:
+        raise ConfigError([f"--cluster: {path.name} declares no clusters (`fleet.sites[].clusters`): it is planned as one"], source=str(path))
+    problems = []
+    for name in dict.fromkeys(asked):
+        if name not in declared:
+            close = difflib.get_close_matches(name, declared, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"clusters: {', '.join(declared)}"
+            problems.append(f"--cluster: no cluster {name[:64]!r} in {path.name} ({hint})")
+    if problems:
+        raise ConfigError(problems, source=str(path))
+    return set(asked)
 
 
 def _bill(args: argparse.Namespace) -> int:

@@ -1,7 +1,7 @@
 """`ai-factory-stacks ...`: platform and tenant stacks through the Automation API, and the tenant
 API service. Progress goes to stderr as it happens, the result to stdout as JSON.
 
-    ai-factory-stacks platform preview|up|destroy <env>
+    ai-factory-stacks platform preview|up|destroy <env>    # up: each cluster's stack, in a multi-cluster one
     ai-factory-stacks tenant create|update|preview <env> <tenant.yaml | ->
     ai-factory-stacks tenant delete|status <env> <name>
     ai-factory-stacks tenant list <env>
@@ -28,7 +28,8 @@ from ai_factory.factory.model.loading import ConfigError
 from ai_factory.stacks.backend import Backend, BackendError, default_state_dir
 from ai_factory.stacks.contract import ContractError
 from ai_factory.stacks.platform import PlatformStacks
-from ai_factory.stacks.tenants import TenantExists, TenantNotFound, TenantStacks
+from ai_factory.stacks.fleet import FleetStacks
+from ai_factory.stacks.tenants import PlatformUpdateFailed, TenantExists, TenantNotFound, TenantStacks
 
 EXIT_FAILED = 1
 EXIT_INVALID = 2
@@ -87,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ValueError) as err:
         print(err.render() if isinstance(err, ConfigError) else err, file=sys.stderr)
         return EXIT_INVALID
-    except (BackendError, ContractError, TenantExists, TenantNotFound, CommandError) as err:
+    except (BackendError, ContractError, TenantExists, TenantNotFound, CommandError, PlatformUpdateFailed) as err:
         print(f"{args.command}: {err}", file=sys.stderr)
         return EXIT_FAILED
     try:
@@ -101,6 +102,11 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args: argparse.Namespace, backend: Backend) -> Any:
     progress = {"on_output": lambda line: print(line, file=sys.stderr)}
     if args.command == "platform":
+        if args.operation == "up" and FleetStacks(backend).clusters(args.env) != [(args.env, args.env)]:
+            results = FleetStacks(backend).up(args.env, **progress)  # one stack per cluster
+            if failed := [r for r in results if not r.ok]:
+                raise PlatformUpdateFailed("; ".join(f"platform {r.stack}: {r.error}" for r in failed))
+            return {r.cluster: r.result.model_dump(mode="json") for r in results}
         platforms = PlatformStacks(backend)
         return getattr(platforms, args.operation)(args.env, **progress).model_dump(mode="json")
     tenants = TenantStacks(backend)

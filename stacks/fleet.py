@@ -31,7 +31,7 @@ from ai_factory.factory.model.loading import project_dir as current_project
 from ai_factory.factory.planning.from_config import plan_for, previous_plan
 from ai_factory.factory.rendering.bundle import cluster_stack
 from ai_factory.stacks import backend as ops
-from ai_factory.stacks.backend import Backend, KeyedLocks, OnOutput, PolicyPack, StackResult, check_name
+from ai_factory.stacks.backend import Backend, KeyedLocks, OnEvent, OnOutput, PolicyPack, StackResult, check_name
 
 MAX_PARALLELISM = 16
 GENERATED = "# Written by ai-factory from Pulumi.{env}.yaml for cluster {cluster}: edit that file, not this one.\n"
@@ -75,7 +75,7 @@ class FleetStacks:
         found = [c.name for c in clusters(cfg)]
         return [(c, cluster_stack(env, c)) for c in found] if found else [(env, env)]
 
-    def up(self, env: str, *, only: list[str] | None = None, on_output: OnOutput | None = None) -> list[ClusterResult]:
+    def up(self, env: str, *, only: list[str] | None = None, on_output: OnOutput | None = None, on_event: OnEvent | None = None) -> list[ClusterResult]:
         """`pulumi up` of each cluster's stack (of those in `only`, when given), at most
         `parallelism` at a time; results in the clusters' order."""
         targets = [(c, s) for c, s in self.clusters(env) if only is None or c in only]
@@ -90,7 +90,7 @@ class FleetStacks:
             prefixed = (lambda line: on_output(f"[{cluster}] {line}")) if on_output else None
             try:
                 with self._locks(stack):
-                    result = ops.up(self._stack(stack), prefixed, None, self._policy_pack(env))
+                    result = ops.up(self._stack(stack), prefixed, on_event, self._policy_pack(env))
                 return ClusterResult(cluster, stack, result=result)
             except auto.CommandError as err:
                 return ClusterResult(cluster, stack, error=_first_error(str(err)))

@@ -19,10 +19,10 @@ from pathlib import Path
 
 from pulumi import automation as auto
 
-from ai_factory.factory.model.loading import load_stack_file, project_name
+from ai_factory.factory.model.loading import load_stack_file, project_name, stack_file
 from ai_factory.factory.model.loading import project_dir as current_project
 from ai_factory.factory.planning.from_config import plan_for, previous_plan
-from ai_factory.factory.rendering.bundle import cluster_stack
+from ai_factory.factory.rendering.bundle import cluster_stack, refuse_whole_fleet
 from ai_factory.stacks import backend as ops
 from ai_factory.stacks.backend import Backend, KeyedLocks, OnEvent, OnOutput, PolicyPack, StackResult, check_name
 from ai_factory.stacks.contract import CONTRACT_OUTPUT, ContractError, PlatformContract
@@ -81,7 +81,9 @@ class PlatformStacks:
         """Everything `pulumi up` would refuse, refused before the CLI runs (`ConfigError`)."""
         check_name("environment", env)
         self.backend.check()
-        plan_for(load_stack_file(env, self.project_dir), previous_plan(env, self.project_dir))
+        cfg = load_stack_file(env, self.project_dir)
+        refuse_whole_fleet(cfg, str(stack_file(env, self.project_dir)))  # its clusters' stacks are FleetStacks'
+        plan_for(cfg, previous_plan(env, self.project_dir))
 
     def _stack(self, env: str, *, create: bool) -> auto.Stack:
         init = auto.Stack.create_or_select if create else auto.Stack.select

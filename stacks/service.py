@@ -51,7 +51,7 @@ from ai_factory.stacks.auth import AuthError, Caller, IssuerUnavailable, Jwks, T
 from ai_factory.stacks.backend import MAX_NAME, Backend, BackendError, InvalidName, StackResult, check_name
 from ai_factory.stacks.contract import ContractError
 from ai_factory.stacks.jobstore import JobStore
-from ai_factory.stacks.tenants import TenantExists, TenantNotFound, TenantRecord, TenantStacks, TenantStatus, TenantSummary
+from ai_factory.stacks.tenants import PlatformUpdateFailed, TenantExists, TenantNotFound, TenantRecord, TenantStacks, TenantStatus, TenantSummary
 
 log = logging.getLogger("ai_factory.stacks.service")
 
@@ -260,7 +260,7 @@ class Jobs:
             view.result, view.state = job.work(job), "succeeded"
         except ConfigError as err:
             view.state, view.error, view.problems = "failed", err.render().splitlines()[0], err.problems
-        except (TenantExists, TenantNotFound, ContractError, BackendError) as err:
+        except (TenantExists, TenantNotFound, ContractError, BackendError, PlatformUpdateFailed) as err:
             view.state, view.error = "failed", str(err)
         except CommandError as err:
             # The engine masks secrets in what it prints; keep the end, where the error is.

@@ -37,7 +37,7 @@ from ai_factory.factory.model.config import FactoryConfig, Tenant
 from ai_factory.factory.model import bounded_yaml
 from ai_factory.factory.model.raw import as_dict, as_list
 from ai_factory.factory.model.loading import project_dir as current_project
-from ai_factory.factory.model.clusters import clusters, is_multi_cluster, manager, tenant_clusters
+from ai_factory.factory.model.clusters import cluster_view, clusters, is_multi_cluster, manager, tenant_clusters
 from ai_factory.factory.model.loading import ConfigError, load_stack_file, project_name, read_stack_file, stack_file, validate, validate_tenant, with_registered_tenants
 from ai_factory.factory.model.onboarding import REGISTRY_DIR, is_registered, register, self_service_problems, unregister
 from ai_factory.factory.planning.from_config import plan_for, previous_plan
@@ -47,7 +47,7 @@ from ai_factory.stacks import backend as ops
 from ai_factory.factory.rendering.bundle import cluster_stack
 from ai_factory.stacks.backend import Backend, KeyedLocks, OnEvent, OnOutput, StackResult, check_name, combined
 from ai_factory.stacks.contract import CONTRACT_OUTPUT, CONTRACT_SECRETS_OUTPUT, ContractError, PlatformContract, owner_conflicts
-from ai_factory.stacks.fleet import cluster_provider_config
+from ai_factory.stacks.fleet import FleetStacks, cluster_provider_config
 from ai_factory.stacks.platform import PlatformStacks
 
 TENANT_PROJECT = "ai-factory-tenant"
@@ -73,6 +73,16 @@ class TenantNotFound(LookupError):
 
 class TenantExists(Exception):
     pass
+
+
+class PlatformUpdateFailed(Exception):
+    """The update of one or more of a multi-cluster environment's platform stacks failed while
+    onboarding or offboarding a tenant (each named with the CLI's error)."""
+
+    def __init__(self, message: str, updated: Iterable[str] = ()):
+        super().__init__(message)
+        self.updated = list(updated)
+        """The clusters whose update succeeded."""
 
 
 # --------------------------------------------------------------------------- the program
@@ -168,12 +178,15 @@ class TenantStacks:
         backend: Backend | None = None,
         *,
         platforms: PlatformStacks | None = None,
+        fleet: FleetStacks | None = None,
         project_dir: Path | None = None,
         pulumi_command: auto.PulumiCommand | None = None,
     ):
         self.backend = backend or Backend()
         self.project_dir = project_dir or current_project()
         self.platforms = platforms or PlatformStacks(self.backend, project_dir=project_dir, pulumi_command=pulumi_command)
+        self.fleet = fleet or FleetStacks(self.backend, project_dir=self.project_dir, pulumi_command=pulumi_command)
+        """A multi-cluster environment's platform stacks, updated on onboarding and offboarding."""
         self._pulumi_command = pulumi_command
         self._locks = KeyedLocks()
         self._project_workspace_lock = threading.Lock()
@@ -221,43 +234,75 @@ class TenantStacks:
         if problems:
             raise ConfigError(problems, source=f"tenant {tenant.name!r} of {env}")
         with_tenant = validate({**raw, "tenants": [*raw.get("tenants", []), tenant.model_dump(mode="json")]}, source=f"tenant {tenant.name!r} of {env}")
-        plan_for(with_tenant, previous_plan(env, self.project_dir))  # a shortfall is a ConfigError naming the demand
+        # A shortfall is a ConfigError naming the demand; on each cluster the tenant lands on, from
+        # that cluster's lock (no other cluster's view changes).
+        if is_multi_cluster(with_tenant):
+            for cluster in tenant_clusters(with_tenant, tenant):
+                plan_for(cluster_view(with_tenant, cluster), previous_plan(cluster_stack(env, cluster), self.project_dir))
+        else:
+            plan_for(with_tenant, previous_plan(env, self.project_dir))
         return tenant
 
     def onboard(
         self, env: str, tenant: TenantInput, *, on_phase: OnPhase | None = None, on_output: OnOutput | None = None, on_event: OnEvent | None = None
     ) -> StackResult:
         """A new self-service tenant end to end: registered (`tenants/<env>/<name>.yaml`), planned
-        by an update of the platform stack, then its own stack created. A platform update that
-        fails unregisters it again; onboardings of one environment run one at a time."""
+        by an update of the platform stack (of each cluster it lands on), then its own stack created
+        (one per cluster, `<env>-<cluster>.<name>`). A platform update that fails unregisters it
+        again (and updates the clusters already updated once more, without it); onboardings of one
+        environment run one at a time."""
         phase = on_phase or (lambda _: None)
         with self._locks(f"registry:{env}"):
             tenant = self.onboarding_check(env, tenant)  # again: another onboarding may have just taken the capacity
             path = register(env, tenant, self.project_dir)
             phase(f"registered in {path.relative_to(self.project_dir)}")
+            on = self.clusters(env, tenant.name)  # registered: the clusters its demands land on
             try:
-                self.platforms.up(env, on_output=on_output, on_event=on_event)
+                self._platforms_up(env, on, phase, on_output, on_event)
+            except PlatformUpdateFailed as err:
+                unregister(env, tenant.name, self.project_dir)
+                phase("unregistered: the platform update failed")
+                if err.updated:  # the clusters updated with it: without it again
+                    self._platforms_up(env, err.updated, phase, on_output, on_event)
+                raise
             except BaseException:
                 unregister(env, tenant.name, self.project_dir)
                 phase("unregistered: the platform update failed")
                 raise
-            phase(f"platform {env} updated")
         result = self.create(env, tenant, on_output=on_output, on_event=on_event)
-        phase("tenant stack created")
+        for cluster in on:
+            phase(f"tenant stack {_short_name(env, tenant.name, cluster)} created")
         return result
 
     def offboard(self, env: str, name: str, *, on_phase: OnPhase | None = None, on_output: OnOutput | None = None, on_event: OnEvent | None = None) -> StackResult:
-        """The reverse of `onboard`: the tenant's stack deleted (protected resources kept), its
-        registration removed, and the platform updated so its GPUs are free again."""
+        """The reverse of `onboard`: the tenant's stack (on each of its clusters) deleted (protected
+        resources kept), its registration removed, and the platform (of each of those clusters)
+        updated so its GPUs are free again."""
         phase = on_phase or (lambda _: None)
+        on = self.clusters(env, name)  # while it is registered
         result = self.delete(env, name, on_output=on_output, on_event=on_event)
-        phase("tenant stack deleted")
+        for cluster in on:
+            phase(f"tenant stack {_short_name(env, name, cluster)} deleted")
         with self._locks(f"registry:{env}"):
             unregister(env, name, self.project_dir)
             phase(f"unregistered from {REGISTRY_DIR}/{env}")
+            self._platforms_up(env, on, phase, on_output, on_event)
+        return result
+
+    def _platforms_up(self, env: str, on: list[str | None], phase: OnPhase, on_output: OnOutput | None, on_event: OnEvent | None) -> None:
+        """`pulumi up` of the platform stacks of clusters `on` (`[None]`: the environment's one
+        stack), a phase per stack. A cluster's failure raises `PlatformUpdateFailed` once every
+        cluster has run."""
+        if on == [None]:
             self.platforms.up(env, on_output=on_output, on_event=on_event)
             phase(f"platform {env} updated")
-        return result
+            return
+        results = self.fleet.up(env, only=on, on_output=on_output, on_event=on_event)
+        for r in results:
+            phase(f"platform {r.stack} updated" if r.ok else f"platform {r.stack} failed: {r.error}")
+        if failed := [r for r in results if not r.ok]:
+            message = "; ".join(f"platform {r.stack}: {r.error}" for r in failed)
+            raise PlatformUpdateFailed(f"the platform update failed on {len(failed)} of {len(results)} cluster(s): {message}", (r.cluster for r in results if r.ok))
 
     def self_service(self, env: str, name: str) -> bool:
         """The tenant onboarded itself (its registration is in the registry, not in `tenants`)."""

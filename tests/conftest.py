@@ -15,16 +15,33 @@ import pytest
 
 from ai_factory.factory.model.loading import read_stack_file, stack_file, validate
 from ai_factory.factory.checking.oracles import Oracles, locate_upstream_dir
-from ai_factory.factory.rendering.bundle import Rendered, render_raw
+from ai_factory.factory.rendering.bundle import Rendered, render_clusters, render_raw
 from ai_factory.factory.rendering.charts import locate_chart_dir, locate_helm
 from ai_factory.factory.model.secrets import SecretValue
+from tests.fleet_env import fold_clusters
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="session")
 def dev_raw() -> tuple[dict[str, Any], set[str]]:
-    return read_stack_file(stack_file("dev", REPO))
+    """dev's sections with its two clusters folded into one (`tests.fleet_env.fold_clusters`): every
+    pool, tenant and layer of dev in one render, the config the layer tests build on. dev itself
+    renders per cluster (`dev_clusters`)."""
+    sections, secret_sections = read_stack_file(stack_file("dev", REPO))
+    fold_clusters(sections["fleet"], sections["tenants"])
+    return sections, secret_sections
+
+
+@pytest.fixture(scope="session")
+def dev_clusters() -> dict[str, Rendered]:
+    """dev as `ai-factory render dev` renders it: par1-a, then par1-b."""
+    here = os.getcwd()
+    os.chdir(REPO)
+    try:
+        return render_clusters("dev")
+    finally:
+        os.chdir(here)
 
 
 @pytest.fixture

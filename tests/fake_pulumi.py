@@ -82,6 +82,8 @@ class FakePulumi(auto.PulumiCommand):
         self.calls: list[Call] = []
         self.failures: dict[str, str] = {}
         """Operation (`up`, `preview`, `destroy`) -> stderr of a failure to simulate."""
+        self.failing_stacks: dict[str, str] = {}
+        """Stack (its short name, `dev-par1-b`) -> stderr of a failure of its every operation."""
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ the CLI
@@ -171,9 +173,10 @@ class FakePulumi(auto.PulumiCommand):
         stack = self.stacks[name]
         started = _now()
         time.sleep(self.delay)
-        if op in self.failures:
+        failure = self.failures.get(op) or self.failing_stacks.get(name.rsplit("/", 1)[-1])
+        if failure is not None:
             stack.history.append(_entry("update" if op == "up" else op, started, "failed", {}, self._config(stack, True)))
-            return 255, "", self.failures[op]
+            return 255, "", failure
         before = {r["urn"]: r for r in stack.deployed.resources}
         if op == "destroy":
             kept = _kept_by_protection(stack.deployed.resources) if "--exclude-protected" in args else []

@@ -29,6 +29,7 @@ def fleet_document() -> dict[str, Any]:
     pools[0]["cluster"] = "par1-a"
     pools[1]["cluster"] = "par1-b"
     pools[2]["site"] = "fra1"
+    del pools[2]["cluster"]  # fra1's only cluster
     pools[3]["cluster"] = "par1-a"  # the VM pool
     pools.append({"name": "h100-ams", "site": "ams1", "gpu": {"model": "H100-80GB", "per_node": 8}, "sharing": "exclusive", "nodes": 2,
                   "topology": {"fabric": "infiniband"}, "driver": {"version": "595.91.07"}})
@@ -36,6 +37,41 @@ def fleet_document() -> dict[str, Any]:
     tenants[0]["gpus"].append({"pool": "h100-ams", "count": 8})
     tenants[1]["clusters"] = ["par1-a", "par1-b", "fra1-a"]
     return document
+
+
+def fold_clusters(fleet: dict[str, Any], tenants: list[dict[str, Any]]) -> None:
+    """The `fleet` and `tenants` sections (changed in place) with no cluster declared: every site,
+    pool and tenant in one cluster, as an environment without clusters is."""
+    for site in fleet.get("sites") or []:
+        site.pop("clusters", None)
+    for pool in fleet.get("pools") or []:
+        pool.pop("cluster", None)
+    for tenant in tenants:
+        tenant.pop("clusters", None)
+
+
+def one_cluster(document: dict[str, Any]) -> dict[str, Any]:
+    """`document` (a copy) with no cluster declared (`fold_clusters`)."""
+    document = copy.deepcopy(document)
+    fold_clusters(document["config"]["ai-factory:fleet"], document["config"].get("ai-factory:tenants") or [])
+    return document
+
+
+def one_cluster_text(text: str) -> str:
+    """A stack file's text without its clusters' declarations (`fold_clusters`), its comments and
+    layout kept: dev's text as one cluster, for tests that edit it as text."""
+    kept, section, inside = [], None, None
+    for line in text.splitlines(keepends=True):
+        stripped = line.lstrip()
+        indent = len(line) - len(stripped)
+        if indent == 2 and stripped and not stripped.startswith("#"):
+            section = stripped.split(":", 2)[1] if stripped.startswith("ai-factory:") else None
+        if inside is not None and stripped.startswith("- ") and indent > inside:
+            continue  # an entry of a site's `clusters:` list
+        inside = indent if section == "fleet" and stripped.startswith("clusters:") else None
+        if inside is None and not (section == "fleet" and stripped.startswith("cluster: ")):
+            kept.append(line)
+    return "".join(kept)
 
 
 def write_env(directory: Path, document: dict[str, Any] | None = None, name: str = "fleet") -> Path:

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import functools
 import json
+import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import jwt
+import yaml
 from cryptography.hazmat.primitives.asymmetric import rsa
 from fastapi.testclient import TestClient
 
@@ -21,8 +24,26 @@ from ai_factory.stacks.contract import CONTRACT_OUTPUT, CONTRACT_SECRETS_OUTPUT,
 from ai_factory.stacks.platform import PlatformStacks
 from ai_factory.stacks.tenants import TENANT_KEY, TenantStacks
 from tests.fake_pulumi import Deployed, FakePulumi
+from tests.fleet_env import one_cluster
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def one_cluster_dev_project() -> Path:
+    """dev with its clusters folded into one (`tests.fleet_env.one_cluster`), in a project of its
+    own (the repository's policies and acceptance results linked in): the stacks tests exercise the
+    API on an environment's one platform stack `dev`; dev's two clusters are those of
+    `test_fleet_tenants` and `test_onboarding`."""
+    root = Path(tempfile.mkdtemp(prefix="aif-dev-one-cluster-"))
+    shutil.copy(REPO / "Pulumi.yaml", root / "Pulumi.yaml")
+    document = one_cluster(yaml.safe_load((REPO / "Pulumi.dev.yaml").read_text()))
+    (root / "Pulumi.dev.yaml").write_text(yaml.safe_dump(document, sort_keys=False))
+    for linked in ("policies", "acceptance"):
+        (root / linked).symlink_to(REPO / linked)
+    return root
+
+
+DEV_PROJECT = one_cluster_dev_project()
 PASSPHRASE = "correct-horse-battery-staple"
 REGISTRY_PASSWORD = "ngc-api-key-7d1f0c"
 """The dev stack's decrypted registry password, as the fake CLI's `--show-secrets` answers show it."""
@@ -41,7 +62,7 @@ def tenant(name: str = "vision", **fields: Any) -> dict[str, Any]:
 def self_service_env() -> FactoryConfig:
     """The dev environment where `assistant` and two more tenants, `vision` and `speech`, have
     stacks of their own, for the tests to create and delete through the API."""
-    raw, _ = read_stack_file(stack_file("dev", REPO))
+    raw, _ = read_stack_file(stack_file("dev", DEV_PROJECT))
     for registered_tenant in raw["tenants"]:
         if registered_tenant["name"] == "assistant":
             registered_tenant["managed_by"] = "tenant-stack"
@@ -50,13 +71,13 @@ def self_service_env() -> FactoryConfig:
 
 
 def dev_contract(cfg: FactoryConfig | None = None) -> str:
-    cfg = cfg or load_stack_file("dev", REPO)
+    cfg = cfg or load_stack_file("dev", DEV_PROJECT)
     return platform_contract(cfg, plan_for(cfg), "dev").to_output()
 
 
 def dev_contract_secrets() -> str:
     """Offline, the dev config's secrets are placeholders (`[secret]:<path>`)."""
-    return platform_secrets(load_stack_file("dev", REPO))
+    return platform_secrets(load_stack_file("dev", DEV_PROJECT))
 
 
 def registered(name: str) -> Tenant:
@@ -112,9 +133,9 @@ def backend(tmp_path: Path) -> Backend:
 def deployed_platform(tmp_path: Path, delay: float = 0.0) -> tuple[FakePulumi, PlatformStacks, TenantStacks]:
     """A fake CLI holding an `up`-to-date dev platform stack, and the APIs over it."""
     cli = fake_cli(delay)
-    platforms = PlatformStacks(backend(tmp_path), project_dir=REPO, pulumi_command=cli)
+    platforms = PlatformStacks(backend(tmp_path), project_dir=DEV_PROJECT, pulumi_command=cli)
     platforms.up("dev")
-    return cli, platforms, TenantStacks(platforms.backend, platforms=platforms, project_dir=REPO, pulumi_command=cli)
+    return cli, platforms, TenantStacks(platforms.backend, platforms=platforms, project_dir=DEV_PROJECT, pulumi_command=cli)
 
 
 # --------------------------------------------------------------------------- OIDC

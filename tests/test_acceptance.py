@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 from typing import Any, Callable
 
 import jsonschema
@@ -17,6 +18,8 @@ from ai_factory.factory.acceptance import gates, netbox, report
 from ai_factory.factory.model.config import FactoryConfig, NodeSpec
 from ai_factory.factory.model.loading import ConfigError, validate
 from tests.conftest import REPO, objects, render
+from tests.fake_pulumi import Deployed, FakePulumi
+from tests.fleet_env import write_env
 
 H100 = ("gpu-h100-01", "gpu-h100-02", "gpu-h100-03", "gpu-h100-04")
 DEV_RESULTS = yaml.safe_load((REPO / "acceptance" / "dev-results.yaml").read_text())
@@ -269,9 +272,80 @@ def test_accept_apply_goes_through_the_platform_stack_then_netbox(raw, monkeypat
     raw["layers"]["provisioning"]["netbox"] = {"url": CONTRACT["base_url"], "token": raw["layers"]["openbao"]["admin_token"]}
     cfg = validate(raw)
     session = Contract()
-    written = report.apply("dev", cfg, gates.node_verdicts(cfg), session=session)
-    assert ups == ["dev"] and written == list(H100)
+    applied = report.apply("dev", cfg, gates.node_verdicts(cfg), session=session)
+    assert ups == ["dev"] and applied == report.Applied(list(H100))
     assert session.authorization == {"Token token-from-the-environment"}
+
+
+def two_cluster_acceptance_project(directory: Path, without: tuple[str, ...] = ()) -> Path:
+    """dev's two clusters with H100 nodes under acceptance on each: gpu-h100-01 and -03 stay on
+    par1-a's pool, -02 and -04 (their rack pair) move to a twin pool on par1-b; NetBox configured;
+    dev's results but those of the nodes `without` (pending)."""
+    document = yaml.safe_load((REPO / "Pulumi.dev.yaml").read_text())
+    config = document["config"]
+    pools = config["ai-factory:fleet"]["pools"]
+    train = pools[0]
+    moved = [n for n in train["node_list"] if n["name"] in ("gpu-h100-02", "gpu-h100-04")]
+    train["node_list"] = [n for n in train["node_list"] if n not in moved]
+    twin = {k: copy.deepcopy(v) for k, v in train.items() if k not in ("name", "cluster", "node_list", "network")}
+    pools.append({**twin, "name": "h100-b", "cluster": "par1-b", "node_list": moved})
+    search = config["ai-factory:tenants"][0]
+    search["gpus"][0]["count"] = 8
+    search["gpus"].append({"pool": "h100-b", "count": 8})
+    search.pop("models")  # they need more of h100-train than is left there
+    layers = config["ai-factory:layers"]
+    layers["provisioning"]["pools"]["h100-b"] = copy.deepcopy(layers["provisioning"]["pools"]["h100-train"])
+    layers["provisioning"]["netbox"] = {"url": CONTRACT["base_url"], "token": layers["openbao"]["admin_token"]}
+    directory.mkdir()
+    write_env(directory, document, name="dev")
+    results = copy.deepcopy(DEV_RESULTS)
+    results["nodes"] = {n: r for n, r in results["nodes"].items() if n not in without}
+    (directory / "acceptance").mkdir()
+    (directory / "acceptance" / "dev-results.yaml").write_text(yaml.safe_dump(results))
+    return directory
+
+
+@pytest.mark.parametrize(
+    ("args", "without", "failing", "upped", "written", "lines", "status"),
+    [
+        ([], (), (), ["dev-par1-a", "dev-par1-b"], ["gpu-h100-01", "gpu-h100-03", "gpu-h100-02", "gpu-h100-04"],
+         ["platform dev-par1-a: updated (1 create)", "platform dev-par1-b: updated (1 create)"], 0),
+        ([], (), ("dev-par1-b",), ["dev-par1-a", "dev-par1-b"], ["gpu-h100-01", "gpu-h100-03"],
+         ["platform dev-par1-a: updated (1 create)", "platform dev-par1-b: FAILED: error: the API server of par1-b is unreachable"], 1),
+        ([], (), ("dev-par1-a", "dev-par1-b"), ["dev-par1-a", "dev-par1-b"], [], ["platform dev-par1-a: FAILED", "platform dev-par1-b: FAILED"], 1),
+        (["--node", "gpu-h100-01"], (), ("dev-par1-b",), ["dev-par1-a"], ["gpu-h100-01"], ["platform dev-par1-a: updated (1 create)"], 0),
+        ([], ("gpu-h100-02", "gpu-h100-04"), (), ["dev-par1-a"], ["gpu-h100-01", "gpu-h100-03"],
+         ["platform dev-par1-b: not updated (no accepted or failed node); netbox records of gpu-h100-02, gpu-h100-04 not written"], 0),
+    ],
+    ids=["both-clusters-updated", "one-cluster-failing", "both-failing", "one-node-its-cluster-only", "only-pending-nodes-on-a-cluster"],
+)
+def test_accept_apply_updates_each_clusters_stack_and_records_only_the_updated_clusters_nodes(
+        tmp_path, monkeypatch, capsys, args, without, failing, upped, written, lines, status):
+    project = two_cluster_acceptance_project(tmp_path / "project", without)
+    cli_ = FakePulumi({"ai-factory": lambda stack, config: Deployed(resources=[{"urn": f"urn:pulumi:{stack}::ai-factory::ai-factory:index:Platform::p", "type": "ai-factory:index:Platform"}])})
+    for stack in failing:
+        cli_.failing_stacks[stack] = f"error: the API server of {stack.removeprefix('dev-')} is unreachable"
+    sessions: list[Contract] = []
+    connect = netbox.connect
+
+    def recorded(url, token, session=None):  # the CLI has no session to pass: the recorded contract's
+        sessions.append(Contract())
+        return connect(url, token, sessions[-1])
+
+    monkeypatch.setattr(netbox, "connect", recorded)
+    monkeypatch.setattr("ai_factory.stacks.backend.pulumi_cli", lambda: cli_)
+    monkeypatch.setenv("AI_FACTORY_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("PULUMI_CONFIG_PASSPHRASE", "ai-factory-dev")  # dev's published one
+    monkeypatch.setenv(report.TOKEN_ENV, "token-from-the-environment")
+    assert cli.main(["--project-dir", str(project), "accept", "dev", "--apply", *args]) == status
+    captured = capsys.readouterr()
+    assert sorted(c.stack.rsplit("/", 1)[-1] for c in cli_.operations("up")) == upped
+    assert [line.removeprefix("netbox: wrote ") for line in captured.out.splitlines() if line.startswith("netbox: wrote ")] == written
+    assert all(any(line in out for out in captured.out.splitlines()) for line in lines)
+    patched = [body[0]["id"] for s in sessions for m, _, body in s.sent if m == "PATCH"]
+    assert len(patched) == len(written)  # nothing of a failed cluster's nodes reaches NetBox
+    if "dev-par1-b" in failing and "dev-par1-b" in upped:
+        assert "netbox records of gpu-h100-02, gpu-h100-04 not written" in captured.err
 
 
 def test_a_node_in_two_pairs_fails_on_a_low_pair_even_when_the_other_has_no_result(raw):
@@ -290,3 +364,16 @@ def test_with_the_layer_off_no_node_is_under_acceptance(raw):
     cfg = validate(raw)
     assert gates.subjects(cfg) == [] and gates.node_verdicts(cfg) == []
     assert not [o for o in objects(render(raw), "Node") if gates.ACCEPTANCE_KEY in o["metadata"]["labels"]]
+
+
+def test_accept_apply_without_a_passphrase_says_so_and_updates_nothing(tmp_path, monkeypatch, capsys):
+    project = two_cluster_acceptance_project(tmp_path / "project")
+    cli_ = FakePulumi()
+    monkeypatch.setattr("ai_factory.stacks.backend.pulumi_cli", lambda: cli_)
+    for name in ("PULUMI_CONFIG_PASSPHRASE", "PULUMI_CONFIG_PASSPHRASE_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AI_FACTORY_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv(report.TOKEN_ENV, "token-from-the-environment")
+    assert cli.main(["--project-dir", str(project), "accept", "dev", "--apply"]) == 1
+    assert "accept --apply: the passphrase secrets provider needs a passphrase" in capsys.readouterr().err
+    assert cli_.calls == []

@@ -308,7 +308,8 @@ def test_a_reader_that_leaves_early_ends_no_command_in_a_traceback(tmp_path, com
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 141, stderr.decode()
     assert b"Traceback" not in stderr and b"BrokenPipeError" not in stderr
-    assert out.exists()  # written whole before anything was printed
+    written = [tmp_path / c / "plan.json" for c in ("par1-a", "par1-b")] if command == "plan" else [out]  # dev's clusters' plans
+    assert all(path.exists() for path in written)  # written whole before anything was printed
 
 
 @pytest.mark.parametrize(
@@ -323,15 +324,15 @@ def test_a_reader_that_leaves_early_ends_no_command_in_a_traceback(tmp_path, com
 def test_a_broken_plan_lock_is_a_config_error(tmp_path, lock, expected):
     (tmp_path / "plans").mkdir()
     if lock == "index":
-        lock = (REPO / "plans" / "dev.json").read_text().replace('"index": 0', '"index": "zero"', 1)
-    (tmp_path / "plans" / "locked.json").write_text(lock)
+        lock = (REPO / "plans" / "dev-par1-a.json").read_text().replace('"index": 0', '"index": "zero"', 1)
+    (tmp_path / "plans" / "locked-par1-a.json").write_text(lock)  # the lock of the environment's cluster par1-a
     path = tmp_path / "Pulumi.locked.yaml"
     path.write_text(DEV_TEXT)
     proc = run_main("plan", str(path), "--out", str(tmp_path / "plan.json"))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-    assert "plans/locked.json: not a plan lock written by `ai-factory plan --lock` (" in proc.stderr
+    assert "plans/locked-par1-a.json: not a plan lock written by `ai-factory plan --lock` (" in proc.stderr
     assert expected in proc.stderr
-    assert not (tmp_path / "plan.json").exists()
+    assert not (tmp_path / "par1-a").exists() and not (tmp_path / "par1-b").exists()
 
 
 def test_pulumi_up_refuses_a_key_outside_the_known_namespaces(dev_raw):

@@ -161,7 +161,9 @@ def test_conformance_writes_the_checklists_the_report_and_the_jobs(tmp_path, cap
     out = tmp_path / "evidence"
     assert main(["--project-dir", str(REPO), "conformance", "dev", "-q", "--out", str(out), "--results", str(results)]) == 1  # dev's MUST gaps
     document = yaml.safe_load((out / "conformance.yaml").read_text())
-    assert [(d["cluster"], d.get("vcluster")) for d in document["checklists"]] == [("dev", None), ("dev", "assistant"), ("dev", "partner-acme")]
+    assert [(d["cluster"], d.get("vcluster")) for d in document["checklists"]] == [
+        ("par1-a", None), ("par1-a", "assistant"), ("par1-a", "partner-acme"), ("par1-b", None), ("par1-b", "assistant")
+    ]
     gang = next(a for a in document["checklists"][0]["answers"] if a["id"] == "gang_scheduling")
     assert {"job": "tenant-partner-acme/aif-validate-gang-h100-train", "result": "succeeded"} in gang["validation"]
     assert "GAP dra_support" in (out / "report.txt").read_text()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import copy
+import dataclasses
 
 import pytest
 import yaml
@@ -14,7 +15,9 @@ from ai_factory.factory.rendering.diff import TenantRemoval, difference, tenant_
 from ai_factory.factory.rendering.bundle import Manifest, Rendered
 from ai_factory.factory.model.tenancy import SERVES_TENANT_LABEL, TENANT_LABEL, TRUST_DOMAIN_LABEL
 from ai_factory.factory.planning.from_config import previous_plan
+from ai_factory.factory.planning.model import Plan
 from tests.conftest import REPO
+from tests.fleet_env import one_cluster_text
 
 SEARCH_EVAL = """\
     # A second tenant of the `internal` trust domain.
@@ -26,12 +29,15 @@ SEARCH_EVAL = """\
         - {pool: a100-mig, mig: {1g.10gb: 1}}
 """
 
+DEV_TEXT = one_cluster_text((REPO / "Pulumi.dev.yaml").read_text())
+"""dev as one cluster: these tests answer the removal from one stack; per cluster, `test_fleet_diff`."""
+
 
 @pytest.fixture
 def shared_domain_stack(tmp_path):
     """dev plus a tenant that shares its trust domain with `search`, as a stack file."""
     path = tmp_path / "Pulumi.shared.yaml"
-    path.write_text((REPO / "Pulumi.dev.yaml").read_text() + SEARCH_EVAL)
+    path.write_text(DEV_TEXT + SEARCH_EVAL)
     return path
 
 
@@ -52,7 +58,7 @@ def test_removing_a_tenant_changes_only_its_objects(shared_domain_stack, capsys)
 def test_removing_a_registered_tenant_changes_only_its_objects(tmp_path, monkeypatch, capsys):
     # search-eval onboarded itself: it lives in the registry, not in the stack file.
     (tmp_path / "Pulumi.yaml").write_text((REPO / "Pulumi.yaml").read_text())
-    (tmp_path / "Pulumi.shared.yaml").write_text((REPO / "Pulumi.dev.yaml").read_text())
+    (tmp_path / "Pulumi.shared.yaml").write_text(DEV_TEXT)
     [entry] = yaml.safe_load(SEARCH_EVAL)
     (tmp_path / "tenants" / "shared").mkdir(parents=True)
     (tmp_path / "tenants" / "shared" / "search-eval.yaml").write_text(yaml.safe_dump(entry))
@@ -65,11 +71,18 @@ def test_removing_a_registered_tenant_changes_only_its_objects(tmp_path, monkeyp
     assert out.rstrip().endswith("no other object changes: nothing shared with another trust domain, nothing of another tenant")
 
 
+def folded_dev_lock() -> Plan:
+    """dev's cluster locks as one, the lock of dev folded into one cluster (`dev_raw`): each pool
+    and fabric key is one cluster's."""
+    locks = [previous_plan(f"dev-{c}", REPO) for c in ("par1-a", "par1-b")]
+    return dataclasses.replace(locks[0], pools=tuple(p for lock in locks for p in lock.pools), networks=tuple(n for lock in locks for n in lock.networks))
+
+
 @pytest.mark.parametrize("tenant", ["search", "partner-acme"])
 def test_removing_a_dev_tenant_changes_only_its_objects_its_domains_and_released_capacity(dev_raw, tenant):
     # From the plan lock, as `pulumi up` and `factory diff` plan: planned from scratch, a peer's GPUs
     # may move to other nodes, and its Slurm nodes (pinned to them) with them.
-    removal = tenant_removal(copy.deepcopy(dev_raw[0]), dev_raw[1], tenant, "dev", previous_plan("dev", REPO))
+    removal = tenant_removal(copy.deepcopy(dev_raw[0]), dev_raw[1], tenant, "dev", folded_dev_lock())
     assert removal.unexpected == []
     assert removal.removal.removed and all(m.layer == f"tenant-{tenant}" for m in removal.removal.removed if m.tenant)
     assert not any(m.tenant for m in [*removal.release.removed, *removal.release.added, *(b for b, _ in removal.release.changed)])
@@ -171,10 +184,12 @@ def test_only_the_gpu_lines_of_a_domain_peers_quota_may_follow_a_release():
     ]
 
 
-def test_the_committed_dev_plan_is_recognised_as_current():
-    # plans/dev.json was recorded from scratch; re-planning from it reaches the same layout, which
-    # is all that matters (not how many GPUs the re-plan changed).
-    notes = without_tenant("dev", "partner-acme").notes
+def test_the_committed_dev_plans_are_recognised_as_current():
+    # plans/dev-<cluster>.json were recorded from scratch; re-planning from them reaches the same
+    # layout, which is all that matters (not how many GPUs the re-plan changed).
+    removal = without_tenant("dev", "partner-acme")
+    assert list(removal.removals) == ["par1-a"] and removal.unchanged == ["par1-b"]
+    notes = removal.removals["par1-a"].notes
     assert not any("plan" in note for note in notes), notes
 
 
@@ -197,7 +212,7 @@ ONE_POOL_USER = """\
 
 
 def test_removing_a_domains_only_user_of_a_pool_changes_only_what_follows_its_offerings(tmp_path, capsys):
-    dev = (REPO / "Pulumi.dev.yaml").read_text()
+    dev = DEV_TEXT
     path = tmp_path / "Pulumi.peers.yaml"
     document = yaml.safe_load(dev[: dev.index("  ai-factory:tenants:\n")] + ONE_POOL_USER)
     layers = document["config"]["ai-factory:layers"]
@@ -296,7 +311,7 @@ PARTNER_BETA = """\
 def two_partners_stack(tmp_path):
     """dev plus a second low-trust tenant: each holds a dedicated H100 node."""
     path = tmp_path / "Pulumi.partners.yaml"
-    path.write_text((REPO / "Pulumi.dev.yaml").read_text() + PARTNER_BETA)
+    path.write_text(DEV_TEXT + PARTNER_BETA)
     return path
 
 

@@ -8,10 +8,11 @@ import json
 import os
 
 import pytest
+import yaml
 
 from ai_factory.factory.cli import main
 from ai_factory.factory.rendering.diff import FleetRemoval, TenantRemoval, difference, without_tenant
-from tests.fleet_env import write_env
+from tests.fleet_env import fleet_document, one_cluster, write_env
 from tests.test_diff import manifest, rendered
 
 
@@ -118,3 +119,68 @@ def test_a_platform_object_goes_with_the_tenant_only_if_it_served_it_alone(platf
     after = rendered()
     removal = TenantRemoval("a", "a", difference(before, after), difference(after, after))
     assert (removal.unexpected == []) is goes, removal.unexpected
+
+
+@pytest.fixture(scope="module")
+def partly_locked_fleet(tmp_path_factory):
+    """The fleet environment with every cluster's plan locked but par1-a's (`plan --lock --cluster`)."""
+    directory = tmp_path_factory.mktemp("fleet-partly-locked")
+    write_env(directory)
+    others = ["--cluster", "par1-b", "--cluster", "fra1-a", "--cluster", "ams1-a"]
+    assert main(["--project-dir", str(directory), "plan", "fleet", "--lock", "-q", "--format", "json", *others]) == 0
+    return directory
+
+
+def test_plan_lock_of_named_clusters_locks_those_only(partly_locked_fleet, capsys):
+    locks = sorted(p.name for p in (partly_locked_fleet / "plans").iterdir())
+    assert locks == ["fleet-ams1-a.json", "fleet-fra1-a.json", "fleet-par1-b.json"]
+    assert sorted(p.name for p in (partly_locked_fleet / "build" / "fleet").iterdir()) == ["ams1-a", "fra1-a", "par1-b"]
+
+
+@pytest.mark.parametrize(
+    "asked, problem",
+    [
+        pytest.param(["fra1-b"], "--cluster: no cluster 'fra1-b' in Pulumi.fleet.yaml (did you mean 'fra1-a'?)", id="flags-a-misspelt-cluster"),
+        pytest.param(["par1-b", "x" * 300], "--cluster: no cluster '" + "x" * 64 + "' in Pulumi.fleet.yaml (clusters: par1-a, par1-b, fra1-a, ams1-a)", id="flags-an-unknown-cluster-among-known"),
+    ],
+)
+def test_plan_refuses_a_cluster_the_environment_does_not_declare_and_writes_nothing(tmp_path, capsys, asked, problem):
+    write_env(tmp_path)
+    args = [arg for name in asked for arg in ("--cluster", name)]
+    assert main(["--project-dir", str(tmp_path), "plan", "fleet", "--lock", *args]) == 2
+    captured = capsys.readouterr()
+    assert f"  - {problem}" in captured.err.splitlines() and "Traceback" not in captured.err
+    assert not (tmp_path / "plans").exists() and not (tmp_path / "build").exists()
+
+
+def test_plan_refuses_a_cluster_of_an_environment_without_clusters(tmp_path, capsys):
+    write_env(tmp_path, one_cluster(fleet_document()))
+    assert main(["--project-dir", str(tmp_path), "plan", "fleet", "--cluster", "par1-a"]) == 2
+    assert "--cluster: Pulumi.fleet.yaml declares no clusters (`fleet.sites[].clusters`): it is planned as one" in capsys.readouterr().err
+    assert not (tmp_path / "build").exists()
+
+
+def test_diff_advises_locking_exactly_the_cluster_whose_lock_is_missing(partly_locked_fleet, capsys):
+    assert main(["--project-dir", str(partly_locked_fleet), "diff", "fleet", "--without-tenant", "partner-acme"]) == 1
+    out = capsys.readouterr().out
+    assert "fleet-par1-a has no plan lock (plans/fleet-par1-a.json): `pulumi up` re-plans every tenant from scratch" in out
+    assert "lock the plan first (`ai-factory plan fleet --lock --cluster par1-a`, then commit it)" in out
+    assert "plan fleet --lock`" not in out
+
+
+def test_a_self_service_tenant_on_two_clusters_is_removed_as_offboarding_does_on_each(tmp_path, capsys):
+    write_env(tmp_path)
+    registry = tmp_path / "tenants" / "fleet"
+    registry.mkdir(parents=True)
+    twoco = {"name": "twoco", "trust": "medium", "owners": {"groups": ["twoco-admins"]},
+             "gpus": [{"pool": "h100-train", "count": 8}, {"pool": "l40s-infer", "count": 1, "memory_mib": 12288, "cores_percent": 25}]}
+    (registry / "twoco.yaml").write_text(yaml.safe_dump(twoco))
+    assert main(["--project-dir", str(tmp_path), "plan", "fleet", "--lock", "-q", "--format", "json"]) == 0
+    capsys.readouterr()
+    assert main(["--project-dir", str(tmp_path), "diff", "fleet", "--without-tenant", "twoco", "--format", "json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert sorted(document["clusters"]) == ["fra1-a", "par1-a"] and document["unchanged"] == ["par1-b", "ams1-a"]
+    for cluster, removal in document["clusters"].items():
+        deleted = {c["path"] for c in removal["changes"] if c["step"] == "removal" and c["change"] == "deleted"}
+        assert "manifests/tenants/tenant-twoco/_cluster/namespace-tenant-twoco.yaml" in deleted, cluster
+    assert document["unexpected"] == [] and (registry / "twoco.yaml").is_file()  # the diff removes nothing

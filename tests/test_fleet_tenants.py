@@ -131,3 +131,11 @@ def test_the_tenant_program_builds_the_tenant_with_the_clusters_share_only(tmp_p
     assert int(quota["spec"]["hard"]["requests.nvidia.com/mig-2g.20gb"]) >= 3
     queues = {r.inputs["metadata"]["name"]: r.inputs["spec"]["clusterQueue"] for r in graph.resources if r.type.endswith(":LocalQueue")}
     assert queues["multicluster"] == "tenant-assistant"  # the worker's own ClusterQueue takes the dispatched work
+
+
+def test_the_one_stack_platform_api_refuses_a_multi_cluster_environment_before_any_cli(tmp_path):
+    write_env(tmp_path)
+    cli = FakePulumi()
+    with pytest.raises(ConfigError, match=r"kubernetes.cluster: the environment has clusters par1-a, par1-b, fra1-a, ams1-a; each is deployed by its own stack"):
+        PlatformStacks(backend(tmp_path), project_dir=tmp_path, pulumi_command=cli).up("fleet")
+    assert cli.calls == []

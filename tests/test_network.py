@@ -193,9 +193,10 @@ def test_the_plan_report_shows_each_tenants_key(raw):
     assert "search      h100-train   infiniband   pkey 0x0100   plan" in text
 
 
-def test_the_committed_dev_lock_holds_the_keys():
-    lock = TypeAdapter(Plan).validate_json((REPO / "plans" / "dev.json").read_bytes())
-    assert {n.shown for n in lock.networks} == {"pkey 0x0100", "vlan 300", "vlan 301"}
+def test_the_committed_dev_locks_hold_the_keys():
+    locks = {c: TypeAdapter(Plan).validate_json((REPO / "plans" / f"dev-{c}.json").read_bytes()) for c in ("par1-a", "par1-b")}
+    assert {n.shown for n in locks["par1-a"].networks} == {"pkey 0x0100", "vlan 300", "vlan 301"}  # the RDMA pools are par1-a's
+    assert locks["par1-b"].networks == ()
 
 
 # --------------------------------------------------------------------------- bad input

@@ -55,12 +55,13 @@ def test_the_installed_cli_renders_and_plans_a_project_of_the_users_own(installe
     (project / "Pulumi.dev.yaml").write_text(re.sub(r"^  ai-factory:", "  acme-gpu:", stack, flags=re.M))
     render = subprocess.run([installed / "bin" / "ai-factory", "render", "dev"], cwd=project, capture_output=True, text=True, timeout=300)
     assert render.returncode == 0, render.stderr
-    assert "252 objects" in render.stdout and (project / "build" / "dev" / "inventory.json").is_file()
+    assert "cluster par1-a (build/dev/par1-a/):\n246 objects" in render.stdout and "cluster par1-b (build/dev/par1-b/):\n118 objects" in render.stdout
+    assert all((project / "build" / "dev" / c / "inventory.json").is_file() for c in ("par1-a", "par1-b"))
     plan = subprocess.run(
         [installed / "bin" / "ai-factory", "--project-dir", str(project), "plan", "dev", "--lock"], cwd=tmp_path, capture_output=True, text=True, timeout=300
     )
     assert plan.returncode == 0, plan.stderr
-    assert (project / "plans" / "dev.json").is_file()
+    assert sorted(p.name for p in (project / "plans").iterdir()) == ["dev-par1-a.json", "dev-par1-b.json"]
 
 
 def test_a_stack_file_in_another_projects_namespace_configures_nothing_and_says_so(installed, tmp_path):

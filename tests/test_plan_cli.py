@@ -16,11 +16,13 @@ from ai_factory.factory.planning.model import Plan
 from ai_factory.factory.planning.from_config import plan_for
 from ai_factory.factory.planning.report import report_text
 from tests.conftest import REPO, run_main
+from tests.fleet_env import one_cluster
 
 
 def stack_file(tmp_path: Path, edit=None, name: str = "plantest") -> Path:
-    """A copy of the dev stack file in `tmp_path` (its own project folder), optionally edited."""
-    document = yaml.safe_load((REPO / "Pulumi.dev.yaml").read_text())
+    """A copy of the dev stack file as one cluster in `tmp_path` (its own project folder), optionally
+    edited: these tests plan one stack; per cluster, `test_fleet_diff`."""
+    document = one_cluster(yaml.safe_load((REPO / "Pulumi.dev.yaml").read_text()))
     if edit:
         edit(document["config"])
     path = tmp_path / f"Pulumi.{name}.yaml"

@@ -29,6 +29,7 @@ from ai_factory.factory.checking.check import CHECKS
 from ai_factory.factory.checking.policies import OfflineOptions, policy_config, resources_from_graph, run_policies
 from ai_factory.factory.rendering.bundle import load_rendered, render_env
 from ai_factory.policies.aif_policies import PACK_NAME, POLICIES
+from tests.fleet_env import one_cluster
 from tests.conftest import REPO
 from tests.policy_stacks import deployment, group, namespace, release, role_binding, stack, tenant_labels
 
@@ -161,7 +162,7 @@ def test_offline_run_honours_the_stacks_pack_config(tmp_path):
 
 
 def test_factory_check_reports_the_pack_violations_for_an_environment_and_its_render(tmp_path):
-    document = yaml.safe_load((REPO / "Pulumi.dev.yaml").read_text())
+    document = one_cluster(yaml.safe_load((REPO / "Pulumi.dev.yaml").read_text()))  # one render
     document["config"]["ai-factory:layers"]["gpu_operator"]["chart"] = {"version": "v25.0.0", "repository": "https://charts.example.com/nvidia"}
     stack_file = tmp_path / "Pulumi.broken.yaml"
     stack_file.write_text(yaml.safe_dump(document))

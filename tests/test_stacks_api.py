@@ -16,11 +16,11 @@ from ai_factory.stacks.backend import Backend, BackendError
 from ai_factory.stacks.contract import CONTRACT_VERSION, ContractError
 from ai_factory.stacks.platform import PlatformStacks
 from ai_factory.stacks.tenants import TENANT_KEY, TenantExists, TenantNotFound, TenantStacks
-from tests.stacks_support import KUBECONFIG, PASSPHRASE, REGISTRY_PASSWORD, REPO, backend, deployed_platform, fake_cli, registered, tenant
+from tests.stacks_support import KUBECONFIG, PASSPHRASE, REGISTRY_PASSWORD, DEV_PROJECT, backend, deployed_platform, fake_cli, registered, tenant
 
 TENANT = "organization/ai-factory-tenant/dev.vision"
 PLATFORM = "organization/ai-factory/dev"
-PACK = f"{REPO}/policies --policy-pack-config {REPO}/policies/config.dev.json"
+PACK = f"{DEV_PROJECT}/policies --policy-pack-config {DEV_PROJECT}/policies/config.dev.json"
 
 
 def commands(cli, since: int = 0) -> list[str]:
@@ -33,7 +33,7 @@ def commands(cli, since: int = 0) -> list[str]:
 
 def test_platform_up_runs_the_project_program_in_the_project_directory(tmp_path):
     cli = fake_cli()
-    result = PlatformStacks(backend(tmp_path), project_dir=REPO, pulumi_command=cli).up("dev")
+    result = PlatformStacks(backend(tmp_path), project_dir=DEV_PROJECT, pulumi_command=cli).up("dev")
     assert commands(cli) == [
         f"stack select --stack {PLATFORM}",
         f"stack init {PLATFORM} --secrets-provider passphrase",
@@ -42,7 +42,7 @@ def test_platform_up_runs_the_project_program_in_the_project_directory(tmp_path)
         f"stack output --json --show-secrets --stack {PLATFORM}",
         f"stack history --json --show-secrets --page-size 1 --page 1 --stack {PLATFORM}",
     ]
-    assert {c.cwd for c in cli.calls} == {str(REPO)}
+    assert {c.cwd for c in cli.calls} == {str(DEV_PROJECT)}
     assert result.operation == "up" and result.changes == {"create": 2}
     assert json.loads(result.outputs["contract"])["contract_version"] == CONTRACT_VERSION
 
@@ -77,7 +77,7 @@ def test_backend_reaches_the_cli_through_the_environment_only(tmp_path):
 def test_a_configurable_backend_names_stacks_in_its_organisation(tmp_path):
     cli = fake_cli()
     cloud = Backend(state_dir=tmp_path, url="https://api.pulumi.com", organization="acme", passphrase_file=None, secrets_provider="awskms://alias/pulumi")
-    PlatformStacks(cloud, project_dir=REPO, pulumi_command=cli).up("dev")
+    PlatformStacks(cloud, project_dir=DEV_PROJECT, pulumi_command=cli).up("dev")
     assert cli.calls[1].args == ["stack", "init", "acme/ai-factory/dev", "--secrets-provider", "awskms://alias/pulumi"]
     assert cli.calls[0].env["PULUMI_BACKEND_URL"] == "https://api.pulumi.com"
 
@@ -98,7 +98,7 @@ def test_a_passphrase_provider_without_a_passphrase_fails_before_any_command(tmp
     monkeypatch.delenv("PULUMI_CONFIG_PASSPHRASE_FILE", raising=False)
     cli = fake_cli()
     with pytest.raises(BackendError, match="PULUMI_CONFIG_PASSPHRASE_FILE"):
-        PlatformStacks(Backend(state_dir=tmp_path), project_dir=REPO, pulumi_command=cli).up("dev")
+        PlatformStacks(Backend(state_dir=tmp_path), project_dir=DEV_PROJECT, pulumi_command=cli).up("dev")
     assert cli.calls == []
 
 
@@ -260,7 +260,7 @@ def test_a_group_another_tenant_stack_took_is_refused_too(tmp_path):
 
 def test_tenants_need_a_deployed_platform(tmp_path):
     cli = fake_cli()
-    tenants = TenantStacks(backend(tmp_path), project_dir=REPO, pulumi_command=cli)
+    tenants = TenantStacks(backend(tmp_path), project_dir=DEV_PROJECT, pulumi_command=cli)
     with pytest.raises(ContractError, match="no platform stack organization/ai-factory/dev: deploy it first"):
         tenants.create("dev", tenant())
     assert not any(c.args[:2] == ["stack", "init"] for c in cli.calls)

@@ -10,7 +10,7 @@ from ai_factory.stacks.__main__ import EXIT_FAILED, EXIT_INVALID, main
 from ai_factory.stacks.contract import ContractError
 from ai_factory.stacks.platform import PlatformStacks
 from ai_factory.stacks.tenants import TenantNotFound, TenantStacks
-from tests.stacks_support import REPO, backend
+from tests.stacks_support import DEV_PROJECT, backend
 
 
 def test_an_invalid_tenant_file_exits_2_listing_every_problem(tmp_path, capsys):
@@ -36,13 +36,13 @@ needs_pulumi = pytest.mark.skipif(shutil.which("pulumi") is None, reason="needs 
 
 @needs_pulumi
 def test_real_cli_lists_no_tenant_on_an_empty_backend(tmp_path):
-    assert TenantStacks(backend(tmp_path), project_dir=REPO).list("dev") == []
+    assert TenantStacks(backend(tmp_path), project_dir=DEV_PROJECT).list("dev") == []
 
 
 @needs_pulumi
 def test_real_cli_reports_missing_stacks_as_such(tmp_path):
-    tenants = TenantStacks(backend(tmp_path), project_dir=REPO)
+    tenants = TenantStacks(backend(tmp_path), project_dir=DEV_PROJECT)
     with pytest.raises(TenantNotFound):
         tenants.status("dev", "ghost")
     with pytest.raises(ContractError, match="no platform stack organization/ai-factory/dev"):
-        PlatformStacks(backend(tmp_path), project_dir=REPO).contract("dev")
+        PlatformStacks(backend(tmp_path), project_dir=DEV_PROJECT).contract("dev")

@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from ai_factory.stacks.auth import Jwks, TokenVerifier
 from ai_factory.stacks.jobstore import JobStore
 from ai_factory.stacks.service import ServiceSettings, create_app, service_app
-from tests.stacks_support import AUDIENCE, ISSUER, KUBECONFIG, PASSPHRASE, REGISTRY_PASSWORD, REPO, Issuer, backend, deployed_platform, job_outcome, registered, tenant
+from tests.stacks_support import AUDIENCE, ISSUER, KUBECONFIG, PASSPHRASE, REGISTRY_PASSWORD, DEV_PROJECT, Issuer, backend, deployed_platform, job_outcome, registered, tenant
 
 TENANTS = "/v1/environments/dev/tenants"
 
@@ -206,7 +206,7 @@ def test_the_service_is_built_from_the_environments_config(tmp_path, monkeypatch
         raise OSError("network unreachable")
 
     monkeypatch.setattr("ai_factory.stacks.auth.urllib.request.urlopen", offline)
-    client = TestClient(service_app(ServiceSettings(environments=("dev",)), backend(tmp_path), project_dir=REPO))
+    client = TestClient(service_app(ServiceSettings(environments=("dev",)), backend(tmp_path), project_dir=DEV_PROJECT))
     assert client.get("/healthz").json() == {"status": "ok"}
     response = client.get(TENANTS, headers={"Authorization": f"Bearer {Issuer().token(['g'])}"})
     assert response.status_code == 503  # the issuer is unreachable here...

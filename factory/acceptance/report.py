@@ -4,17 +4,23 @@ thresholds, the verdict and taint, and the NetBox record the run writes.
 Offline by default: nothing is touched. `--apply` goes through the Automation API: `pulumi up` of
 the environment's platform stack (the fleet layer applies the verdicts' taints and labels from the
 config's `results_file`), then the NetBox records are written (`ai_factory.factory.acceptance.netbox`,
-the API token from `AIF_NETBOX_TOKEN`, never from a file or an argument).
+the API token from `AIF_NETBOX_TOKEN`, never from a file or an argument). In a multi-cluster
+environment the stacks updated are those of the clusters holding an accepted or failed node
+(through `FleetStacks`, a line per cluster), and only the nodes of the clusters updated get their
+records: a node whose taint did not change in its cluster is not recorded as if it had.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from ai_factory.factory.acceptance import collect, gates, netbox
+from ai_factory.factory.model.clusters import is_multi_cluster, pool_cluster
 from ai_factory.factory.model.config import FactoryConfig
 from ai_factory.factory.model.loading import ConfigError, load_stack_file, project_dir
 from ai_factory.factory.model.raw import did_you_mean
@@ -70,11 +76,18 @@ def render_json(found: list[gates.NodeVerdict]) -> str:
     return json.dumps([{**gates.as_dict(v), "netbox": netbox.record(v).as_dict()} for v in found], indent=2, sort_keys=True) + "\n"
 
 
-def apply(env: str, cfg: FactoryConfig, found: list[gates.NodeVerdict], on_output: Callable[[str], Any] = print,
-          session: Any = None) -> list[str]:
-    """Taints through the platform stack's `pulumi up`, then the NetBox records; the nodes written."""
-    from ai_factory.stacks.platform import PlatformStacks
+@dataclass(frozen=True)
+class Applied:
+    written: list[str]
+    """The nodes whose NetBox records were written."""
+    failed: list[str] = field(default_factory=list)
+    """One line per cluster whose platform stack's update failed (its nodes not written)."""
 
+
+def apply(env: str, cfg: FactoryConfig, found: list[gates.NodeVerdict], on_output: Callable[[str], Any] = print,
+          session: Any = None) -> Applied:
+    """Taints through the platform stack's `pulumi up` (in a multi-cluster environment, each
+    concerned cluster's), then the NetBox records of the nodes whose stack was updated."""
     settings = cfg.layers.provisioning.netbox
     token = os.environ.get(TOKEN_ENV)
     problems = []
@@ -84,9 +97,44 @@ def apply(env: str, cfg: FactoryConfig, found: list[gates.NodeVerdict], on_outpu
         problems.append(f"{TOKEN_ENV}: set it to the NetBox API token (--apply reads it from the environment only)")
     if problems:
         raise ConfigError(problems)
-    PlatformStacks().up(env, on_output=on_output)
+    failed: list[str] = []
+    if is_multi_cluster(cfg):
+        found, failed = _update_clusters(env, cfg, found, on_output)
+    else:
+        from ai_factory.stacks.platform import PlatformStacks
+
+        PlatformStacks().up(env, on_output=on_output)
+    if not found:
+        return Applied([], failed)
     api = netbox.connect(settings.url, token, session)
-    return netbox.write(api, [netbox.record(v) for v in found])
+    return Applied(netbox.write(api, [netbox.record(v) for v in found]), failed)
+
+
+def _update_clusters(env: str, cfg: FactoryConfig, found: list[gates.NodeVerdict],
+                     on_output: Callable[[str], Any]) -> tuple[list[gates.NodeVerdict], list[str]]:
+    """`pulumi up` of the clusters holding a verdict (accepted or failed) through `FleetStacks`; the
+    verdicts of the nodes on the clusters updated, and a line per cluster that failed."""
+    from ai_factory.factory.rendering.bundle import cluster_stack
+    from ai_factory.stacks.fleet import FleetStacks
+
+    cluster_of = {v.node: pool_cluster(cfg, v.pool) for v in found}
+    targets = {cluster_of[v.node] for v in found if v.verdict in ("accepted", "failed")}
+    results = FleetStacks().up(env, only=sorted(targets), on_output=on_output) if targets else []
+    updated = set()
+    failed = []
+    for r in results:
+        if r.ok:
+            updated.add(r.cluster)
+            changes = ", ".join(f"{n} {k}" for k, n in sorted(r.result.changes.items())) or "no change"
+            print(f"platform {r.stack}: updated ({changes})")
+        else:
+            nodes = ", ".join(v.node for v in found if cluster_of[v.node] == r.cluster)
+            failed.append(f"platform {r.stack}: {r.error}; netbox records of {nodes} not written")
+            print(f"platform {r.stack}: FAILED: {r.error}")
+    for cluster in sorted({cluster_of[v.node] for v in found} - targets):
+        pending = ", ".join(v.node for v in found if cluster_of[v.node] == cluster)
+        print(f"platform {cluster_stack(env, cluster)}: not updated (no accepted or failed node); netbox records of {pending} not written")
+    return [v for v in found if cluster_of[v.node] in updated], failed
 
 
 def accept(env: str, node: str | None, results: Path | None, fmt: str, do_apply: bool, pods: Path | None = None, write_results: bool = False) -> int:
@@ -109,7 +157,17 @@ def accept(env: str, node: str | None, results: Path | None, fmt: str, do_apply:
         target.write_text(collect.results_yaml(recorded))
         print(f"wrote {target}")
     print(render_json(found) if fmt == "json" else render_text(found), end="")
+    applied = Applied([])
     if do_apply:
-        for written in apply(env, cfg, found):
-            print(f"netbox: wrote {written}")
-    return 1 if any(v.verdict == "failed" for v in found) else 0
+        from ai_factory.stacks.backend import BackendError
+
+        try:
+            applied = apply(env, cfg, found)
+        except BackendError as err:  # the state backend cannot be used as set up: nothing was updated
+            print(f"accept --apply: {err}", file=sys.stderr)
+            return 1
+    for written in applied.written:
+        print(f"netbox: wrote {written}")
+    for line in applied.failed:
+        print(line, file=sys.stderr)
+    return 1 if applied.failed or any(v.verdict == "failed" for v in found) else 0

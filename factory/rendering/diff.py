@@ -506,22 +506,25 @@ def without_tenant(env: str, tenant: str) -> TenantRemoval | FleetRemoval:
             unchanged.append(placed.name)
             continue
         stacks[placed.name] = own
-        removals[placed.name] = _noted(tenant_removal(cluster_raw, secret_sections, tenant, own, previous_plan(own, path.resolve().parent)), env, own, view, path)
+        removal = tenant_removal(cluster_raw, secret_sections, tenant, own, previous_plan(own, path.resolve().parent))
+        removals[placed.name] = _noted(removal, env, own, view, path, placed.name)
     return FleetRemoval(tenant, stacks, removals, unchanged)
 
 
-def _noted(result: TenantRemoval, env: str, stack: str, cfg, path) -> TenantRemoval:
-    """`result` with what a plan lock missing or out of date means for it."""
+def _noted(result: TenantRemoval, env: str, stack: str, cfg, path, cluster: str | None = None) -> TenantRemoval:
+    """`result` with what a plan lock missing or out of date means for it, and the command that
+    locks it (that cluster's only, in a multi-cluster environment)."""
     recorded = previous_plan(stack, path.resolve().parent)
+    lock = f"ai-factory plan {env} --lock" + (f" --cluster {cluster}" if cluster else "")
     if recorded is None:
         moved = ", which moves other tenants' GPUs (UNEXPECTED below)" if result.unexpected else ""
         result.notes.append(
             f"{stack} has no plan lock (plans/{stack}.json): `pulumi up` re-plans every tenant from scratch (the "
-            f"re-planning above){moved}; lock the plan first (`ai-factory plan {env} --lock`, then commit it) so that "
+            f"re-planning above){moved}; lock the plan first (`{lock}`, then commit it) so that "
             "re-planning keeps every other tenant's GPUs where they are"
         )
     elif recorded.pools != plan_for(cfg, recorded).pools:  # the layout, not how it was reached
-        result.notes.append(f"the plan lock of {stack} is not the current plan; lock it again first (`ai-factory plan {env} --lock`)")
+        result.notes.append(f"the plan lock of {stack} is not the current plan; lock it again first (`{lock}`)")
     return result
 
 

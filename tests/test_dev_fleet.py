@@ -1,56 +1,39 @@
-"""`examples/fleet`: dev as two clusters on one site sharing the identity layer, `assistant` on
-both. It renders per cluster, checks clean, and its manager's dispatch queue runs nothing on the
-manager's nodes."""
+"""dev is two clusters on one site sharing the identity layer, `assistant` on both. It renders per
+cluster, checks clean, and its manager's dispatch queue runs nothing on the manager's nodes."""
 
 from __future__ import annotations
 
 import copy
-import os
-from pathlib import Path
-
-import pytest
 
 from ai_factory.factory.checking.policies import resources_from_graph
 from ai_factory.factory.cli import main
-from ai_factory.factory.rendering.bundle import render_clusters
 from ai_factory.policies.aif_policies.gpu import check_gpu_no_cross_domain_sharing, check_gpu_quota_within_supply
-
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "fleet"
-
-
-@pytest.fixture(scope="module")
-def twin():
-    here = os.getcwd()
-    os.chdir(EXAMPLE)
-    try:
-        return render_clusters("twin")
-    finally:
-        os.chdir(here)
+from tests.conftest import REPO
 
 
-def test_the_two_cluster_example_renders_each_cluster_with_one_tenant_on_both(twin):
-    assert list(twin) == ["par1-a", "par1-b"]
-    tenants = {c: sorted({m.tenant for m in r.manifests if m.tenant}) for c, r in twin.items()}
+def test_dev_renders_each_cluster_with_one_tenant_on_both(dev_clusters):
+    assert list(dev_clusters) == ["par1-a", "par1-b"]
+    tenants = {c: sorted({m.tenant for m in r.manifests if m.tenant}) for c, r in dev_clusters.items()}
     assert tenants == {"par1-a": ["assistant", "partner-acme", "search"], "par1-b": ["assistant"]}
-    assert [c for c, r in twin.items() if any(m.layer == "keycloak" for m in r.manifests)] == ["par1-a"]
+    assert [c for c, r in dev_clusters.items() if any(m.layer == "keycloak" for m in r.manifests)] == ["par1-a"]
 
 
-def test_both_clusters_trust_the_managers_identity_layer(twin):
+def test_both_clusters_trust_the_managers_identity_layer(dev_clusters):
     def issuers(rendered):
         releases = [m.obj for m in rendered.manifests if m.kind == "HelmRelease" and m.name.startswith("vcluster-")]
         args = [a for r in releases for a in r["spec"]["values"]["controlPlane"]["distro"]["k8s"]["apiServer"]["extraArgs"]]
         return {a.split("=", 1)[1] for a in args if a.startswith("--oidc-issuer-url=")}
 
-    assert issuers(twin["par1-b"]) == issuers(twin["par1-a"]) == {twin["par1-a"].config.identity.issuer_url}
+    assert issuers(dev_clusters["par1-b"]) == issuers(dev_clusters["par1-a"]) == {dev_clusters["par1-a"].config.identity.issuer_url}
 
 
-def test_the_manager_dispatches_the_tenant_to_the_worker_with_its_own_openbao_access(twin):
-    manager, worker = twin["par1-a"], twin["par1-b"]
+def test_the_manager_dispatches_the_tenant_to_the_worker_with_its_own_openbao_access(dev_clusters):
+    manager, worker = dev_clusters["par1-a"], dev_clusters["par1-b"]
     config = next(m.obj for m in manager.manifests if m.kind == "MultiKueueConfig")
     assert config["spec"]["clusters"] == ["par1-b"]
     secret = next(m.obj for m in manager.manifests if m.kind == "ExternalSecret" and m.name == "multikueue-par1-b")
     assert secret["spec"]["data"][0]["remoteRef"]["key"] == "clusters/par1-a/platform/multikueue/par1-b"
-    for cluster, rendered in twin.items():
+    for cluster, rendered in dev_clusters.items():
         mounts = {m.obj["spec"]["provider"]["vault"]["auth"]["kubernetes"]["mountPath"] for m in rendered.manifests if m.kind == "SecretStore"}
         roles = {r.inputs["backend"] for r in rendered.graph.of_type("vault:kubernetes/authBackendRole:AuthBackendRole")}
         assert mounts == {f"kubernetes-{cluster}"} and roles <= {f"kubernetes-{cluster}"}, cluster
@@ -61,8 +44,8 @@ def _dispatch_findings(resources):
     return [m for check in (check_gpu_no_cross_domain_sharing, check_gpu_quota_within_supply) for _, m in check(resources, {}) if "multicluster" in m]
 
 
-def test_the_managers_dispatch_queue_is_not_judged_against_the_managers_nodes(twin):
-    resources, _ = resources_from_graph(twin["par1-a"].graph)
+def test_the_managers_dispatch_queue_is_not_judged_against_the_managers_nodes(dev_clusters):
+    resources, _ = resources_from_graph(dev_clusters["par1-a"].graph)
     assert _dispatch_findings(resources) == []
     # The same queue behind an admission check of another controller would run here: judged, and refused.
     for r in resources:
@@ -74,8 +57,8 @@ def test_the_managers_dispatch_queue_is_not_judged_against_the_managers_nodes(tw
     assert any("ResourceFlavor multicluster: queues promise" in m for m in found), found
 
 
-def test_the_two_cluster_example_checks_clean(oracles, chart_env, capsys):
-    args = ["--project-dir", str(EXAMPLE), "check", "twin", "-q", "--upstream", str(oracles.root), "--charts", str(chart_env.charts_dir)]
+def test_dev_checks_clean_on_both_clusters(oracles, chart_env, capsys):
+    args = ["--project-dir", str(REPO), "check", "dev", "-q", "--upstream", str(oracles.root), "--charts", str(chart_env.charts_dir)]
     status = main(args)
     out = capsys.readouterr().out
     assert status == 0, out
