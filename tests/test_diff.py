@@ -347,7 +347,9 @@ def test_diff_as_json_lists_every_change_with_its_diff_and_counts_them_by_tenant
     from ai_factory.factory.cli import main
 
     assert main(["diff", "dev", "--without-tenant", "search", "--format", "json"]) == 0
-    report = json.loads(capsys.readouterr().out)
+    fleet = json.loads(capsys.readouterr().out)
+    assert (fleet["tenant"], fleet["unexpected"], sorted(fleet["clusters"]), fleet["unchanged"]) == ("search", [], ["par1-a"], ["par1-b"])
+    report = fleet["clusters"]["par1-a"]
     assert (report["tenant"], report["unexpected"]) == ("search", [])
     mine = [c for c in report["changes"] if c["tenant"] == "search"]
     assert mine and all(c["change"] == "deleted" and c["layer"] == "tenant-search" for c in mine)

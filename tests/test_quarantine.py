@@ -12,6 +12,7 @@ from ai_factory.factory.cli import main
 from ai_factory.factory.model.loading import ConfigError, validate
 from ai_factory.factory.planning.from_config import plan_for
 from ai_factory.factory.planning.quarantine import device_taint_rule
+from tests.fleet_env import fold_clusters
 from tests.test_bill import stack as billing_stack
 from tests.test_device_layer import device_config
 
@@ -61,6 +62,7 @@ def test_the_cli_writes_the_rule_and_names_the_tenants(device, tmp_path, capsys)
     _, plan, _ = device
 
     def with_dra_pool(config: dict) -> None:
+        fold_clusters(config["ai-factory:fleet"], config.get("ai-factory:tenants") or [])  # the `device` plan is dev as one cluster
         sections = device_config({k.split(":", 1)[1]: v for k, v in config.items() if k.startswith("ai-factory:")})
         config.update({f"ai-factory:{k}": v for k, v in sections.items()})
 
