@@ -233,7 +233,7 @@ remapped), the driver, the RDMA NICs and their NUMA nodes, as the contract's `in
 
 
 NCCL_NODE_PROGRAM = Path(nccl_tests.__file__).read_text()
-"""The `nccl-node` gate's program, run by the loopback image's `python3` (`nccl_tests` says why)."""
+"""The NCCL gates' program, run by their images' `python3` (`nccl_tests` says why)."""
 
 
 def nccl_node_command(pool: Pool, min_busbw_gbps: float) -> tuple[str, ...]:
@@ -241,6 +241,19 @@ def nccl_node_command(pool: Pool, min_busbw_gbps: float) -> tuple[str, ...]:
     runs (its `TEST_SIZE_MB` default, 256), the figure written as the contract's result."""
     return ("python3", "-c", NCCL_NODE_PROGRAM, "nccl-node", f"{min_busbw_gbps:g}", nccl_tests.BINARY,
             "-b", "256M", "-e", "256M", "-g", str(pool.gpu.per_node))
+
+
+NCCL_PAIR_PORT = 29500
+"""Rank 0's rendezvous port (torch.distributed's customary `MASTER_PORT`)."""
+NCCL_PAIR_TIMEOUT = 1800
+"""Seconds a pair's pod waits for its peer and measures, within the Job's deadline (3600 s)."""
+
+
+def nccl_pair_command(job: str, pool: Pool, min_busbw_gbps: float) -> tuple[str, ...]:
+    """An all-reduce over NCCL of every GPU of both nodes at nccl-node's message size (256 MiB),
+    meeting at the pod of completion index 0 (`<job>-0`, named under the Job's headless Service)."""
+    return ("python3", "-c", NCCL_NODE_PROGRAM, "nccl-pair", f"{min_busbw_gbps:g}", "nccl", f"{job}-0.{job}", str(NCCL_PAIR_PORT),
+            str(256 << 20), "2", str(pool.gpu.per_node), str(NCCL_PAIR_TIMEOUT))
 
 
 def gate_jobs(cfg: FactoryConfig) -> list[GateJob]:
@@ -276,8 +289,9 @@ def gate_jobs(cfg: FactoryConfig) -> list[GateJob]:
             pool = s.pool
             row = table[(pool.gpu.model, "pair", pool.topology.fabric)]
             gen = hashlib.sha256("".join(generation_of[n] for n in pair).encode()).hexdigest()
-            jobs.append(GateJob(_job_name("nccl-pair", pair, gen), "nccl-pair", pair, tuple(generation_of[n] for n in pair), pool, (), images.nccl_allreduce,
-                                {"BW_THRESHOLD_GBPS": f"{row.min_busbw_gbps:g}", "MESSAGE_SIZES": "4G"}, 3600))
+            name = _job_name("nccl-pair", pair, gen)
+            jobs.append(GateJob(name, "nccl-pair", pair, tuple(generation_of[n] for n in pair), pool, nccl_pair_command(name, pool, row.min_busbw_gbps),
+                                images.nccl_allreduce, {}, 3600))
     return jobs
 
 
@@ -379,8 +393,10 @@ def job_spec(job: GateJob, acceptance_key: str) -> dict[str, Any]:
     }
     spec: dict[str, Any] = {"backoffLimit": 0, "activeDeadlineSeconds": job.deadline_seconds}
     if len(job.nodes) > 1:
-        # One pod per node of the pair: an indexed Job whose pods never share a node.
+        # One pod per node of the pair: an indexed Job whose pods never share a node, each named
+        # `<job>-<index>` under the Job's headless Service (rank 0's rendezvous address).
         spec.update({"completions": len(job.nodes), "parallelism": len(job.nodes), "completionMode": "Indexed"})
+        pod_spec["subdomain"] = job.name
         pod_spec["affinity"]["podAntiAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": [
             {"labelSelector": {"matchLabels": {"job-name": job.name}}, "topologyKey": "kubernetes.io/hostname"}
         ]}
@@ -393,6 +409,12 @@ def job_spec(job: GateJob, acceptance_key: str) -> dict[str, Any]:
         "spec": pod_spec,
     }
     return spec
+
+
+def peers_service_spec(job: GateJob) -> dict[str, Any]:
+    """Headless: DNS names the Job's pods (`<job>-<index>.<job>`), no virtual IP. Listed before
+    they are ready, so rank 0 resolves as soon as its pod has an address."""
+    return {"clusterIP": "None", "selector": {"job-name": job.name}, "publishNotReadyAddresses": True}
 
 
 class Provisioning(FactoryComponent):
@@ -491,6 +513,14 @@ class Provisioning(FactoryComponent):
                     spec=job_spec(job, gates.ACCEPTANCE_KEY),
                     opts=self.child(depends_on=[job_account]),
                 )
+                if len(job.nodes) > 1:
+                    k8s.core.v1.Service(
+                        self.child_name(f"{job.name}-peers"),
+                        metadata={"name": job.name, "namespace": args.acceptance_namespace,
+                                  "labels": {**object_labels, GATE_LABEL: job.gate, POOL_LABEL: job.pool.name}},
+                        spec=peers_service_spec(job),
+                        opts=self.child(depends_on=[acceptance_ns]),
+                    )
         self.namespace = ns.metadata.name
         self.register_outputs({"namespace": self.namespace})
 

@@ -287,8 +287,12 @@ def test_the_nccl_node_job_runs_the_images_nccl_tests_over_every_gpu_of_the_node
     command = nccl_node_command(cfg)
     assert command[:2] == ("python3", "-c") and command[3:] == (
         "nccl-node", "150", "/opt/nccl-tests/build/all_reduce_perf", "-b", "256M", "-e", "256M", "-g", "8")
-    imported = {n.names[0].name for n in ast.walk(ast.parse(command[2])) if isinstance(n, ast.Import)}
-    assert imported <= sys.stdlib_module_names and not any(isinstance(n, ast.ImportFrom) for n in ast.walk(ast.parse(command[2])))
+    # The standard library at the top; torch only inside the nccl-pair path (both images hold it).
+    program = ast.parse(command[2])
+    imported = {n.names[0].name for n in program.body if isinstance(n, ast.Import)}
+    inside = {a.name.split(".")[0] for n in ast.walk(program) if isinstance(n, ast.Import) for a in n.names} - imported
+    assert imported <= sys.stdlib_module_names and inside == {"torch"}
+    assert not any(isinstance(n, ast.ImportFrom) for n in ast.walk(program))
 
 
 @pytest.mark.parametrize(("fixture", "status", "code", "verdict", "figure", "reason"), [

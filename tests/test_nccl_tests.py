@@ -6,11 +6,17 @@ image runs it and collected through `accept --pods`, is tested in `tests/test_ac
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from ai_factory.components import provisioning
 from ai_factory.factory.acceptance import collect, gates, nccl_tests
+from ai_factory.factory.model.loading import validate
 from tests.conftest import REPO
 
 NCCL_OUTPUTS = REPO / "tests" / "contracts" / "nccl-tests-2.13"
@@ -113,3 +119,116 @@ def test_the_program_reports_a_binary_it_cannot_run(tmp_path, monkeypatch):
     assert nccl_tests.main(["nccl-node", "1", str(tmp_path / "missing"), "-g", "8"]) == 1
     assert collect.read_message("nccl-node", (tmp_path / "termination-log").read_text())[1] == (
         f"the gate measured nothing: all_reduce_perf exited 127: cannot run {tmp_path / 'missing'}: No such file or directory")
+
+
+# --------------------------------------------------------------------------- the nccl-pair program
+
+MIB_256 = 256 << 20
+
+
+@pytest.fixture(scope="module")
+def dev_cfg(dev_raw):
+    return validate(dev_raw[0])
+
+
+def pair_command(cfg) -> tuple[str, ...]:
+    return next(j.command for j in provisioning.gate_jobs(cfg) if j.gate == "nccl-pair")
+
+
+def test_the_nccl_pair_job_meets_at_rank_0_of_its_job_over_nccl_at_nccl_nodes_message_size(dev_cfg):
+    job = next(j for j in provisioning.gate_jobs(dev_cfg) if j.gate == "nccl-pair")
+    assert job.command[:3] == ("python3", "-c", provisioning.NCCL_NODE_PROGRAM) and job.command[3:] == (
+        "nccl-pair", "100", "nccl", f"{job.name}-0.{job.name}", "29500", str(MIB_256), "2", "8", "1800")
+    assert job.image == dev_cfg.layers.provisioning.acceptance.images.nccl_allreduce and job.env == {}
+PAIR_FIGURES = [
+    # (case, bytes, mean seconds of the slowest rank, ranks, wrong values, figure or None, reason fragment)
+    ("16 ranks: algbw scaled by 2(n-1)/n", MIB_256, 0.004, 16, 0, MIB_256 / 0.004 / 1e9 * 30 / 16, None),
+    ("2 ranks: busbw is algbw", MIB_256, 0.004, 2, 0, MIB_256 / 0.004 / 1e9, None),
+    ("wrong values from the data check", MIB_256, 0.004, 16, 3, None, "gave 3 wrong values"),
+    ("no time", MIB_256, 0.0, 16, 0, None, "took 0.0 s, not a duration"),
+    ("a negative time", MIB_256, -1.0, 16, 0, None, "took -1.0 s"),
+    ("not a number", MIB_256, float("nan"), 16, 0, None, "took nan s"),
+    ("forever", MIB_256, float("inf"), 16, 0, None, "took inf s"),
+    ("faster than any link", MIB_256, 1e-9, 16, 0, None, "past 100000, not a measurement"),
+]
+
+
+@pytest.mark.parametrize(("size", "seconds", "ranks", "wrong", "figure", "reason"), [r[1:] for r in PAIR_FIGURES], ids=[r[0] for r in PAIR_FIGURES])
+def test_the_pair_figure_is_nccl_tests_bus_bandwidth_of_the_slowest_rank(size, seconds, ranks, wrong, figure, reason):
+    value, error = nccl_tests.pair_bus_bandwidth(size, seconds, ranks, wrong)
+    assert value == pytest.approx(figure) if figure is not None else value is None
+    assert (error is None) == (reason is None) and (reason is None or reason in error), error
+
+
+@pytest.fixture
+def torch():
+    """torch's CPU build runs the pair program over gloo; CI installs it (FACTORY_REQUIRE_TORCH)."""
+    try:
+        import torch
+    except ImportError:
+        if os.environ.get("FACTORY_REQUIRE_TORCH"):
+            pytest.fail("FACTORY_REQUIRE_TORCH is set but torch is not installed")
+        pytest.skip("torch is not installed (pip install torch==2.13.0)")
+    return torch
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _pair_pods(command: tuple[str, ...], tmp_path: Path, indexes=(0, 1), **swap) -> list[tuple[int, str, str]]:
+    """The Job's command run as its two pods would (completion indexes `indexes`), over gloo on this
+    machine: its arguments swapped by name (`swap`), each pod's termination log in tmp_path."""
+    names = ("gate", "minimum", "backend", "address", "port", "bytes", "nodes", "per_node", "timeout")
+    args = dict(zip(names, command[3:], strict=True)) | {"backend": "gloo", "address": "127.0.0.1", "port": str(_free_port())} | swap
+    pods = []
+    for index in indexes:
+        log = tmp_path / f"termination-log-{index}"
+        program = command[2].replace(nccl_tests.TERMINATION_LOG, str(log))
+        pods.append((log, subprocess.Popen([sys.executable, "-I", "-c", program, *args.values()], env={"JOB_COMPLETION_INDEX": str(index)},
+                                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
+    done = []
+    for log, pod in pods:
+        out, _ = pod.communicate(timeout=120)
+        done.append((pod.returncode, log.read_text() if log.exists() else "", out))
+    return done
+
+
+def test_the_pair_program_measures_an_all_reduce_across_both_pods(torch, dev_cfg, tmp_path):
+    command = pair_command(dev_cfg)
+    pods = _pair_pods(command, tmp_path, bytes=str(4 << 20), per_node="2", minimum="0.0001")
+    figures = [collect.read_message("nccl-pair", text) for _, text, _ in pods]
+    assert [code for code, _, _ in pods] == [0, 0] and all(error is None for _, error in figures), pods
+    # One collective, timed by its slowest rank: both pods report the same figure.
+    assert figures[0] == figures[1] and 0 < figures[0][0].busbw_gbps < 1000
+
+
+def test_a_pair_figure_below_the_minimum_fails_the_job(torch, dev_cfg, tmp_path):
+    pods = _pair_pods(pair_command(dev_cfg), tmp_path, bytes=str(1 << 20), per_node="1", minimum="99999")
+    assert [code for code, _, _ in pods] == [1, 1] and all(collect.read_message("nccl-pair", t)[0] is not None for _, t, _ in pods)
+
+
+def test_a_pod_whose_peer_never_comes_says_so(torch, dev_cfg, tmp_path):
+    [(code, text, _)] = _pair_pods(pair_command(dev_cfg), tmp_path, indexes=(1,), bytes=str(1 << 20), per_node="2", timeout="10")
+    result, error = collect.read_message("nccl-pair", text)
+    assert code == 1 and result is None and error.startswith("the gate measured nothing: rank 2: DistNetworkError: The client socket has timed out"), error
+
+
+def test_a_rank_0_that_does_not_resolve_is_reported(torch):
+    assert nccl_tests.pair(1, 2, 1, "gloo", "rank-0.invalid", 1, 4, 1.0) == (None, "rank 0 at rank-0.invalid does not resolve: "
+                                                                            f"{_resolve_error('rank-0.invalid')}")
+
+
+def _resolve_error(name: str) -> str:
+    try:
+        socket.getaddrinfo(name, None)
+    except OSError as err:
+        return str(err)
+    raise AssertionError(f"{name} resolves")
+
+
+def test_ranks_still_running_at_the_deadline_are_stopped_and_reported(torch, monkeypatch):
+    monkeypatch.setattr(nccl_tests, "ITERATIONS", 10**9)
+    assert nccl_tests.pair(0, 1, 2, "gloo", "127.0.0.1", _free_port(), 4096, 3.0) == (None, "2 of 2 ranks still running after 3 s")

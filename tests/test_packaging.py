@@ -55,7 +55,7 @@ def test_the_installed_cli_renders_and_plans_a_project_of_the_users_own(installe
     (project / "Pulumi.dev.yaml").write_text(re.sub(r"^  ai-factory:", "  acme-gpu:", stack, flags=re.M))
     render = subprocess.run([installed / "bin" / "ai-factory", "render", "dev"], cwd=project, capture_output=True, text=True, timeout=300)
     assert render.returncode == 0, render.stderr
-    assert "cluster par1-a (build/dev/par1-a/):\n246 objects" in render.stdout and "cluster par1-b (build/dev/par1-b/):\n118 objects" in render.stdout
+    assert "cluster par1-a (build/dev/par1-a/):\n248 objects" in render.stdout and "cluster par1-b (build/dev/par1-b/):\n118 objects" in render.stdout
     assert all((project / "build" / "dev" / c / "inventory.json").is_file() for c in ("par1-a", "par1-b"))
     plan = subprocess.run(
         [installed / "bin" / "ai-factory", "--project-dir", str(project), "plan", "dev", "--lock"], cwd=tmp_path, capture_output=True, text=True, timeout=300

@@ -50,6 +50,17 @@ def test_acceptance_jobs_validate_against_the_kubernetes_schema(dev, oracles):
     assert [e for job in jobs for e in oracles.validate_core_object(job, "1.34")] == []
 
 
+def test_each_pair_job_has_a_headless_service_naming_its_pods(dev, oracles):
+    services = {o["metadata"]["name"]: o for o in objects(dev, "Service") if o["metadata"]["namespace"] == "ai-factory-acceptance"}
+    pairs = [j for j in objects(dev, "Job") if j["metadata"]["namespace"] == "ai-factory-acceptance" and j["spec"].get("completions") == 2]
+    assert len(pairs) == 2 and set(services) == {j["metadata"]["name"] for j in pairs}
+    for job in pairs:
+        name = job["metadata"]["name"]
+        assert job["spec"]["template"]["spec"]["subdomain"] == name and f"{name}-0.{name}" in job["spec"]["template"]["spec"]["containers"][0]["command"]
+        assert services[name]["spec"] == {"clusterIP": "None", "selector": {"job-name": name}, "publishNotReadyAddresses": True}
+        assert oracles.validate_core_object(services[name], "1.34") == []
+
+
 def test_a_host_carries_its_bmc_boot_mac_disk_hints_and_the_pools_image(dev):
     spec = one(dev, "BareMetalHost", "gpu-h100-03")["spec"]
     assert spec["bmc"] == {"address": "idrac-virtualmedia://10.20.2.11/redfish/v1/Systems/System.Embedded.1",

@@ -16,10 +16,9 @@ unreadable). `result` per gate, the results file's fields (`gates.NodeResult`):
 * `dcgm-diag`: `level`, `passed`, `failed_tests`; `burn-in`: `minutes`, `passed`;
 * `nccl-node`, `nccl-pair`: `busbw_gbps` (each pod of a pair's Job reports; the lower counts).
 
-A gate that ran but measured nothing writes `"error": "<why>"` in place of `result` (the
-`nccl-node` program, `nccl_tests`, when nccl-tests printed no figure, found wrong values or
-failed): its gates fail with that reason. A pod of a gate whose image writes no contract at all
-(`EXIT_CODE_ONLY`) fails with that said, its exit code alongside.
+A gate that ran but measured nothing writes `"error": "<why>"` in place of `result` (the NCCL
+gates' program, `nccl_tests`, when nccl-tests printed no figure, the all-reduce found wrong values,
+its peer never came or it failed): its gates fail with that reason.
 
 Which node and generation a pod tested comes from its Job's pod template (`ai-factory.io/node`,
 `ai-factory.io/acceptance-generation`, the completion index of a pair's pod), never from the
@@ -102,12 +101,6 @@ class Message(_Model):
         return self
 
 
-EXIT_CODE_ONLY = {
-    "nccl-pair": "its image (NVSentinel preflight-nccl-allreduce) reports by exit code only and needs NVSentinel's "
-                 "preflight webhook (gang ConfigMap, platform connector) to start",
-}
-"""Gates whose image writes no contract: a pod of one that ended without a message fails with this
-reason (never a verdict without a figure: see `gates.py`, "No figure, no pass")."""
 
 
 NO_MESSAGE = "no termination message"
@@ -184,8 +177,6 @@ def pod_outcome(pod: Mapping[str, Any]) -> PodOutcome | None:
     except ValueError:
         finished = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
     result, error = read_message(gate, terminated.get("message"))
-    if gate in EXIT_CODE_ONLY and error == NO_MESSAGE:
-        error = f"gate {gate} reports by exit code only: no figure ({EXIT_CODE_ONLY[gate]})"
     if error and status.get("phase") == "Failed":
         error = f"exited {terminated.get('exitCode', '?')} ({terminated.get('reason') or status.get('reason') or 'failed'}), {error}"
     job = str(labels.get(JOB_NAME_LABEL) or labels.get("job-name") or "")

@@ -26,11 +26,11 @@ never on an exit code alone, and no row of the table (built-in or a site's) waiv
 code does not say the threshold held: NVSentinel's preflight images exit non-zero when their
 health event cannot reach NVSentinel's platform connector, and zero after a failed test under its
 `STORE_ONLY` processing strategy; and the NetBox record of an accepted node carries its NCCL
-figures. So `nccl-node` runs the loopback image's nccl-tests and reports the figure
-(`nccl_tests`), and `nccl-pair`, whose image (`preflight-nccl-allreduce`, a PyTorch benchmark
-that starts only inside NVSentinel's preflight webhook: gang ConfigMap, `POD_NAME`, platform
-connector) reports by exit code only, fails when collected from pods with that reason until a pair
-result with a figure is recorded (`collect.EXIT_CODE_ONLY`).
+figures. So neither gate runs its image's entrypoint: `nccl-node` runs the loopback image's
+nccl-tests, and `nccl-pair` an all-reduce over `torch.distributed` and NCCL across both nodes with
+the torch of `preflight-nccl-allreduce` (whose own entrypoint starts only inside NVSentinel's
+preflight webhook: gang ConfigMap, `POD_NAME`, platform connector); both report the figure
+(`nccl_tests`).
 
 The gate generation of a node hashes what its acceptance depends on: the driver version, the OS
 image and BIOS settings of its pool, and its `reruns` count. A driver change or a new image gives a
