@@ -2,7 +2,8 @@
 
 `busbw` is nccl-tests' bus bandwidth (the algorithm bandwidth scaled by 2(n-1)/n for all-reduce),
 the figure NVSentinel's preflight checks compare; the `nccl-node` gate reports nccl-tests' closing
-`# Avg bus bandwidth` (`nccl_tests`). Every row needs a measured figure: none lets an exit code
+`# Avg bus bandwidth`, the `nccl-pair` gate the same definition computed from its own timed
+all-reduces of 256 MiB over `torch.distributed` (`nccl_tests`). Every row needs a measured figure: none lets an exit code
 stand for one (`gates`, "No figure, no pass"). The built-in table has a row per GPU model of
 the catalog and per link; the figures are the sources' and do not depend on the model (no
 source below gives per-model minima), so a site that measured its own hardware sets
