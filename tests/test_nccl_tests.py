@@ -232,3 +232,15 @@ def _resolve_error(name: str) -> str:
 def test_ranks_still_running_at_the_deadline_are_stopped_and_reported(torch, monkeypatch):
     monkeypatch.setattr(nccl_tests, "ITERATIONS", 10**9)
     assert nccl_tests.pair(0, 1, 2, "gloo", "127.0.0.1", _free_port(), 4096, 3.0) == (None, "2 of 2 ranks still running after 3 s")
+
+
+def test_a_rank_that_dies_without_a_word_is_reported(torch, monkeypatch):
+    monkeypatch.setattr(nccl_tests, "_all_reduce", lambda *args: os._exit(3))
+    assert nccl_tests.pair(0, 1, 2, "gloo", "127.0.0.1", _free_port(), 4096, 30.0) == (
+        None, "2 of 2 ranks ended without a result (exit codes [3])")
+
+
+def test_an_image_without_torch_is_reported(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch.distributed", None)
+    assert nccl_tests.pair(0, 2, 8, "nccl", "127.0.0.1", 29500, 4096, 30.0) == (
+        None, "cannot import torch.distributed: import of torch.distributed halted; None in sys.modules")

@@ -180,7 +180,10 @@ def pair(node, nodes, per_node, backend, address, port, size, timeout):
     """(GB/s, None) or (None, why): this pod's `per_node` ranks of `nodes * per_node`, forked. A
     rank that waits on a peer gives up after a third of `timeout` (torch's process-group timeout;
     its store client retries once more), so it says why before the pod's own deadline stops it."""
-    import torch.distributed  # noqa: F401 - once, before the fork (importing touches no GPU)
+    try:
+        import torch.distributed  # noqa: F401 - once, before the fork (importing touches no GPU)
+    except ImportError as err:
+        return None, f"cannot import torch.distributed: {err}"
 
     deadline = time.monotonic() + timeout
     error = _resolve(address, deadline)
