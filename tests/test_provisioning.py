@@ -56,7 +56,10 @@ def test_each_pair_job_has_a_headless_service_naming_its_pods(dev, oracles):
     assert len(pairs) == 2 and set(services) == {j["metadata"]["name"] for j in pairs}
     for job in pairs:
         name = job["metadata"]["name"]
-        assert job["spec"]["template"]["spec"]["subdomain"] == name and f"{name}-0.{name}" in job["spec"]["template"]["spec"]["containers"][0]["command"]
+        pod = job["spec"]["template"]["spec"]
+        assert pod["subdomain"] == name and f"{name}-0.{name}" in pod["containers"][0]["command"]
+        assert pod["volumes"] == [{"name": "shm", "emptyDir": {"medium": "Memory"}}]
+        assert pod["containers"][0]["volumeMounts"] == [{"name": "shm", "mountPath": "/dev/shm"}]
         assert services[name]["spec"] == {"clusterIP": "None", "selector": {"job-name": name}, "publishNotReadyAddresses": True}
         assert oracles.validate_core_object(services[name], "1.34") == []
 
