@@ -397,9 +397,9 @@ def job_spec(job: GateJob, acceptance_key: str) -> dict[str, Any]:
         # `<job>-<index>` under the Job's headless Service (rank 0's rendezvous address).
         spec.update({"completions": len(job.nodes), "parallelism": len(job.nodes), "completionMode": "Indexed"})
         pod_spec["subdomain"] = job.name
-        # One NCCL process per GPU: their node-local transport's buffers are in /dev/shm, by the
-        # container runtime's default 64 MiB; memory-backed, it counts against the memory limit.
-        pod_spec["volumes"] = [{"name": "shm", "emptyDir": {"medium": "Memory"}}]
+        # One NCCL process per GPU: their node-local transport's buffers are in /dev/shm, 64 MiB by
+        # the container runtime's default; memory-backed, it counts against the memory limit.
+        pod_spec["volumes"] = [{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}}]
         container["volumeMounts"] = [{"name": "shm", "mountPath": "/dev/shm"}]
         pod_spec["affinity"]["podAntiAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": [
             {"labelSelector": {"matchLabels": {"job-name": job.name}}, "topologyKey": "kubernetes.io/hostname"}

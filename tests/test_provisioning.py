@@ -58,7 +58,7 @@ def test_each_pair_job_has_a_headless_service_naming_its_pods(dev, oracles):
         name = job["metadata"]["name"]
         pod = job["spec"]["template"]["spec"]
         assert pod["subdomain"] == name and f"{name}-0.{name}" in pod["containers"][0]["command"]
-        assert pod["volumes"] == [{"name": "shm", "emptyDir": {"medium": "Memory"}}]
+        assert pod["volumes"] == [{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}}]
         assert pod["containers"][0]["volumeMounts"] == [{"name": "shm", "mountPath": "/dev/shm"}]
         assert services[name]["spec"] == {"clusterIP": "None", "selector": {"job-name": name}, "publishNotReadyAddresses": True}
         assert oracles.validate_core_object(services[name], "1.34") == []
