@@ -1017,7 +1017,10 @@ class AcceptanceImages(Model):
     nccl-tests binary, not its entrypoint (`ai_factory.factory.acceptance.nccl_tests`), so another
     image must hold `python3` and `/opt/nccl-tests/build/all_reduce_perf` likewise."""
     nccl_allreduce: Annotated[str, StringConstraints(pattern=r"^[a-z0-9][-a-z0-9.:/]*:[A-Za-z0-9._-]+$", max_length=MAX_TEXT)] = "ghcr.io/nvidia/nvsentinel/preflight-nccl-allreduce:v1.14.0"
-    """NVSentinel's preflight multi-node NCCL all-reduce check."""
+    """NVSentinel's preflight multi-node NCCL all-reduce check image (`nvcr.io/nvidia/pytorch`):
+    the `nccl-pair` gate runs its `python3` and torch, not its entrypoint
+    (`ai_factory.factory.acceptance.nccl_tests`), so another image must hold `python3` with a
+    torch built with NCCL likewise."""
 
 
 class AcceptanceSettings(Model):
