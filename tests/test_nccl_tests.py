@@ -247,3 +247,8 @@ def test_an_image_without_torch_is_reported(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch.distributed", None)
     assert nccl_tests.pair(0, 2, 8, "nccl", "127.0.0.1", 29500, 4096, 30.0) == (
         None, "cannot import torch.distributed: import of torch.distributed halted; None in sys.modules")
+
+
+def test_the_ranks_of_one_pod_give_one_figure(torch):
+    value, error = nccl_tests.pair(0, 1, 2, "gloo", "127.0.0.1", _free_port(), 1 << 16, 30.0)
+    assert error is None and 0 < value < nccl_tests.MAX_BUSBW
