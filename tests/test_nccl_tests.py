@@ -252,3 +252,13 @@ def test_an_image_without_torch_is_reported(monkeypatch):
 def test_the_ranks_of_one_pod_give_one_figure(torch):
     value, error = nccl_tests.pair(0, 1, 2, "gloo", "127.0.0.1", _free_port(), 1 << 16, 30.0)
     assert error is None and 0 < value < nccl_tests.MAX_BUSBW
+
+
+@pytest.mark.parametrize(("minimum", "code"), [("0", 0), ("99999", 1)], ids=["meets the minimum", "below the minimum"])
+def test_the_pair_program_writes_its_figure_and_exits_with_the_verdict(torch, tmp_path, monkeypatch, capsys, minimum, code):
+    monkeypatch.setattr(nccl_tests, "TERMINATION_LOG", str(tmp_path / "termination-log"))
+    monkeypatch.setenv("JOB_COMPLETION_INDEX", "0")
+    assert nccl_tests.main(["nccl-pair", minimum, "gloo", "127.0.0.1", str(_free_port()), str(1 << 16), "1", "2", "30"]) == code
+    written = (tmp_path / "termination-log").read_text()
+    result, error = collect.read_message("nccl-pair", written)
+    assert error is None and 0 < result.busbw_gbps and capsys.readouterr().out == "\n" + written + "\n"
