@@ -1,4 +1,6 @@
-"""The `nccl-node` gate's program (`factory/acceptance/nccl_tests.py`): nccl-tests' output, in the
+"""The NCCL gates' program (`factory/acceptance/nccl_tests.py`). `nccl-pair`: the bus bandwidth of
+its timed all-reduces, and the Job's command run as its two pods over gloo (torch's CPU build;
+skipped without torch, required in CI). `nccl-node`: nccl-tests' output, in the
 format v2.13 prints (`tests/contracts/nccl-tests-2.13/`), read into the gate result contract, and
 the program run in-process over a fake `all_reduce_perf`. The Job's command itself, run as its
 image runs it and collected through `accept --pods`, is tested in `tests/test_acceptance_collect.py`."""
