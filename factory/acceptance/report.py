@@ -120,20 +120,21 @@ def _update_clusters(env: str, cfg: FactoryConfig, found: list[gates.NodeVerdict
     cluster_of = {v.node: pool_cluster(cfg, v.pool) for v in found}
     targets = {cluster_of[v.node] for v in found if v.verdict in ("accepted", "failed")}
     results = FleetStacks().up(env, only=sorted(targets), on_output=on_output) if targets else []
+    def nodes_on(cluster: str) -> str:
+        return ", ".join(v.node for v in found if cluster_of[v.node] == cluster)
+
     updated = set()
     failed = []
     for r in results:
         if r.ok:
             updated.add(r.cluster)
             changes = ", ".join(f"{n} {k}" for k, n in sorted(r.result.changes.items())) or "no change"
-            print(f"platform {r.stack}: updated ({changes})")
+            on_output(f"platform {r.stack}: updated ({changes})")
         else:
-            nodes = ", ".join(v.node for v in found if cluster_of[v.node] == r.cluster)
-            failed.append(f"platform {r.stack}: {r.error}; netbox records of {nodes} not written")
-            print(f"platform {r.stack}: FAILED: {r.error}")
+            failed.append(f"platform {r.stack}: {r.error}; netbox records of {nodes_on(r.cluster)} not written")
+            on_output(f"platform {r.stack}: FAILED: {r.error}")
     for cluster in sorted({cluster_of[v.node] for v in found} - targets):
-        pending = ", ".join(v.node for v in found if cluster_of[v.node] == cluster)
-        print(f"platform {cluster_stack(env, cluster)}: not updated (no accepted or failed node); netbox records of {pending} not written")
+        on_output(f"platform {cluster_stack(env, cluster)}: not updated (no accepted or failed node); netbox records of {nodes_on(cluster)} not written")
     return [v for v in found if cluster_of[v.node] in updated], failed
 
 
