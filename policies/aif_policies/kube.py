@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Iterator
 
 from pulumi_policy import PolicyResource
 
+from ai_factory.factory.checking.label_index import LabelIndex
 from ai_factory.factory.model.tenancy import TENANT_LABEL, TRUST_DOMAIN_LABEL, TRUST_LABEL
 
 HELM_RELEASE = "kubernetes:helm.sh/v3:Release"
@@ -268,13 +269,9 @@ class Cluster:
         }
         self._by_namespace: dict[tuple[str, str | None], list[Obj]] | None = None
         self._once: dict[str, _Replay] = {}
-        self._labelled: dict[tuple[str, Any], set[str]] = defaultdict(set)
-        """Namespaces by (label, value): a selector of one tenant's labels finds its namespaces
-        without testing every namespace (one ClusterQueue per tenant made that quadratic)."""
-        for name, labels in self.namespace_labels.items():
-            for key, value in labels.items():
-                if isinstance(value, Hashable):
-                    self._labelled[(key, value)].add(name)
+        self._namespaces = LabelIndex(self.namespace_labels, self.namespace_labels.__getitem__)
+        """A selector of one tenant's labels finds its namespaces without testing every namespace
+        (one ClusterQueue per tenant made that quadratic)."""
 
     def of(self, *kinds: str) -> list[Obj]:
         return [o for kind in kinds for o in self._by_kind.get(kind, [])]
@@ -301,10 +298,7 @@ class Cluster:
 
     def namespaces_selected(self, selector: Any, among: Iterable[str]) -> list[str]:
         """The namespaces of `among` a label selector selects (`selects`, on their own labels), sorted."""
-        candidates = set(among)
-        for key, value in as_map(as_map(selector).get("matchLabels")).items():
-            if isinstance(value, Hashable):
-                candidates &= self._labelled.get((key, value), set())
+        candidates = set(among).intersection(self._namespaces.matching(as_map(as_map(selector).get("matchLabels"))))
         return sorted(ns for ns in candidates if selects(selector, self.namespace_labels.get(ns, {})))
 
     def nodes(self) -> dict[str, Obj]:
