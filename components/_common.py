@@ -163,9 +163,28 @@ def narrowed(hook: TenantHook, tenant: str) -> TenantHook:
     return narrow(tenant) if narrow is not None else hook
 
 
+_TENANT_INDEXES: dict[int, tuple[tuple[Any, ...], dict[str, tuple[Any, ...]]]] = {}
+"""Tuples of items by identity, each kept (so its id is not reused) with its items by tenant."""
+_TENANT_INDEXES_KEPT = 16
+"""A render narrows a handful of hooks' tuples: enough for all of them, bounded across renders."""
+
+
 def tenant_items(items: Iterable[T], tenant: str) -> tuple[T, ...]:
-    """The items (queues, clusters, networks, each with a `tenant`) of one tenant."""
-    return tuple(i for i in items if i.tenant == tenant)  # type: ignore[attr-defined]
+    """The items (queues, clusters, networks, each with a `tenant`) of one tenant.
+
+    Every tenant's stack narrows the same hook, so a tuple (immutable, of frozen items) is indexed
+    by tenant once instead of scanned per tenant, which was quadratic in the tenants."""
+    if type(items) is not tuple:
+        return tuple(i for i in items if i.tenant == tenant)  # type: ignore[attr-defined]
+    kept = _TENANT_INDEXES.get(id(items))
+    if kept is None:
+        index: dict[str, list[Any]] = {}
+        for item in items:
+            index.setdefault(item.tenant, []).append(item)  # type: ignore[attr-defined]
+        if len(_TENANT_INDEXES) >= _TENANT_INDEXES_KEPT:
+            del _TENANT_INDEXES[next(iter(_TENANT_INDEXES))]
+        kept = _TENANT_INDEXES[id(items)] = (items, {name: tuple(own) for name, own in index.items()})
+    return kept[1].get(tenant, ())
 
 
 def tenant_entry(by_tenant: Mapping[str, V], tenant: str) -> dict[str, V]:

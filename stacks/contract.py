@@ -209,7 +209,7 @@ def platform_contract(cfg: FactoryConfig, plan: Plan, environment: str) -> Platf
         cohorts={q.tenant: q.cohort for q in queue_plan(cfg, plan).cluster_queues} if cfg.layers.kueue.enabled else {},
         advertised_resources=advertised_resources(plan),
         platform_config=_environment_config(cfg),
-        plan=json.loads(plan.to_json()),
+        plan=plan.to_data(),
     )
 
 

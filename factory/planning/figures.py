@@ -50,7 +50,7 @@ def _lower_bound(pool: PoolSpec, model: GpuModel, request: PoolRequests, domain:
 
 def domain_figures(pool_plan: PoolPlan, pool: PoolSpec, request: PoolRequests, domain: str) -> Figures:
     model = GPU_MODELS[pool.gpu_model]
-    held = [node for node in pool_plan.nodes if any(gpu.trust_domain == domain for gpu in node.gpus)]
+    held = pool_plan.domain_nodes(domain)
     used = [gpu for node in held for gpu in node.gpus if gpu.trust_domain == domain and gpu.mode != "idle"]
     idle_by_tenant: Counter[str] = Counter()
     for node in held:

@@ -3,13 +3,14 @@ every layer asks of it, and its JSON form (the lock); `report` prints it."""
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Literal, Sequence
+
+import msgspec
 
 from ai_factory.factory.model.gpus import GPU_MODELS, GpuModel
 from ai_factory.factory.planning.fabric import TenantFabricNetwork
@@ -149,6 +150,19 @@ class PoolPlan:
     vm_resource: str | None = None
     """As `PoolSpec.vm_resource`."""
 
+    def domain_nodes(self, trust_domain: str) -> tuple[NodePlan, ...]:
+        """The nodes holding at least one GPU for `trust_domain` (in use or idle), in plan order."""
+        return self._nodes_by_domain.get(trust_domain, ())
+
+    # Asked per trust domain (figures, offerings): index the nodes once, not once per domain.
+    @cached_property
+    def _nodes_by_domain(self) -> dict[str, tuple[NodePlan, ...]]:
+        nodes: dict[str, list[NodePlan]] = defaultdict(list)
+        for node in self.nodes:
+            for domain in dict.fromkeys(gpu.trust_domain for gpu in node.gpus if gpu.trust_domain):
+                nodes[domain].append(node)
+        return {domain: tuple(held) for domain, held in nodes.items()}
+
 
 @dataclass(frozen=True)
 class Figures:
@@ -216,10 +230,10 @@ class Plan:
     # ------------------------------------------------------------------ queries
 
     def pool(self, name: str) -> PoolPlan:
-        for pool in self.pools:
-            if pool.name == name:
-                return pool
-        raise KeyError(f"no pool {name!r} in the plan; pools: {', '.join(p.name for p in self.pools)}")
+        pool = self._pools_by_name.get(name)
+        if pool is None:
+            raise KeyError(f"no pool {name!r} in the plan; pools: {', '.join(p.name for p in self.pools)}")
+        return pool
 
     def tenant_capacity(self, tenant: str) -> dict[tuple[str, str], int]:
         """What `tenant` was granted, per (pool, resource name): whole GPUs and time-sliced
@@ -227,6 +241,10 @@ class Plan:
         (nvidia.com/gpu), memory in MiB (nvidia.com/gpumem) and cores in percent
         (nvidia.com/gpucores)."""
         return dict(self._capacity_by_tenant.get(tenant, {}))
+
+    def dedicated_nodes(self, tenant: str) -> tuple[str, ...]:
+        """The nodes dedicated to (low-trust) `tenant`, in name order."""
+        return self._dedicated_by_tenant.get(tenant, ())
 
     def supply(self, pool: str, trust_domain: str) -> dict[str, int]:
         """What the plan physically creates for `trust_domain` in `pool`: resources advertised by
@@ -246,6 +264,19 @@ class Plan:
                 for owner, resource, amount in gpu_grants(model, gpu):
                     capacity[owner][pool.name, resource] += amount
         return {tenant: dict(sorted(c.items())) for tenant, c in capacity.items()}
+
+    @cached_property
+    def _pools_by_name(self) -> dict[str, PoolPlan]:
+        return {pool.name: pool for pool in self.pools}
+
+    @cached_property
+    def _dedicated_by_tenant(self) -> dict[str, tuple[str, ...]]:
+        dedicated: dict[str, list[str]] = defaultdict(list)
+        for pool in self.pools:
+            for node in pool.nodes:
+                if node.dedicated_tenant:
+                    dedicated[node.dedicated_tenant].append(node.name)
+        return {tenant: tuple(sorted(nodes)) for tenant, nodes in dedicated.items()}
 
     @cached_property
     def _supply_by_domain(self) -> dict[tuple[str, str], dict[str, int]]:
@@ -288,7 +319,12 @@ class Plan:
     # ------------------------------------------------------------------ serialisation
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True, indent=2)
+        return json.dumps(self.to_data(), sort_keys=True, indent=2)
+
+    def to_data(self) -> dict[str, Any]:
+        """The plan as plain JSON data (`to_json` parsed back, keys sorted): the platform contract
+        carries it. Converted in C, not by `dataclasses.asdict`, which deep-copies every GPU."""
+        return msgspec.json.decode(msgspec.json.encode(self, order="sorted"))
 
     @classmethod
     def from_json(cls, text: str) -> Plan:

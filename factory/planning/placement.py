@@ -179,7 +179,7 @@ def node_placements(plan: Plan) -> list[NodePlacement]:
     return placements
 
 
-_last_offerings: tuple[Plan, tuple[Offering, ...]] | None = None
+_last_offerings: tuple[Plan, tuple[Offering, ...], dict[str, tuple[Offering, ...]]] | None = None
 
 
 def offerings(plan: Plan) -> list[Offering]:
@@ -187,10 +187,24 @@ def offerings(plan: Plan) -> list[Offering]:
 
     Every tenant's stack, queue and admission rule asks for them; they are computed once for the
     plan in use (kept with a reference to it, so identity is a safe key)."""
+    return list(_indexed_offerings(plan)[1])
+
+
+def domain_offerings(plan: Plan, trust_domain: str) -> tuple[Offering, ...]:
+    """The offerings of one trust domain, in the order of `offerings`: what one tenant's stack and
+    queue ask for, without a scan of every domain's (indexed with the offerings)."""
+    return _indexed_offerings(plan)[2].get(trust_domain, ())
+
+
+def _indexed_offerings(plan: Plan) -> tuple[Plan, tuple[Offering, ...], dict[str, tuple[Offering, ...]]]:
     global _last_offerings
     if _last_offerings is None or _last_offerings[0] is not plan:
-        _last_offerings = (plan, tuple(_offerings(plan)))
-    return list(_last_offerings[1])
+        every = tuple(_offerings(plan))
+        by_domain: dict[str, list[Offering]] = defaultdict(list)
+        for o in every:
+            by_domain[o.trust_domain].append(o)
+        _last_offerings = (plan, every, {domain: tuple(own) for domain, own in by_domain.items()})
+    return _last_offerings
 
 
 def _offerings(plan: Plan) -> list[Offering]:
@@ -198,7 +212,7 @@ def _offerings(plan: Plan) -> list[Offering]:
     for pool in plan.pools:
         domains = sorted({g.trust_domain for n in pool.nodes for g in n.gpus if g.trust_domain and g.mode != "idle"})
         for domain in domains:
-            nodes = [n for n in pool.nodes if any(g.trust_domain == domain and g.mode != "idle" for g in n.gpus)]
+            nodes = [n for n in pool.domain_nodes(domain) if any(g.trust_domain == domain and g.mode != "idle" for g in n.gpus)]
             dedicated = sorted({n.dedicated_tenant for n in nodes if n.dedicated_tenant})
             labels = {POOL_LABEL: pool.name}
             tolerations: tuple[Taint, ...] = ()
@@ -227,18 +241,13 @@ def _offerings(plan: Plan) -> list[Offering]:
 
 def allocations(plan: Plan, tenant_domains: dict[str, str]) -> dict[str, TenantAllocation]:
     """Per tenant (name → trust domain), its grants on the offerings of its domain."""
-    dedicated: dict[str, list[str]] = defaultdict(list)
-    for pool in plan.pools:
-        for node in pool.nodes:
-            if node.dedicated_tenant:
-                dedicated[node.dedicated_tenant].append(node.name)
     result = {}
     for tenant, domain in sorted(tenant_domains.items()):
         grants = tuple(
             Grant(offering_name(pool, domain), pool, advertised_name(plan.pool(pool), resource), amount)
             for (pool, resource), amount in sorted(plan.tenant_capacity(tenant).items())
         )
-        result[tenant] = TenantAllocation(tenant, grants, tuple(sorted(dedicated[tenant])))
+        result[tenant] = TenantAllocation(tenant, grants, plan.dedicated_nodes(tenant))
     return result
 
 

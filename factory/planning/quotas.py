@@ -26,14 +26,15 @@ stack run on its own rebuilds exactly the queues the platform run would. The rul
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass
-from typing import Iterable, Mapping, TypeVar
+from typing import Iterable, Mapping, Sequence, TypeVar
 
 from ai_factory.factory.model.config import FactoryConfig, Tenant
 from ai_factory.factory.model.gpus import GPU_MODELS
 from ai_factory.factory.model.quantity import parse_quantity
 from ai_factory.factory.planning.model import HAMI_CORES, HAMI_MEMORY, WHOLE_GPU, Plan
-from ai_factory.factory.planning.placement import Offering, advertised_resources, allocations, offerings
+from ai_factory.factory.planning.placement import Offering, advertised_resources, allocations, domain_offerings, offerings
 from ai_factory.factory.model.tenancy import tenant_names
 
 SUPPLY_ANNOTATION = "ai-factory.io/supply"
@@ -173,15 +174,23 @@ def planned_for(queues: Iterable[Q], tenant: str, what: str) -> Q:
 
 
 def queue_plan(cfg: FactoryConfig, plan: Plan) -> QueuePlan:
-    flavors = tuple(sorted(offerings(plan), key=lambda o: (FLAVOR_ORDER[o.kind], o.name)))
+    flavors = tuple(sorted(offerings(plan), key=flavor_order))
+    # Every tenant's queue reads its own domain's flavors and every domain's cohort its own
+    # queues: grouped once, not filtered out of the whole fleet's per tenant.
+    own_flavors: dict[str, list[Offering]] = defaultdict(list)
+    for o in flavors:
+        own_flavors[o.trust_domain].append(o)
     grants = _grants(cfg, plan)
     organisation_of = {t.domain: t.organisation for t in cfg.tenants}
     gpu_resources = advertised_resources(plan)
-    cluster_queues = tuple(_cluster_queue(t, flavors, grants[t.name]) for t in sorted(cfg.tenants, key=lambda t: t.name))
+    cluster_queues = tuple(_cluster_queue(t, tuple(own_flavors[t.domain]), grants[t.name]) for t in sorted(cfg.tenants, key=lambda t: t.name))
+    own_queues: dict[str, list[ClusterQueueSpec]] = defaultdict(list)
+    for q in cluster_queues:
+        own_queues[q.trust_domain].append(q)
     cohorts = tuple(
         [CohortSpec(organisation_queue(org), None, None) for org in sorted({o for o in organisation_of.values() if o})]
         + [
-            _domain_cohort(domain, organisation_of[domain], flavors, [q for q in cluster_queues if q.trust_domain == domain])
+            _domain_cohort(domain, organisation_of[domain], tuple(own_flavors[domain]), own_queues[domain])
             for domain in sorted(organisation_of)
         ]
     )
@@ -189,9 +198,14 @@ def queue_plan(cfg: FactoryConfig, plan: Plan) -> QueuePlan:
         flavors=flavors,
         cohorts=cohorts,
         cluster_queues=cluster_queues,
-        kai_queues=_kai_queues(cfg, flavors, grants, organisation_of),
+        kai_queues=_kai_queues(cfg, own_flavors, grants, organisation_of),
         volcano_queues=tuple(_volcano_queue(t, grants[t.name], gpu_resources) for t in sorted(cfg.tenants, key=lambda t: t.name)),
     )
+
+
+def flavor_order(offering: Offering) -> tuple[int, str]:
+    """The order of flavors (`FLAVOR_ORDER`, then name) in `QueuePlan.flavors` and in a queue."""
+    return FLAVOR_ORDER[offering.kind], offering.name
 
 
 def _grants(cfg: FactoryConfig, plan: Plan) -> dict[str, dict[tuple[str, str], int]]:
@@ -216,7 +230,8 @@ def _gpu_groups(flavors: tuple[Offering, ...]) -> list[tuple[tuple[str, ...], li
     return groups
 
 
-def _cluster_queue(tenant: Tenant, flavors: tuple[Offering, ...], grants: Mapping[tuple[str, str], int]) -> ClusterQueueSpec:
+def _cluster_queue(tenant: Tenant, own: tuple[Offering, ...], grants: Mapping[tuple[str, str], int]) -> ClusterQueueSpec:
+    """`own`: the flavors of the tenant's trust domain, in flavor order."""
     borrowing = tenant.borrowing
 
     def gpu_quota(flavor: str, resource: str) -> Quota:
@@ -232,7 +247,6 @@ def _cluster_queue(tenant: Tenant, flavors: tuple[Offering, ...], grants: Mappin
             (FlavorQuotas(CPU_FLAVOR, (Quota("cpu", tenant.quota.cpu, borrowing_limit=0), Quota("memory", tenant.quota.memory, borrowing_limit=0))),),
         )
     ]
-    own = tuple(o for o in flavors if o.trust_domain == tenant.domain)
     for covered, members in _gpu_groups(own):
         groups.append(ResourceGroup(covered, tuple(FlavorQuotas(o.name, tuple(gpu_quota(o.name, r) for r in covered)) for o in members)))
     return ClusterQueueSpec(
@@ -268,7 +282,7 @@ def gpu_ceiling(cfg: FactoryConfig, plan: Plan, tenant: Tenant) -> GpuCeiling:
     `limit` is one figure in GPU units across resource names (`kai_gpu_units`), which does not
     divide into per-name figures; the namespace quota then keeps the guarantee as the cap."""
     grants = _tenant_grants(plan, tenant)
-    own = tuple(o for o in sorted(offerings(plan), key=lambda o: (FLAVOR_ORDER[o.kind], o.name)) if o.trust_domain == tenant.domain)
+    own = tuple(sorted(domain_offerings(plan, tenant.domain), key=flavor_order))
     if not cfg.layers.kueue.enabled:
         granted = {flavor for flavor, _ in grants}
         granted_totals = _sum([{r: a for (_, r), a in grants.items()}])
@@ -293,8 +307,9 @@ def gpu_ceiling(cfg: FactoryConfig, plan: Plan, tenant: Tenant) -> GpuCeiling:
     return GpuCeiling(own, {r: n for r, n in sorted(totals.items()) if n}, dict(sorted(per_offering.items())))
 
 
-def _domain_cohort(domain: str, organisation: str | None, flavors: tuple[Offering, ...], queues: list[ClusterQueueSpec]) -> CohortSpec:
-    """The domain's cohort, holding the supply no tenant was granted."""
+def _domain_cohort(domain: str, organisation: str | None, own: tuple[Offering, ...], queues: list[ClusterQueueSpec]) -> CohortSpec:
+    """The domain's cohort, holding the supply no tenant was granted. `own`: the domain's flavors,
+    `queues`: its tenants' ClusterQueues."""
     granted: dict[tuple[str, str], int] = {}
     for queue in queues:
         for group in (g for g in queue.groups if g.covered != CPU_RESOURCES):
@@ -302,7 +317,6 @@ def _domain_cohort(domain: str, organisation: str | None, flavors: tuple[Offerin
                 for quota in flavor.quotas:
                     granted[flavor.flavor, quota.resource] = granted.get((flavor.flavor, quota.resource), 0) + int(quota.nominal)
     groups = []
-    own = tuple(o for o in flavors if o.trust_domain == domain)
     for covered, members in _gpu_groups(own):
         slack = {(o.name, r): o.supply.get(r, 0) - granted.get((o.name, r), 0) for o in members for r in covered}
         assert min(slack.values()) >= 0, f"trust domain {domain}: quotas exceed the plan's supply: {slack}"
@@ -346,16 +360,17 @@ def megabytes(quantity: str) -> int:
 
 
 def _kai_queues(
-    cfg: FactoryConfig, flavors: tuple[Offering, ...], grants: dict[str, dict[tuple[str, str], int]], organisation_of: dict[str, str | None]
+    cfg: FactoryConfig, own_flavors: Mapping[str, Sequence[Offering]], grants: dict[str, dict[tuple[str, str], int]], organisation_of: dict[str, str | None]
 ) -> tuple[KaiQueueSpec, ...]:
     """Organisation -> trust domain -> tenant. A trust domain's GPU quota and limit are its whole
     supply, slack included (an organisation's, the sum of its domains'): a domain never takes GPUs
     the plan gave another. CPU and memory are the tenants' own (the ResourceQuota's figures); their
     parents leave them unlimited, so no tenant's quota depends on its siblings'. A tenant's GPU
-    limit follows its borrowing setting, within its domain's."""
+    limit follows its borrowing setting, within its domain's. `own_flavors`: per trust domain, its flavors."""
+    domain_gpus = {domain: kai_gpu_units(_sum(o.supply for o in own_flavors.get(domain, ()))) for domain in organisation_of}
     leaves = []
     for tenant in sorted(cfg.tenants, key=lambda t: t.name):
-        domain_units = kai_gpu_units(_sum(o.supply for o in flavors if o.trust_domain == tenant.domain))
+        domain_units = domain_gpus[tenant.domain]
         units = kai_gpu_units(_sum([{r: a for (_, r), a in grants[tenant.name].items()}]))
         percent = tenant.borrowing.limit_percent
         weight = tenant.borrowing.fair_share_weight
@@ -372,15 +387,14 @@ def _kai_queues(
             )
         )
     domains = []
+    organisation_gpus: dict[str, int] = defaultdict(int)
     for domain, organisation in sorted(organisation_of.items()):
-        gpu = kai_gpu_units(_sum(o.supply for o in flavors if o.trust_domain == domain))
         domains.append(
-            _parent(trust_domain_queue(domain), organisation_queue(organisation) if organisation else None, domain, gpu)
+            _parent(trust_domain_queue(domain), organisation_queue(organisation) if organisation else None, domain, domain_gpus[domain])
         )
-    organisations = [
-        _parent(organisation_queue(org), None, None, sum(q.gpu.quota for q in domains if q.parent == organisation_queue(org)))
-        for org in sorted({o for o in organisation_of.values() if o})
-    ]
+        if organisation:
+            organisation_gpus[organisation] += domain_gpus[domain]
+    organisations = [_parent(organisation_queue(org), None, None, organisation_gpus[org]) for org in sorted(organisation_gpus)]
     return tuple(organisations + domains + leaves)
 
 
