@@ -55,7 +55,7 @@ from ai_factory.factory.model.gpus import GPU_MODELS, pci_vendor_selector, vm_re
 from ai_factory.factory.model.raw import as_dict, as_list, did_you_mean
 from ai_factory.factory.model.tenancy import TenantNames, tenant_names
 from ai_factory.factory.planning.model import WHOLE_GPU, Plan
-from ai_factory.factory.planning.placement import advertised_name, allocations, offerings
+from ai_factory.factory.planning.placement import advertised_name, allocations, domain_offerings
 from ai_factory.factory.planning.quotas import GpuCeiling
 
 TOKEN = "ai-factory:virtualization:KubeVirt"
@@ -233,7 +233,7 @@ class VmTenantSpec:
 def tenant_spec(cfg: FactoryConfig, plan: Plan, tenant: Tenant, storage_class: str, requests: list) -> VmTenantSpec:
     names = tenant_names(tenant)
     grants = {(g.pool, g.resource): g.amount for g in allocations(plan, {tenant.name: tenant.domain})[tenant.name].grants}
-    own = {o.pool: o for o in offerings(plan) if o.trust_domain == names.trust_domain}
+    own = {o.pool: o for o in domain_offerings(plan, names.trust_domain)}
     types = []
     dra = dra_vm_pools(cfg)
     for pool_name, settings in sorted(cfg.layers.kubevirt.pools.items()):

@@ -47,7 +47,7 @@ limits, which are the tenant's grant.
 from __future__ import annotations
 
 import json
-from collections import Counter, defaultdict
+from collections import defaultdict
 from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Any, Mapping
@@ -66,8 +66,8 @@ from ai_factory.factory.model.config import FactoryConfig, NodeSpec, Pool, Slurm
 from ai_factory.factory.model.gpus import GPU_MODELS
 from ai_factory.factory.model.raw import as_dict, as_list, did_you_mean
 from ai_factory.factory.model.tenancy import TenantNames, tenant_names
-from ai_factory.factory.planning.model import WHOLE_GPU, Plan, gpu_grants
-from ai_factory.factory.planning.placement import offerings
+from ai_factory.factory.planning.model import WHOLE_GPU, Plan
+from ai_factory.factory.planning.placement import domain_offerings
 from ai_factory.factory.model.quantity import parse_quantity
 
 TOKEN = "ai-factory:training:Slinky"
@@ -143,18 +143,7 @@ class SlurmNodeSet:
 
 def node_grants(plan: Plan, tenant: str, pool: str) -> dict[str, dict[str, int]]:
     """What the plan gives `tenant` on each node of `pool`, per resource name."""
-    pool_plan = plan.pool(pool)
-    model = GPU_MODELS[pool_plan.gpu_model]
-    result: dict[str, dict[str, int]] = {}
-    for node in pool_plan.nodes:
-        grants: Counter[str] = Counter()
-        for gpu in node.gpus:
-            for owner, resource, amount in gpu_grants(model, gpu):
-                if owner == tenant:
-                    grants[resource] += amount
-        if grants:
-            result[node.name] = dict(sorted(grants.items()))
-    return result
+    return plan.pool(pool).node_grants(tenant)
 
 
 def gpu_share(plan: Plan, tenant: str, pool: str, node: str) -> Fraction:
@@ -283,7 +272,7 @@ def partition_values(nodeset: SlurmNodeSet, default: bool) -> dict[str, Any]:
 def cluster_values(cfg: FactoryConfig, plan: Plan, tenant: Tenant, pools: list[str], login_replicas: int, accounting: SlurmAccounting | None) -> dict[str, Any]:
     names = tenant_names(tenant)
     nodesets = slurm_nodesets(cfg, plan, tenant.name, pools)
-    tenant_offerings = {o.pool: o for o in offerings(plan) if o.trust_domain == names.trust_domain}
+    tenant_offerings = {o.pool: o for o in domain_offerings(plan, names.trust_domain)}
     grants = {node: g for pool in pools for node, g in node_grants(plan, tenant.name, pool).items()}
     queued = _queued(names)
     values: dict[str, Any] = {

@@ -17,7 +17,7 @@ from ai_factory.factory.model.config import FactoryConfig, GpuDemand, Pool, Tena
 from ai_factory.factory.model.gpus import GPU_MODELS, vm_resource_name
 from ai_factory.factory.model.loading import ConfigError, project_dir
 from ai_factory.factory.planning.fabric import INFINIBAND, FabricError, FabricWant, allocate, roce_fabric
-from ai_factory.factory.planning.model import Demand, HamiSlice, Plan, PlanError, PoolSpec, TenantSpec, gpu_grants
+from ai_factory.factory.planning.model import Demand, HamiSlice, Plan, PlanError, PoolSpec, TenantSpec
 from ai_factory.factory.planning.planner import plan
 
 PLANS_DIR = "plans"
@@ -155,6 +155,4 @@ def fabric_wants(cfg: FactoryConfig, planned: Plan) -> list[FabricWant]:
 
 
 def _nodes_of(planned: Plan, pool: str, tenant: str) -> set[str]:
-    pool_plan = planned.pool(pool)
-    model = GPU_MODELS[pool_plan.gpu_model]
-    return {node.name for node in pool_plan.nodes for gpu in node.gpus if any(owner == tenant for owner, _, _ in gpu_grants(model, gpu))}
+    return set(planned.pool(pool).node_grants(tenant))

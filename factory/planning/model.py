@@ -154,7 +154,23 @@ class PoolPlan:
         """The nodes holding at least one GPU for `trust_domain` (in use or idle), in plan order."""
         return self._nodes_by_domain.get(trust_domain, ())
 
-    # Asked per trust domain (figures, offerings): index the nodes once, not once per domain.
+    def node_grants(self, tenant: str) -> dict[str, dict[str, int]]:
+        """What `tenant` is granted on each node of the pool that grants it any (`gpu_grants`), per
+        resource name, nodes in plan order."""
+        return {node: dict(grants) for node, grants in self._grants_by_tenant.get(tenant, {}).items()}
+
+    # Asked per trust domain (figures, offerings) and per tenant (Slurm nodes, fabric networks):
+    # index the nodes once, not once per domain or tenant.
+    @cached_property
+    def _grants_by_tenant(self) -> dict[str | None, dict[str, dict[str, int]]]:
+        model = GPU_MODELS[self.gpu_model]
+        grants: dict[str | None, dict[str, Counter[str]]] = defaultdict(dict)
+        for node in self.nodes:
+            for gpu in node.gpus:
+                for owner, resource, amount in gpu_grants(model, gpu):
+                    grants[owner].setdefault(node.name, Counter())[resource] += amount
+        return {tenant: {node: dict(sorted(c.items())) for node, c in nodes.items()} for tenant, nodes in grants.items()}
+
     @cached_property
     def _nodes_by_domain(self) -> dict[str, tuple[NodePlan, ...]]:
         nodes: dict[str, list[NodePlan]] = defaultdict(list)

@@ -173,7 +173,20 @@ def planned_for(queues: Iterable[Q], tenant: str, what: str) -> Q:
     return queue
 
 
+_last_queue_plan: tuple[FactoryConfig, Plan, QueuePlan] | None = None
+
+
 def queue_plan(cfg: FactoryConfig, plan: Plan) -> QueuePlan:
+    """Every queue of the environment. Kueue's, KAI's and Volcano's layers and hooks and the
+    platform contract all ask for it: computed once for the configuration and plan in use (both
+    frozen, kept with a reference to them, so identity is a safe key)."""
+    global _last_queue_plan
+    if _last_queue_plan is None or _last_queue_plan[0] is not cfg or _last_queue_plan[1] is not plan:
+        _last_queue_plan = (cfg, plan, _queue_plan(cfg, plan))
+    return _last_queue_plan[2]
+
+
+def _queue_plan(cfg: FactoryConfig, plan: Plan) -> QueuePlan:
     flavors = tuple(sorted(offerings(plan), key=flavor_order))
     # Every tenant's queue reads its own domain's flavors and every domain's cohort its own
     # queues: grouped once, not filtered out of the whole fleet's per tenant.
