@@ -319,8 +319,16 @@ class KueueTenantHook:
         return cls.for_kueue(KueueArgs.from_config(cfg, plan), queue_plan(cfg, plan).cluster_queues)
 
     def narrowed(self, tenant: str) -> KueueTenantHook:
-        """Only the tenant's own queue (see `TenantHook`)."""
-        return replace(self, queues=tenant_items(self.queues, tenant))
+        """Only the tenant's own queue, and of the component's flavors and cohorts those it names
+        (see `TenantHook`): the fleet's every flavor made each tenant's arguments, and its cache
+        key, grow with the fleet, and changed with any other trust domain's offerings."""
+        queues = tenant_items(self.queues, tenant)
+        return replace(
+            self,
+            queues=queues,
+            flavors=tuple(dict.fromkeys(f.flavor for q in queues for g in q.groups for f in g.flavors if f.flavor != CPU_FLAVOR)),
+            cohorts=tuple(dict.fromkeys(q.cohort for q in queues)),
+        )
 
     def attach(self, stack: FactoryComponent, tenant: Tenant, names: TenantNames) -> None:
         queue = planned_for(self.queues, tenant.name, "ClusterQueue")
