@@ -28,27 +28,33 @@ def gpu_share(model: GpuModel, pool: PoolPlan, gpu: GpuAssignment, tenant: str |
     return 0.0
 
 
-def _lower_bound(pool: PoolSpec, model: GpuModel, request: PoolRequests, domain: str) -> int:
-    bound = sum(n for tenant, n in request.dedicated.items() if request.domain_of[tenant] == domain)
-    bound += sum(request.whole.get(domain, Counter()).values())
-    if domain in request.mig:
+def lower_bounds(pool: PoolSpec, request: PoolRequests) -> dict[str, int]:
+    """Per trust domain with demands on the pool, the `Figures.lower_bound` of its demands: in one
+    pass over them, not one per domain (every domain's figures ask)."""
+    model = GPU_MODELS[pool.gpu_model]
+    bounds: Counter[str] = Counter()
+    for tenant, n in request.dedicated.items():
+        bounds[request.domain_of[tenant]] += n
+    for domain, whole in request.whole.items():
+        bounds[domain] += sum(whole.values())
+    for domain, instances in request.mig.items():
         classes: Counter[str] = Counter()
-        for (_, profile), n in request.mig[domain].items():
+        for (_, profile), n in instances.items():
             classes[model.profile(profile).klass] += n
-        bound += mig_lower_bound(classes)
-    for (slice_domain, scaling), slices in sorted(request.hami.items()):
-        if slice_domain == domain:
-            bound += max(
-                ceil_div(sum(a.memory_mib for a in slices), hami_memory_capacity(model, scaling)),
-                ceil_div(sum(a.cores_percent for a in slices), 100),
-                ceil_div(len(slices), pool.hami_split_count),
-            )
-    if domain in request.time_sliced:
-        bound += ceil_div(sum(request.time_sliced[domain].values()), pool.time_slicing_replicas)
-    return bound
+        bounds[domain] += mig_lower_bound(classes)
+    for (domain, scaling), slices in request.hami.items():
+        bounds[domain] += max(
+            ceil_div(sum(a.memory_mib for a in slices), hami_memory_capacity(model, scaling)),
+            ceil_div(sum(a.cores_percent for a in slices), 100),
+            ceil_div(len(slices), pool.hami_split_count),
+        )
+    for domain, replicas in request.time_sliced.items():
+        bounds[domain] += ceil_div(sum(replicas.values()), pool.time_slicing_replicas)
+    return dict(bounds)
 
 
-def domain_figures(pool_plan: PoolPlan, pool: PoolSpec, request: PoolRequests, domain: str) -> Figures:
+def domain_figures(pool_plan: PoolPlan, pool: PoolSpec, lower_bound: int, domain: str) -> Figures:
+    """`lower_bound`: the domain's entry of `lower_bounds`."""
     model = GPU_MODELS[pool.gpu_model]
     held = pool_plan.domain_nodes(domain)
     used = [gpu for node in held for gpu in node.gpus if gpu.trust_domain == domain and gpu.mode != "idle"]
@@ -58,7 +64,6 @@ def domain_figures(pool_plan: PoolPlan, pool: PoolSpec, request: PoolRequests, d
             idle_by_tenant[node.dedicated_tenant] += sum(gpu.mode == "idle" for gpu in node.gpus)
     mig = [model.profile(i.profile) for gpu in used for i in gpu.mig]
     mig_gpus = sum(gpu.mode == "mig" for gpu in used)
-    lower_bound = _lower_bound(pool, model, request, domain)
     equivalents = sum(gpu_share(model, pool_plan, gpu) for gpu in used)
     hami_memory = [sum(a.memory_mib for a in gpu.hami) / model.memory_mib for gpu in used if gpu.mode == "hami"]
     return Figures(

@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from ai_factory.factory.planning.demands import check_pools, collect_requests
-from ai_factory.factory.planning.figures import domain_figures, total_figures
+from ai_factory.factory.planning.figures import domain_figures, lower_bounds, total_figures
 from ai_factory.factory.planning.model import Plan, PlanError, PoolSpec, TenantSpec
 from ai_factory.factory.planning.ownership import plan_pool
 from ai_factory.factory.planning.replan import changed_gpus
@@ -54,11 +54,11 @@ def plan(pools: Sequence[PoolSpec], tenants: Sequence[TenantSpec], previous: Pla
             pool_plans.append(pool_plan)
     if problems:
         raise PlanError(problems)
-    figures = [
-        domain_figures(pool_plan, valid_pools[pool_plan.name], requests[pool_plan.name], domain)
-        for pool_plan in pool_plans
-        for domain in sorted(set(requests[pool_plan.name].domain_of.values()))
-    ]
+    figures = []
+    for pool_plan in pool_plans:
+        pool, request = valid_pools[pool_plan.name], requests[pool_plan.name]
+        bounds = lower_bounds(pool, request)
+        figures += [domain_figures(pool_plan, pool, bounds.get(domain, 0), domain) for domain in sorted(set(request.domain_of.values()))]
     pool_figures = [
         total_figures(pool_plan.name, [f for f in figures if f.pool == pool_plan.name], pool_plan)
         for pool_plan in pool_plans
