@@ -245,7 +245,7 @@ class UnitCache:
             children.setdefault(r.parent_urn, []).append(r)
         components = {r.name: r for r in resources if not r.custom}
         roots = {unit: components.get(u.root_name) for unit, u in self.units.items()}
-        parts: dict[str, tuple[list[str], dict[str, list[str]]]] = {}
+        parts: dict[str, tuple[list[Resource], list[str], dict[str, list[str]]]] = {}
         for unit, u in self.units.items():
             root = roots[unit]
             if root is None:
@@ -253,14 +253,13 @@ class UnitCache:
             tenant, found = root.tenant, set()
             for a in (a for a in u.after if roots.get(a) is not None):
                 if a not in parts:
-                    cached = self._read.get(a)
-                    parts[a] = _partition(expand(roots[a], children), cached.scopes if cached is not None else self._scopes.get(a, {}))
-                shared, own = parts[a]
-                found.update(shared)
+                    cached, whole = self._read.get(a), expand(roots[a], children)
+                    parts[a] = (whole, *_partition(whole, cached.scopes if cached is not None else self._scopes.get(a, {})))
+                whole, shared, own = parts[a]
                 if tenant is None:  # a layer after a layer: after all of it
-                    found.update(urn for urns in own.values() for urn in urns)
+                    found.update(r.urn for r in whole)
                 else:
-                    found.update(own.get(tenant, ()))
+                    found.update(shared, own.get(tenant, ()))
             root.dependency_urns = sorted(found)
         self._built = {unit: _unit_resources(roots[unit], children) for unit, u in self.units.items() if u.built and roots[unit] is not None}
         return resources
