@@ -14,6 +14,7 @@ from ai_factory.factory.model.tenancy import LABEL_PREFIX, TENANT_LABEL, TenantN
 
 T = TypeVar("T")
 V = TypeVar("V")
+R = TypeVar("R", bound=pulumi.Resource)
 
 POOL_LABEL = f"{LABEL_PREFIX}/pool"
 SITE_LABEL = f"{LABEL_PREFIX}/site"
@@ -58,6 +59,8 @@ class FactoryComponent(pulumi.ComponentResource):
             props[COMPONENT_TENANT_KEY] = tenant
         super().__init__(token, name, props, opts)
         self.layer = layer
+        self._served: dict[pulumi.Resource, frozenset[str]] = {}
+        self._before_tenants: tuple[list[pulumi.Resource], dict[str, list[pulumi.Resource]]] | None = None
 
         self.resource_name = name
 
@@ -71,6 +74,51 @@ class FactoryComponent(pulumi.ComponentResource):
         instances of a component never register the same URN. Kubernetes names are not derived
         from it: they stay what the layer defines."""
         return f"{self.resource_name}-{suffix}"
+
+    # ---- what a layer made for some tenants only
+
+    def serves(self, tenants: Iterable[str], resource: R) -> R:
+        """`resource`, created under this layer for these tenants only (a tenant's query proxy,
+        its trust domain's queue): their stacks' objects are ordered after it, no other tenant's
+        (`ordered_before`)."""
+        if isinstance(resource, pulumi.ComponentResource):
+            raise TypeError(f"{resource_key(resource)}: a component is not made for some tenants, its custom resources are")
+        self._served[resource] = frozenset(tenants)
+        return resource
+
+    def tenant_scopes(self) -> dict[str, tuple[str, ...]]:
+        """The tenants each resource made for some tenants only (`serves`) is for, by resource key
+        (`<type>::<name>`, the inventory's): what the render cache records with the layer, so
+        that a tenant stack's dependencies on a cached layer are those the SDK gives a built one."""
+        return {resource_key(r): tuple(sorted(tenants)) for r, tenants in self._served.items()}
+
+    def ordered_before(self, tenant: str) -> list[pulumi.Resource]:
+        """What a tenant's stack depends on in this layer: what a `depends_on` on the component
+        stands for (every custom resource under it, reached through local components, as the SDK
+        expands it), less what the layer made for other tenants only. Its shared resources (chart
+        releases installing CRDs, controllers and webhooks; cluster-wide policies and classes) and
+        its own, so the count does not grow with the tenants. Call once every child exists."""
+        if self._before_tenants is None:
+            shared: list[pulumi.Resource] = []
+            own: dict[str, list[pulumi.Resource]] = {}
+            pending = list(self._childResources)  # what the SDK expands a component to
+            while pending:
+                r = pending.pop()
+                if isinstance(r, pulumi.ComponentResource) and not r._remote:
+                    pending.extend(r._childResources)
+                elif r in self._served:
+                    for t in self._served[r]:
+                        own.setdefault(t, []).append(r)
+                else:
+                    shared.append(r)
+            self._before_tenants = (shared, own)
+        shared, own = self._before_tenants
+        return [*shared, *own.get(tenant, ())]
+
+
+def resource_key(resource: pulumi.Resource) -> str:
+    """A resource's key in the render (`harness.Resource.key`, the inventory's): type and name."""
+    return f"{resource.pulumi_resource_type}::{resource.pulumi_resource_name}"
 
 
 class ArgumentError(ValueError):

@@ -130,6 +130,9 @@ class KueueArgs:
     cohorts: tuple[CohortSpec, ...]
     dra_device_classes: tuple[str, ...]
     """The whole-GPU DeviceClasses of the DRA pools (`components.dra`), then the VFIO class of VMs' DRA GPUs."""
+    domain_tenants: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """Each trust domain's tenants: a domain's flavors and cohort, and its organisation's cohort,
+    are ordered before those tenants' objects only. Empty: before every tenant's."""
 
     @classmethod
     def from_config(cls, cfg: FactoryConfig, plan: Plan) -> KueueArgs:
@@ -148,7 +151,15 @@ class KueueArgs:
             # A VM's VFIO claim takes one of the same GPUs: counted in the same `nvidia.com/gpu` budget.
             dra_device_classes=tuple(sorted({whole_gpu_class(p.gpu.model) for p in cfg.fleet.pools if p.sharing == "dra"}))
             + ((VFIO_DEVICE_CLASS,) if has_dra_vms(cfg) else ()),
+            domain_tenants=domain_tenants(cfg),
         )
+
+
+def domain_tenants(cfg: FactoryConfig) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    by_domain: dict[str, list[str]] = {}
+    for t in cfg.tenants:
+        by_domain.setdefault(t.domain, []).append(t.name)
+    return tuple((domain, tuple(sorted(names))) for domain, names in sorted(by_domain.items()))
 
 
 def resource_groups(groups: tuple[ResourceGroup, ...]) -> list[dict[str, Any]]:
@@ -218,6 +229,17 @@ class Kueue(FactoryComponent):
         release = helm_release(self, "kueue", args.chart, namespace=ns.metadata.name, values=chart_values(args), depends_on=[ns])
         after_release = {"depends_on": [release]}  # the chart installs the CRDs
         topologies = dict(args.flavor_topologies)
+        tenants_of = dict(args.domain_tenants)
+        # An organisation's cohort is its domains' cohorts' parent: their tenants' queues borrow through it.
+        domains_of = {c.name: [c.trust_domain] for c in args.cohorts if c.trust_domain}
+        for c in args.cohorts:
+            if c.parent and c.trust_domain:
+                domains_of.setdefault(c.parent, []).append(c.trust_domain)
+
+        def for_domains(resource: pulumi.CustomResource, domains: list[str]) -> None:
+            if tenants_of:
+                self.serves([t for d in domains for t in tenants_of.get(d, ())], resource)
+
         for topology in sorted({t.name: t for t in topologies.values()}.values(), key=lambda t: t.name):
             k8s.apiextensions.CustomResource(
                 self.child_name(f"topology-{topology.name}"),
@@ -237,7 +259,7 @@ class Kueue(FactoryComponent):
         )
         for offering in args.flavors:
             topology = topologies.get(offering.name)
-            k8s.apiextensions.CustomResource(
+            flavor = k8s.apiextensions.CustomResource(
                 self.child_name(f"flavor-{offering.name}"),
                 api_version=API_VERSION,
                 kind="ResourceFlavor",
@@ -252,6 +274,7 @@ class Kueue(FactoryComponent):
                 spec=flavor_spec(offering, topology.name if topology else None),
                 opts=self.child(**after_release),
             )
+            for_domains(flavor, [offering.trust_domain])
         for cohort in args.cohorts:
             spec: dict[str, Any] = {}
             if cohort.parent:
@@ -259,7 +282,7 @@ class Kueue(FactoryComponent):
             if cohort.groups:
                 spec["resourceGroups"] = resource_groups(cohort.groups)
             extra = {TRUST_DOMAIN_LABEL: cohort.trust_domain} if cohort.trust_domain else {}
-            k8s.apiextensions.CustomResource(
+            made = k8s.apiextensions.CustomResource(
                 self.child_name(f"cohort-{cohort.name}"),
                 api_version=API_VERSION,
                 kind="Cohort",
@@ -267,6 +290,7 @@ class Kueue(FactoryComponent):
                 spec=spec,
                 opts=self.child(**after_release),
             )
+            for_domains(made, domains_of.get(cohort.name, []))
         for tier in PRIORITY_TIERS:
             custom_object(
                 self,

@@ -211,11 +211,12 @@ class Metrics(FactoryComponent):
 
     def _query_proxy(self, layer_namespace: str, names: TenantNames, ns: k8s.core.v1.Namespace) -> None:
         """The tenant's prom-label-proxy: a platform object (the tenant cannot change what it
-        enforces) serving that tenant only, so it goes with the tenant."""
+        enforces) serving that tenant only, so it goes with the tenant, and only that tenant's
+        objects are ordered after it (`serves`)."""
         name = proxy_name(names)
         served = labels(self.layer, extra=proxy_selector(names))
         meta = {"name": name, "namespace": layer_namespace, "labels": served}
-        k8s.apiextensions.CustomResource(
+        ingress = k8s.apiextensions.CustomResource(
             self.child_name(f"{name}-ingress"),
             api_version="cilium.io/v2",
             kind="CiliumNetworkPolicy",
@@ -227,7 +228,7 @@ class Metrics(FactoryComponent):
             },
             opts=self.child(depends_on=[ns]),
         )
-        k8s.apps.v1.Deployment(
+        deployment = k8s.apps.v1.Deployment(
             self.child_name(name),
             metadata=meta,
             spec={
@@ -240,12 +241,14 @@ class Metrics(FactoryComponent):
             },
             opts=self.child(depends_on=[ns]),
         )
-        k8s.core.v1.Service(
+        service = k8s.core.v1.Service(
             self.child_name(f"{name}-service"),
             metadata=meta,
             spec={"selector": proxy_selector(names), "ports": [{"name": "http", "port": PROXY_PORT, "targetPort": "http", "protocol": "TCP"}]},
             opts=self.child(depends_on=[ns]),
         )
+        for resource in (ingress, deployment, service):
+            self.serves([names.tenant], resource)
 
 
 def proxy_name(names: TenantNames) -> str:

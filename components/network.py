@@ -443,7 +443,7 @@ class FastPath(FactoryComponent):
 
     def _ip_pool(self, name: str, tenant: str, spec: dict, ns: str, opts: pulumi.ResourceOptions, pool: str | None = None) -> None:
         extra = {SERVES_TENANT_LABEL: tenant, **({POOL_LABEL: pool} if pool else {})}
-        k8s.apiextensions.CustomResource(
+        pool_resource = k8s.apiextensions.CustomResource(
             self.child_name(f"ippool-{name}"),
             api_version="nv-ipam.nvidia.com/v1alpha1",
             kind="IPPool",
@@ -451,6 +451,7 @@ class FastPath(FactoryComponent):
             spec=spec,
             opts=opts,
         )
+        self.serves([tenant], pool_resource)  # only its tenant's networks allocate from it
 
     def _custom(self, suffix: str, api_version: str, kind: str, name: str, ns: str | None, spec: dict, opts: pulumi.ResourceOptions, pool: str | None = None) -> None:
         k8s.apiextensions.CustomResource(

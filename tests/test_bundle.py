@@ -32,6 +32,12 @@ from ai_factory.factory.rendering.bundle import (
     manifest_pin,
 )
 from ai_factory.factory.rendering.harness import run_program
+from ai_factory.components.metrics import proxy_name
+from ai_factory.factory.model.config import Owners, Tenant
+from ai_factory.factory.model.tenancy import TRUST_DOMAIN_LABEL, tenant_names
+from ai_factory.factory.planning.quotas import CPU_FLAVOR, organisation_queue, trust_domain_queue
+from ai_factory.factory.rendering.bundle import render_raw
+from tests.tenancy_env import many_tenants
 # The scheduling tests' bigger environments with KAI (every kind of custom resource the library
 # emits but Volcano's: KAI queues, DRA, HAMi, MIG) and with Volcano.
 from tests.test_scheduling import big_kai, big_volcano  # noqa: F401 (fixtures)
@@ -350,3 +356,85 @@ def test_a_tenant_stack_depends_on_the_layers_its_objects_use_and_no_other(dev):
             if r.custom and r.type.startswith("kubernetes:") and (group := r.type.split(":")[1].rpartition("/")[0]) in installs
         }
         assert needed and needed <= closure(direct), (stack.name, needed - closure(direct))
+
+
+@pytest.fixture(scope="module")
+def generated(dev_raw):
+    """Generated tenants (6 and 24) on dev's platform, team-02 and team-05 (trust domain
+    internal-0) of an organisation: each render's tenant stacks by tenant."""
+
+    def stacks(count: int) -> dict[str, object]:
+        raw = many_tenants(copy.deepcopy(dev_raw[0]), count)
+        for t in raw["tenants"]:
+            if t["name"] in ("team-02", "team-05"):
+                t["organisation"] = "acme"
+        rendered = render_raw(raw, dev_raw[1], validate(raw), stack="dev", workers=1)
+        return {s.tenant: s for s in rendered.graph.of_type("ai-factory:tenancy:TenantStack")}
+
+    return stacks(6), stacks(24)
+
+
+def proxy(tenant: str) -> str:
+    """The Kubernetes name of a tenant's metrics query proxy."""
+    return proxy_name(tenant_names(Tenant(name=tenant, trust="low", owners=Owners(groups=["admins"]))))
+
+
+def ordered_before(stack) -> set[tuple[str, str]]:
+    """(kind, name) of the objects a tenant stack depends on; a Helm release by its release name."""
+    return {(d.inputs.get("kind", d.type.rpartition(":")[2]), d.inputs.get("metadata", {}).get("name") or d.inputs.get("name")) for d in stack.dependencies}
+
+
+def test_a_tenant_stacks_dependencies_do_not_grow_with_the_tenants(generated):
+    few, many = generated
+    for tenant in ("team-00", "team-01", "team-02"):
+        assert len(many[tenant].dependencies) == len(few[tenant].dependencies), tenant
+        assert ordered_before(many[tenant]) == ordered_before(few[tenant]), tenant
+
+
+@pytest.mark.parametrize(
+    "tenant, kind, name, ordered",
+    [
+        ("team-02", "Deployment", proxy("team-02"), True),
+        ("team-02", "Deployment", proxy("team-05"), False),
+        ("team-02", "Service", proxy("team-02"), True),
+        ("team-02", "CiliumNetworkPolicy", proxy("team-05"), False),
+        ("team-02", "Release", "kueue", True),
+        ("team-02", "Release", "kube-prometheus-stack", True),
+        ("team-02", "WorkloadPriorityClass", "training", True),
+        ("team-02", "ClusterPolicy", "tenant-gpu-queue", True),
+        ("team-02", "ResourceFlavor", CPU_FLAVOR, True),
+        ("team-02", "Cohort", trust_domain_queue("internal-0"), True),
+        ("team-05", "Cohort", trust_domain_queue("internal-0"), True),
+        ("team-02", "Cohort", trust_domain_queue("internal-1"), False),
+        ("team-02", "Cohort", trust_domain_queue("team-00"), False),
+        ("team-02", "Cohort", organisation_queue("acme"), True),
+        ("team-00", "Cohort", organisation_queue("acme"), False),
+        ("team-00", "Cohort", trust_domain_queue("team-00"), True),
+    ],
+    ids=[
+        "its-own-query-proxy",
+        "not-another-tenants-query-proxy",
+        "its-own-proxy-service",
+        "not-another-tenants-proxy-policy",
+        "the-kueue-release",
+        "the-metrics-release",
+        "a-shared-priority-class",
+        "a-cluster-wide-policy",
+        "the-shared-cpu-flavor",
+        "its-trust-domains-cohort",
+        "the-same-cohort-for-the-domains-other-tenant",
+        "not-another-domains-cohort",
+        "not-another-tenants-own-domain",
+        "its-organisations-cohort",
+        "not-an-organisation-it-is-not-in",
+        "its-own-domains-cohort",
+    ],
+)
+def test_a_tenant_stack_depends_on_the_shared_resources_of_its_layers_and_on_what_they_made_for_it(generated, tenant, kind, name, ordered):
+    assert ((kind, name) in ordered_before(generated[1][tenant])) is ordered
+
+
+def test_a_tenant_stack_depends_on_its_trust_domains_flavors_only(generated):
+    stack = generated[1]["team-02"]
+    flavors = {d.inputs["metadata"]["labels"].get(TRUST_DOMAIN_LABEL) for d in stack.dependencies if d.inputs.get("kind") == "ResourceFlavor"}
+    assert flavors == {"internal-0", None}  # None: the CPU/memory flavor every queue uses

@@ -639,7 +639,7 @@ class Staging:
         comes with it), an object's own file, every object under a component. Dependencies on
         what is not in the bundle (providers, live configuration) order nothing here."""
         if resource.key not in self._resource_objects:
-            # Keyed by the dependencies too: every tenant stack depends on the same layers' resources.
+            # Keyed by the dependencies too: a layer's children mostly depend on the same few resources.
             dependencies = tuple(d.key for d in resource.dependencies)
             if dependencies not in self._dependency_objects:
                 found: set[int] = set()
@@ -705,7 +705,7 @@ class Staging:
         for unit, keys in lineages.items():
             for key in keys:
                 objects = self.resource_objects(self.resources[key])
-                if objects not in by_objects:  # a tenant stack's dependencies are its layers' objects
+                if objects not in by_objects:  # the same objects (a layer's release) stand behind many resources
                     by_objects[objects] = {self.manifests[j].unit for j in objects}
                 units[unit].update(by_objects[objects])
         for unit, needed in units.items():

@@ -11,7 +11,10 @@ versions of the Python and Pulumi packages it runs on: any code change invalidat
 
 What a cached unit cannot know in advance is the URNs its root component depends on (the SDK
 expands a `depends_on` on a component into every custom resource under it): those are recomputed
-from the merged graph (`expand`), for built and cached units alike.
+from the merged graph (`expand`), for built and cached units alike. A tenant stack depends on its
+layers' resources less those a layer made for other tenants only: each layer unit records which
+of its resources are for which tenants (`FactoryComponent.tenant_scopes`), as the SDK path's
+`FactoryComponent.ordered_before` reads them.
 
 Entries are JSON (never pickle: a cache directory someone else wrote must not run code), written
 atomically, one file per unit key.
@@ -46,7 +49,7 @@ from ai_factory.factory.rendering.harness import Resource
 CACHE_DIR = ".factory-cache"
 """Default cache directory, under the project directory (ignored by git)."""
 CACHE_ENV = "FACTORY_CACHE_DIR"
-FORMAT = 2
+FORMAT = 3
 """Bumped when an entry changes shape, so an old entry is never read."""
 PACKAGES = ("ai_factory.factory", "ai_factory.components", "ai_factory.stacks", "ai_factory.policies")
 RUNTIME_DISTRIBUTIONS = ("pulumi", "pulumi-kubernetes", "pulumi-command", "pulumi-keycloak", "pulumi-vault", "pydantic", "PyYAML")
@@ -186,7 +189,8 @@ class UnitCache:
         self.directory = directory
         self.stack = stack
         self.units: dict[str, Unit] = {}
-        self._read: dict[str, tuple[list[Resource], dict[str, dict[str, str]]]] = {}
+        self._read: dict[str, _Entry] = {}
+        self._scopes: dict[str, Mapping[str, tuple[str, ...]]] = {}
         self._built: dict[str, list[Resource]] = {}
         self._memo: dict[int, tuple[Any, Any]] = {}
 
@@ -219,34 +223,50 @@ class UnitCache:
     def _path(self, key: str) -> Path:
         return self.directory / "units" / key[:2] / f"{key}.json"
 
-    def _load(self, key: str) -> tuple[list[Resource], dict[str, dict[str, str]]] | None:
+    def serves(self, unit: str, scopes: Mapping[str, tuple[str, ...]]) -> None:
+        """What a layer unit built this time made for some tenants only (`tenant_scopes`)."""
+        self._scopes[unit] = scopes
+
+    def _load(self, key: str) -> _Entry | None:
         try:
             entry = _ENTRY.decode(self._path(key).read_bytes())
         except (OSError, msgspec.DecodeError):  # absent, not JSON, or not an entry's shape
             return None
         if entry.key != key or entry.format != FORMAT:
             return None
-        return entry.resources, entry.texts
+        return entry
 
     def complete(self, registered: list[Resource]) -> list[Resource]:
         """Every resource of the render: those registered plus the cached units', each unit root's
         dependencies recomputed over the whole."""
-        resources = [*registered, *(r for cached, _ in self._read.values() for r in cached)]
+        resources = [*registered, *(r for cached in self._read.values() for r in cached.resources)]
         children: dict[str, list[Resource]] = {}
         for r in resources:
             children.setdefault(r.parent_urn, []).append(r)
         components = {r.name: r for r in resources if not r.custom}
         roots = {unit: components.get(u.root_name) for unit, u in self.units.items()}
+        parts: dict[str, tuple[list[Resource], list[str], dict[str, list[str]]]] = {}
         for unit, u in self.units.items():
             root = roots[unit]
-            if root is not None:
-                root.dependency_urns = sorted({urn for a in u.after if roots.get(a) is not None for urn in expand(roots[a], children)})
+            if root is None:
+                continue
+            tenant, found = root.tenant, set()
+            for a in (a for a in u.after if roots.get(a) is not None):
+                if a not in parts:
+                    cached, whole = self._read.get(a), expand(roots[a], children)
+                    parts[a] = (whole, *_partition(whole, cached.scopes if cached is not None else self._scopes.get(a, {})))
+                whole, shared, own = parts[a]
+                if tenant is None:  # a layer after a layer: after all of it
+                    found.update(r.urn for r in whole)
+                else:
+                    found.update(shared, own.get(tenant, ()))
+            root.dependency_urns = sorted(found)
         self._built = {unit: _unit_resources(roots[unit], children) for unit, u in self.units.items() if u.built and roots[unit] is not None}
         return resources
 
     def texts(self) -> dict[str, dict[str, str]]:
         """The file texts of the cached units' objects, by resource key and object."""
-        return {key: found for _, texts in self._read.values() for key, found in texts.items()}
+        return {key: found for cached in self._read.values() for key, found in cached.texts.items()}
 
     def store(self, texts: Mapping[str, Mapping[str, str]]) -> None:
         """Store the units built this time, with the file texts of their objects (`texts`, by
@@ -254,7 +274,8 @@ class UnitCache:
         for unit, resources in self._built.items():
             key = self.units[unit].key
             own = {r.key: dict(texts[r.key]) for r in resources if r.key in texts}
-            write_entry(self._path(key), {"format": FORMAT, "key": key, "resources": _fields(resources), "texts": own})
+            scopes = dict(self._scopes.get(unit, {}))
+            write_entry(self._path(key), {"format": FORMAT, "key": key, "resources": _fields(resources), "texts": own, "scopes": scopes})
         write_entry(self._index(), {"format": FORMAT, "units": {unit: u.key for unit, u in sorted(self.units.items())}})
 
 
@@ -265,6 +286,8 @@ class _Entry(msgspec.Struct):
     key: str
     resources: list[Resource]
     texts: dict[str, dict[str, str]]
+    scopes: dict[str, tuple[str, ...]]
+    """The tenants each resource a layer made for some tenants only is for, by resource key."""
 
 
 _ENTRY = msgspec.json.Decoder(_Entry)
@@ -294,17 +317,31 @@ def _fields(resources: list[Resource]) -> list[dict[str, Any]]:
     return [{f.name: getattr(r, f.name) for f in dataclasses.fields(Resource) if f.name not in ("parent", "dependencies")} for r in resources]
 
 
-def expand(component: Resource, children: Mapping[str, list[Resource]]) -> list[str]:
+def expand(component: Resource, children: Mapping[str, list[Resource]]) -> list[Resource]:
     """What a `depends_on` on `component` stands for, as the SDK expands it: every custom or
     remote resource under it, reached through local components only."""
     found, pending = [], list(children.get(component.urn, ()))
     while pending:
         r = pending.pop()
         if r.custom or r.remote:
-            found.append(r.urn)
+            found.append(r)
         else:
             pending.extend(children.get(r.urn, ()))
     return found
+
+
+def _partition(resources: Iterable[Resource], scopes: Mapping[str, Iterable[str]]) -> tuple[list[str], dict[str, list[str]]]:
+    """The URNs of a layer's resources every tenant stack depends on, and by tenant those made for
+    some tenants only (`FactoryComponent.ordered_before` on a built component)."""
+    shared: list[str] = []
+    own: dict[str, list[str]] = {}
+    for r in resources:
+        if r.key in scopes:
+            for tenant in scopes[r.key]:
+                own.setdefault(tenant, []).append(r.urn)
+        else:
+            shared.append(r.urn)
+    return shared, own
 
 
 def _unit_resources(root: Resource, children: Mapping[str, list[Resource]]) -> list[Resource]:

@@ -48,7 +48,9 @@ class Platform(FactoryComponent):
     every layer after the layers it requires), then one `TenantStack` per tenant.
 
     `hooks`: what layers add to every tenant's environment (its queue, identity group, secret
-    store, ...); each tenant stack attaches them all, after the layers it uses (`tenant_layers`).
+    store, ...); each tenant stack attaches them all, after the layers it uses (`tenant_layers`):
+    after their shared resources and what they made for that tenant, never for another
+    (`FactoryComponent.ordered_before`), so a tenant's dependencies do not grow with the tenants.
     Children are named `<name>-<layer>` and `<name>-tenant-<tenant>`, so two platforms (two
     clusters, through two providers) fit in one program.
     """
@@ -75,14 +77,17 @@ class Platform(FactoryComponent):
                 installed[layer.name] = None  # cached: its resources join the render afterwards
                 continue
             after = [c for r in requires if (c := installed[r]) is not None]
-            installed[layer.name] = layer.install(self, args, depends_on=after)
+            component = installed[layer.name] = layer.install(self, args, depends_on=after)
+            if units is not None:
+                units.serves(f"layer:{layer.name}", component.tenant_scopes())
         used = [layer for layer in installed if layer in tenant_layers(enabled_layers(cfg), self.hooks)]
-        after = [c for layer in used if (c := installed[layer]) is not None]
+        built = [c for layer in used if (c := installed[layer]) is not None]
         platform_managed = (t for t in cfg.tenants if t.managed_by == "platform")  # the others have stacks of their own
         for tenant in (t for t in platform_managed if only_tenants is None or t.name in only_tenants):
             args = tenant_stack_args(cfg, plan, tenant, self.hooks)
             stack_name = tenant_stack_name(name, tenant.name)
             if units is None or units.build(f"tenant:{tenant.name}", unit_key(units, "tenant", stack_name, args, used), stack_name, [f"layer:{l}" for l in used]):
+                after = [r for c in built for r in c.ordered_before(tenant.name)]
                 TenantStack(stack_name, args, opts=self.child(depends_on=after))
         self.layers = sorted(installed)
         self.register_outputs({"layers": self.layers})
