@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
@@ -149,7 +150,8 @@ def run_checks(
 
 
 _settled = 0
-"""How many `settled_heap` blocks are open."""
+"""How many `settled_heap` blocks are open (in any thread: the heap is the process's)."""
+_settling = threading.Lock()
 
 
 @contextmanager
@@ -160,14 +162,16 @@ def settled_heap() -> Iterator[None]:
     check's time). An object dropped meanwhile is still freed by its reference count (only a
     cycle waits); the objects are handed back to the collector when the outermost block closes."""
     global _settled
-    gc.freeze()
-    _settled += 1
+    with _settling:
+        gc.freeze()
+        _settled += 1
     try:
         yield
     finally:
-        _settled -= 1
-        if not _settled:
-            gc.unfreeze()
+        with _settling:
+            _settled -= 1
+            if not _settled:
+                gc.unfreeze()
 
 
 def _stack_name(graph: Graph) -> str:
