@@ -4,9 +4,11 @@ platform layer), and give what an uncached check gives."""
 from __future__ import annotations
 
 import copy
+import gc
 
 import pytest
 
+from ai_factory.factory.checking import check
 from ai_factory.factory.checking.check import PER_PART, parts, run_checks
 from ai_factory.factory.checking.oracles import Oracles, locate_upstream_dir
 from ai_factory.factory.model.loading import validate
@@ -70,3 +72,17 @@ def test_a_rendered_directory_is_checked_whole(fleet, oracles, tmp_path):
     fleet[2].write(tmp_path / "out")
     run_checks(load_rendered(tmp_path / "out"), oracles, cache=tmp_path / "cache")
     assert not (tmp_path / "cache").exists()
+
+
+def test_checks_run_with_the_heap_frozen_for_the_collector_and_release_it_after(fleet, oracles, monkeypatch):
+    frozen_while_checking: list[int] = []
+
+    def probe(rendered, oracles):
+        with check.settled_heap():  # an inner block (run_checks within check_environment) keeps the outer's freeze
+            pass
+        frozen_while_checking.append(gc.get_freeze_count())
+        return []
+
+    monkeypatch.setattr(check, "checks", lambda rendered: [probe])
+    assert run_checks(fleet[2], oracles) == []
+    assert frozen_while_checking[0] > 0 and gc.get_freeze_count() == 0

@@ -11,12 +11,16 @@ import copy
 
 import pulumi_kubernetes as k8s
 import pytest
+from pulumi_policy import PolicyResource
+from pulumi_policy.proxy import unknown_checking_proxy
 
 from ai_factory.factory.checking import check
 from ai_factory.factory.checking.findings import Finding
 from ai_factory.factory.checking.isolation import guarded
 from ai_factory.factory.rendering.bundle import load_rendered
-from ai_factory.policies.aif_policies.network import cidr_problem, fqdn_problem
+from ai_factory.factory.model.tenancy import TENANT_LABEL
+from ai_factory.policies.aif_policies.kube import Cluster
+from ai_factory.policies.aif_policies.network import NAMESPACE_KEYS, cidr_problem, fqdn_problem, tenant_egress
 from ai_factory.policies.aif_policies.workloads import covers
 from benchmarks.violations import CONTROLS, MUTATIONS, Bundle, dev_bundle
 from tests.conftest import one
@@ -69,6 +73,37 @@ def test_egress_address_blocks(cidr, flagged):
 )
 def test_egress_dns_patterns(pattern, flagged):
     assert (fqdn_problem(pattern) is not None) is flagged
+
+
+def _resource(kind: str, api: str, name: str, namespace: str | None = None, labels: dict | None = None, spec: dict | None = None) -> PolicyResource:
+    props = {"apiVersion": api, "kind": kind, "metadata": {"name": name, **({"namespace": namespace} if namespace else {}), "labels": labels or {}}, "spec": spec or {}}
+    return PolicyResource(f"kubernetes:{api if '/' in api else 'core/' + api}:{kind}", unknown_checking_proxy(props), name, name, None, None, None, [], {})
+
+
+EGRESS_NAMESPACES = [("a-1", "a"), ("a-2", "a"), ("b-1", "b"), ("c-1", "c"), ("platform", None)]
+ANYWHERE = {"egress": [{"toCIDR": ["10.0.0.0/8"]}]}
+
+
+@pytest.mark.parametrize(
+    "policy, tenants",
+    [
+        pytest.param(("CiliumClusterwideNetworkPolicy", None, ANYWHERE), ["a", "b", "c"], id="clusterwide-without-namespace-selects-every-tenant"),
+        pytest.param(("CiliumClusterwideNetworkPolicy", None, {"endpointSelector": {"matchLabels": {NAMESPACE_KEYS[0]: "b-1"}}, **ANYWHERE}), ["b"], id="clusterwide-one-namespace"),
+        pytest.param(
+            ("CiliumClusterwideNetworkPolicy", None, {"endpointSelector": {"matchExpressions": [{"key": NAMESPACE_KEYS[1], "operator": "In", "values": ["c-1", "platform", "a-2"]}]}, **ANYWHERE}),
+            ["a", "c"],
+            id="clusterwide-namespaces-in-tenant-order",
+        ),
+        pytest.param(("CiliumClusterwideNetworkPolicy", None, {"endpointSelector": {"matchLabels": {NAMESPACE_KEYS[0]: "platform"}}, **ANYWHERE}), [], id="clusterwide-platform-namespace"),
+        pytest.param(("CiliumNetworkPolicy", "a-2", ANYWHERE), ["a"], id="namespaced-its-tenant"),
+        pytest.param(("CiliumNetworkPolicy", "platform", ANYWHERE), [], id="namespaced-platform"),
+    ],
+)
+def test_egress_rules_apply_to_the_tenants_whose_namespaces_a_policy_selects(policy, tenants):
+    kind, namespace, spec = policy
+    resources = [_resource("Namespace", "v1", ns, labels={TENANT_LABEL: t} if t else {}) for ns, t in EGRESS_NAMESPACES]
+    resources.append(_resource(kind, "cilium.io/v2", "egress", namespace, spec=spec))
+    assert [(t.name, list(rule["toCIDR"])) for _, t, rule, _ in tenant_egress(Cluster(resources))] == [(t, ["10.0.0.0/8"]) for t in tenants]
 
 
 @pytest.mark.parametrize(

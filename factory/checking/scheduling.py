@@ -202,6 +202,9 @@ def flavor_supply(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
             totals[flavor, resource] += amount
             if amount:
                 holders[flavor, resource].append(f"{user.kind} {user.name}: {amount}")
+    by_flavor: dict[str, list[tuple[str, Decimal]]] = defaultdict(list)
+    for (flavor_name, resource), total in sorted(totals.items()):
+        by_flavor[flavor_name].append((resource, total))
     for name, flavor in sorted(flavors.items()):
         if not _is_gpu_flavor(flavor):
             continue
@@ -213,8 +216,8 @@ def flavor_supply(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
         if not isinstance(supply, dict):
             yield Finding("flavor-supply", flavor.ref, f"no readable {SUPPLY_ANNOTATION} annotation: its quotas cannot be checked")
             continue
-        for (flavor_name, resource), total in sorted(totals.items()):
-            if flavor_name == name and total > Decimal(supply.get(resource, 0)):
+        for resource, total in by_flavor.get(name, []):
+            if total > Decimal(supply.get(resource, 0)):
                 yield Finding(
                     "flavor-supply",
                     flavor.ref,
@@ -229,9 +232,11 @@ def flavor_trust_domains(rendered: Rendered, oracles: Oracles) -> Iterable[Findi
     nodes = _nodes(rendered)
     users = defaultdict(list)
     for user in _quota_users(rendered):
-        for flavor, _, _ in _quotas(user):
-            if user not in users[flavor]:
-                users[flavor].append(user)
+        # Each user once per flavor, by its flavors' names: testing membership in the list of a
+        # flavor every queue holds (the CPU one) was quadratic, and a user equal to another gives
+        # the same findings.
+        for flavor in dict.fromkeys(f for f, _, _ in _quotas(user)):
+            users[flavor].append(user)
     for flavor in _of(rendered, "ResourceFlavor", KUEUE_GROUP):
         if not _is_gpu_flavor(flavor):
             continue

@@ -12,7 +12,7 @@ pairing GPUs with RDMA VFs constraining them to one PCIe root.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 from pulumi_policy import PolicyResource
 
@@ -21,8 +21,9 @@ from ai_factory.policies.aif_policies.core import Violation, stack_policy
 from ai_factory.policies.aif_policies.kube import Cluster, Obj, cluster_of
 
 
-def _items(cluster: Cluster) -> list[Item]:
-    return [Item(o.kind, o.props, o) for o in cluster.objects]
+def _items(cluster: Cluster) -> Iterable[Item]:
+    """The stack's objects as the fabric rules read them, wrapped once for the four policies."""
+    return cluster.once("fabric items", lambda: (Item(o.kind, o.props, o) for o in cluster.objects))
 
 
 def _nodes(cluster: Cluster) -> dict[str, Mapping[str, Any]]:

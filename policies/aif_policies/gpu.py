@@ -124,10 +124,17 @@ class Fleet:
         self.mig = mig_configs(cluster)
         self.device_plugin = device_plugin_configs(cluster)
         self.hami = hami_node_selectors(cluster)
+        self._sharing: dict[int, str | None] = {}
 
     def sharing(self, node: Obj) -> str | None:
         """How a node's GPUs are shared between pods (`MIG config <name>`, `HAMi`, `time-slicing
-        config <name>`), None when every GPU is whole."""
+        config <name>`), None when every GPU is whole. Read once per node for all the policies of
+        a run (a node was read again for every flavor and queue asking about it)."""
+        if id(node) not in self._sharing:
+            self._sharing[id(node)] = self._sharing_of(node)
+        return self._sharing[id(node)]
+
+    def _sharing_of(self, node: Obj) -> str | None:
         node_labels = node.labels
         mig = node_labels.get(MIG_CONFIG_LABEL)
         if mig and mig != MIG_DISABLED_CONFIG:
