@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import copy
 import filecmp
+import gc
 import json
 import subprocess
 import sys
 
+import pulumi
 import pulumi_kubernetes as k8s
 import pytest
+from pulumi.runtime import resource as sdk_resource
+from pulumi.runtime import rpc
 
+from ai_factory.factory.rendering import harness
 from ai_factory.factory.rendering.harness import DuplicateResourceError, RecordingMocks, RecordingMonitor, run_program
 from ai_factory.factory.model.loading import validate
 from ai_factory.factory.rendering.bundle import render_raw
@@ -93,9 +98,43 @@ def test_duplicate_resource_names_are_refused():
         run_program(program, project="p", stack="s")
 
 
-def test_the_harness_keeps_one_copy_of_inputs_and_copies_only_what_it_redacts():
-    import pulumi
+_SHARED = {"a": "b"}
+_CYCLE: list = []
+_CYCLE.append(_CYCLE)
 
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "text",
+        None,
+        pulumi.UNKNOWN,
+        {"a": [1, {"b": pulumi.UNKNOWN}]},
+        {"a": [1, {"b": "c"}], "d": 2.0},
+        [_SHARED, _SHARED, [pulumi.UNKNOWN]],
+        [_CYCLE, "x"],
+        [_CYCLE, pulumi.UNKNOWN],
+        k8s.meta.v1.outputs.LabelSelectorRequirement(key="a", operator="In", values=["x", pulumi.UNKNOWN]),
+        k8s.meta.v1.outputs.LabelSelectorRequirement(key="a", operator="In", values=["x"]),
+    ],
+)
+def test_the_harness_finds_unknowns_as_the_sdk_does(value):
+    assert harness._contains_unknowns(value) is rpc.contains_unknowns(value)
+
+
+def test_a_run_leaves_the_sdk_and_the_collector_as_it_found_them():
+    before = (rpc.contains_unknowns, sdk_resource._get_stack_trace, gc.get_threshold())
+
+    def program():
+        assert rpc.contains_unknowns is harness._contains_unknowns and gc.get_threshold()[0] == harness.YOUNG_GC_THRESHOLD
+        raise RuntimeError("the program failed")
+
+    with pytest.raises(RuntimeError, match="the program failed"):
+        run_program(program, project="p", stack="s")
+    assert (rpc.contains_unknowns, sdk_resource._get_stack_trace, gc.get_threshold()) == before
+
+
+def test_the_harness_keeps_one_copy_of_inputs_and_copies_only_what_it_redacts():
     monitor = RecordingMonitor(RecordingMocks())
 
     def program():
