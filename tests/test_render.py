@@ -134,6 +134,18 @@ def test_a_run_leaves_the_sdk_and_the_collector_as_it_found_them():
     assert (rpc.contains_unknowns, sdk_resource._get_stack_trace, gc.get_threshold()) == before
 
 
+def test_outputs_read_back_are_the_inputs_with_the_providers_defaults():
+    seen = {}
+
+    def program():
+        named = k8s.core.v1.ConfigMap("named", metadata={"name": "given", "labels": {"a": "b"}}, data={"k": "v"})
+        unnamed = k8s.core.v1.ConfigMap("unnamed", metadata={"labels": {"a": "b"}}, data={"k": "v"})
+        pulumi.Output.all(named.metadata, named.data, named.kind, unnamed.metadata, unnamed.id).apply(lambda values: seen.update(values=values))
+
+    run_program(program, project="p", stack="s")
+    assert seen["values"] == [{"name": "given", "labels": {"a": "b"}}, {"k": "v"}, "ConfigMap", {"name": "unnamed", "labels": {"a": "b"}}, "unnamed-id"]
+
+
 def test_the_harness_keeps_one_copy_of_inputs_and_copies_only_what_it_redacts():
     monitor = RecordingMonitor(RecordingMocks())
 

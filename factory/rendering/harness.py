@@ -11,11 +11,13 @@ pinned exactly in requirements.txt for that reason.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Coroutine, Iterator
 
 import pulumi
 from pulumi.output import Unknown
@@ -112,9 +114,9 @@ class RecordingMocks(pulumi.runtime.Mocks):
     def new_resource(self, args: pulumi.runtime.MockResourceArgs):
         outputs = dict(args.inputs)
         if args.typ.startswith("kubernetes:") and "metadata" in outputs:
-            metadata = dict(outputs.get("metadata") or {})
-            metadata.setdefault("name", args.name)
-            outputs["metadata"] = metadata
+            metadata = outputs.get("metadata") or {}
+            if "name" not in metadata:
+                outputs["metadata"] = {**metadata, "name": args.name}
         return f"{args.name}-id", outputs
 
     def call(self, args: pulumi.runtime.MockCallArgs):
@@ -159,7 +161,12 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
             )
         )
         self.resources[urn] = pulumi_mocks.MockMonitor.ResourceRegistration(urn, id_, state)
-        return resource_pb2.RegisterResourceResponse(urn=urn, id=id_, object=_sync_await(rpc.serialize_properties(state, {})))
+        if not pulumi.runtime.is_dry_run():
+            # Outside a preview the SDK resolves every output the response leaves out to the input
+            # of that name (`rpc.resolve_outputs`): send only what the mocks changed, not an echo
+            # of every input serialised again and read back.
+            state = {k: v for k, v in state.items() if raw.get(k, _ABSENT) is not v}
+        return resource_pb2.RegisterResourceResponse(urn=urn, id=id_, object=_at_once(lambda: rpc.serialize_properties(state, {})))
 
     def _record(self, request, raw: Any) -> None:
         secret_paths: list[str] = []
@@ -185,6 +192,47 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
             self.recorded[key] = resource
         if self._on_record is not None:
             self._on_record()
+
+
+_ABSENT = object()
+
+
+def _at_once(coroutine: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
+    """The result of a coroutine that never waits (the SDK's serialisation of plain data), run
+    here without an event loop: the monitor may be called on the loop's own thread (see
+    `_InlineExecutor`). One that does wait is run again through the loop."""
+    running = coroutine()
+    try:
+        running.send(None)
+    except StopIteration as done:
+        return done.value
+    running.close()
+    return _sync_await(coroutine())
+
+
+class _InlineExecutor(ThreadPoolExecutor):
+    """Runs what the SDK hands its executor at once, on the caller's thread. The SDK sends each
+    RPC to the monitor from a worker thread, as a real monitor is a remote server that blocks;
+    the mock monitor never blocks, and a thread hand-off per resource (futures, locks, waking the
+    loop, the GIL passed back and forth) cost more than the registration itself."""
+
+    def submit(self, fn, /, *args, **kwargs):
+        future: Future = Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except BaseException as error:  # as the pool's workers do: the caller's future carries it
+            future.set_exception(error)
+        return future
+
+
+@contextlib.contextmanager
+def _rpcs_inline(loop: asyncio.AbstractEventLoop) -> Iterator[None]:
+    saved = loop._default_executor  # type: ignore[attr-defined]  # asyncio has no public getter
+    loop.set_default_executor(_InlineExecutor())
+    try:
+        yield
+    finally:
+        loop._default_executor = saved  # type: ignore[attr-defined]
 
 
 def _redact(value: Any, path: str, secret_paths: list[str], inside_secret: bool = False) -> Any:
@@ -293,6 +341,7 @@ def run_program(
     monitor = monitor or RecordingMonitor(RecordingMocks())
     pulumi.runtime.set_mocks(monitor.mocks, project=project, stack=stack, preview=preview, monitor=monitor)
     pulumi.runtime.set_all_config(config or {}, secret_keys or [])
-    with _lean_sdk():
+    # A preview keeps the SDK's threads: the mock monitor's own path for unknowns pumps the event loop.
+    with _lean_sdk(), contextlib.nullcontext() if preview else _rpcs_inline(_ensure_event_loop()):
         pulumi.runtime.test(program)()
     return Graph(sorted(monitor.recorded.values(), key=lambda r: r.urn))
