@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import filecmp
 import gc
@@ -123,15 +124,17 @@ def test_the_harness_finds_unknowns_as_the_sdk_does(value):
 
 
 def test_a_run_leaves_the_sdk_and_the_collector_as_it_found_them():
-    before = (rpc.contains_unknowns, sdk_resource._get_stack_trace, gc.get_threshold())
+    loop = asyncio.get_event_loop()
+    before = (rpc.contains_unknowns, sdk_resource._get_stack_trace, gc.get_threshold(), loop._default_executor)
 
     def program():
         assert rpc.contains_unknowns is harness._contains_unknowns and gc.get_threshold()[0] == harness.YOUNG_GC_THRESHOLD
+        assert isinstance(loop._default_executor, harness._InlineExecutor)
         raise RuntimeError("the program failed")
 
     with pytest.raises(RuntimeError, match="the program failed"):
         run_program(program, project="p", stack="s")
-    assert (rpc.contains_unknowns, sdk_resource._get_stack_trace, gc.get_threshold()) == before
+    assert (rpc.contains_unknowns, sdk_resource._get_stack_trace, gc.get_threshold(), loop._default_executor) == before
 
 
 def test_outputs_read_back_are_the_inputs_with_the_providers_defaults():

@@ -288,7 +288,7 @@ def _contains_unknowns(value: Any) -> bool:
             seen.add(id(node))
             if type(node) is dict:
                 pending.extend(node.values())
-            elif isinstance(node, dict):  # the SDK's typed input dicts: read through their own lookup, as the SDK does
+            elif isinstance(node, dict):  # an output type: its properties shadow keys such as `values`
                 pending.extend(node[k] for k in node)
             else:
                 pending.extend(node)
