@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import filecmp
+import gc
 import json
 import subprocess
 import sys
 
+import pulumi
 import pulumi_kubernetes as k8s
 import pytest
+from pulumi.runtime import resource as sdk_resource
+from pulumi.runtime import rpc
 
+from ai_factory.factory.rendering import harness
 from ai_factory.factory.rendering.harness import DuplicateResourceError, RecordingMocks, RecordingMonitor, run_program
 from ai_factory.factory.model.loading import validate
 from ai_factory.factory.rendering.bundle import render_raw
@@ -93,9 +99,57 @@ def test_duplicate_resource_names_are_refused():
         run_program(program, project="p", stack="s")
 
 
-def test_the_harness_keeps_one_copy_of_inputs_and_copies_only_what_it_redacts():
-    import pulumi
+_SHARED = {"a": "b"}
+_CYCLE: list = []
+_CYCLE.append(_CYCLE)
 
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "text",
+        None,
+        pulumi.UNKNOWN,
+        {"a": [1, {"b": pulumi.UNKNOWN}]},
+        {"a": [1, {"b": "c"}], "d": 2.0},
+        [_SHARED, _SHARED, [pulumi.UNKNOWN]],
+        [_CYCLE, "x"],
+        [_CYCLE, pulumi.UNKNOWN],
+        k8s.meta.v1.outputs.LabelSelectorRequirement(key="a", operator="In", values=["x", pulumi.UNKNOWN]),
+        k8s.meta.v1.outputs.LabelSelectorRequirement(key="a", operator="In", values=["x"]),
+    ],
+)
+def test_the_harness_finds_unknowns_as_the_sdk_does(value):
+    assert harness._contains_unknowns(value) is rpc.contains_unknowns(value)
+
+
+def test_a_run_leaves_the_sdk_and_the_collector_as_it_found_them():
+    loop = asyncio.get_event_loop()
+    before = (rpc.contains_unknowns, sdk_resource._get_stack_trace, gc.get_threshold(), loop._default_executor)
+
+    def program():
+        assert rpc.contains_unknowns is harness._contains_unknowns and gc.get_threshold()[0] == harness.YOUNG_GC_THRESHOLD
+        assert isinstance(loop._default_executor, harness._InlineExecutor)
+        raise RuntimeError("the program failed")
+
+    with pytest.raises(RuntimeError, match="the program failed"):
+        run_program(program, project="p", stack="s")
+    assert (rpc.contains_unknowns, sdk_resource._get_stack_trace, gc.get_threshold(), loop._default_executor) == before
+
+
+def test_outputs_read_back_are_the_inputs_with_the_providers_defaults():
+    seen = {}
+
+    def program():
+        named = k8s.core.v1.ConfigMap("named", metadata={"name": "given", "labels": {"a": "b"}}, data={"k": "v"})
+        unnamed = k8s.core.v1.ConfigMap("unnamed", metadata={"labels": {"a": "b"}}, data={"k": "v"})
+        pulumi.Output.all(named.metadata, named.data, named.kind, unnamed.metadata, unnamed.id).apply(lambda values: seen.update(values=values))
+
+    run_program(program, project="p", stack="s")
+    assert seen["values"] == [{"name": "given", "labels": {"a": "b"}}, {"k": "v"}, "ConfigMap", {"name": "unnamed", "labels": {"a": "b"}}, "unnamed-id"]
+
+
+def test_the_harness_keeps_one_copy_of_inputs_and_copies_only_what_it_redacts():
     monitor = RecordingMonitor(RecordingMocks())
 
     def program():

@@ -380,8 +380,7 @@ def render_raw(
     `cache`: the render cache directory (`cache.UnitCache`): layers and tenant stacks found there
     are read back, not registered again. The first render of a stack into a cache uses the
     workers; later ones run in this process (a change builds few units)."""
-    config = {f"{project}:{section}": json.dumps(value, default=_placeholder) for section, value in raw.items()}
-    secret_keys = [f"{project}:{s}" for s in secret_sections]
+    config, secret_keys = program_config(raw, secret_sections, project)
     names = sorted(t.name for t in cfg.tenants)
     units = UnitCache(cache, f"{project}.{stack}") if cache is not None else None
     if workers is None:
@@ -430,6 +429,11 @@ def render_raw(
     if units is not None:
         return _cached(units, units.complete(resources), cfg)
     return from_graph(Graph(sorted(resources, key=lambda r: r.urn)), cfg)
+
+
+def program_config(raw: dict[str, Any], secret_sections: set[str], project: str) -> tuple[dict[str, str], list[str]]:
+    """The stack's configuration as the Pulumi runtime holds it (`<project>:<section>`, JSON) and its secret keys."""
+    return {f"{project}:{section}": json.dumps(value, default=_placeholder) for section, value in raw.items()}, [f"{project}:{s}" for s in secret_sections]
 
 
 def _cached(units: UnitCache, resources: list[Resource], cfg: FactoryConfig) -> Rendered:

@@ -11,14 +11,20 @@ pinned exactly in requirements.txt for that reason.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import gc
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Coroutine, Iterator
 
 import pulumi
+from pulumi.output import Unknown
 from pulumi.runtime import mocks as pulumi_mocks
+from pulumi.runtime import resource as sdk_resource
 from pulumi.runtime import rpc
-from pulumi.runtime.proto import resource_pb2
+from pulumi.runtime.proto import resource_pb2, source_pb2
 from pulumi.runtime.sync_await import _ensure_event_loop, _sync_await
 
 from ai_factory.factory.model.secrets import REDACTED
@@ -108,9 +114,9 @@ class RecordingMocks(pulumi.runtime.Mocks):
     def new_resource(self, args: pulumi.runtime.MockResourceArgs):
         outputs = dict(args.inputs)
         if args.typ.startswith("kubernetes:") and "metadata" in outputs:
-            metadata = dict(outputs.get("metadata") or {})
-            metadata.setdefault("name", args.name)
-            outputs["metadata"] = metadata
+            metadata = outputs.get("metadata") or {}
+            if "name" not in metadata:
+                outputs["metadata"] = {**metadata, "name": args.name}
         return f"{args.name}-id", outputs
 
     def call(self, args: pulumi.runtime.MockCallArgs):
@@ -155,7 +161,12 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
             )
         )
         self.resources[urn] = pulumi_mocks.MockMonitor.ResourceRegistration(urn, id_, state)
-        return resource_pb2.RegisterResourceResponse(urn=urn, id=id_, object=_sync_await(rpc.serialize_properties(state, {})))
+        if not pulumi.runtime.is_dry_run():
+            # Outside a preview the SDK resolves every output the response leaves out to the input
+            # of that name (`rpc.resolve_outputs`): send only what the mocks changed, not an echo
+            # of every input serialised again and read back.
+            state = {k: v for k, v in state.items() if raw.get(k, _ABSENT) is not v}
+        return resource_pb2.RegisterResourceResponse(urn=urn, id=id_, object=_at_once(lambda: rpc.serialize_properties(state, {})))
 
     def _record(self, request, raw: Any) -> None:
         secret_paths: list[str] = []
@@ -181,6 +192,47 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
             self.recorded[key] = resource
         if self._on_record is not None:
             self._on_record()
+
+
+_ABSENT = object()
+
+
+def _at_once(coroutine: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
+    """The result of a coroutine that never waits (the SDK's serialisation of plain data), run
+    here without an event loop: the monitor may be called on the loop's own thread (see
+    `_InlineExecutor`). One that does wait is run again through the loop."""
+    running = coroutine()
+    try:
+        running.send(None)
+    except StopIteration as done:
+        return done.value
+    running.close()
+    return _sync_await(coroutine())
+
+
+class _InlineExecutor(ThreadPoolExecutor):
+    """Runs what the SDK hands its executor at once, on the caller's thread. The SDK sends each
+    RPC to the monitor from a worker thread, as a real monitor is a remote server that blocks;
+    the mock monitor never blocks, and a thread hand-off per resource (futures, locks, waking the
+    loop, the GIL passed back and forth) cost more than the registration itself."""
+
+    def submit(self, fn, /, *args, **kwargs):
+        future: Future = Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except BaseException as error:  # as the pool's workers do: the caller's future carries it
+            future.set_exception(error)
+        return future
+
+
+@contextlib.contextmanager
+def _rpcs_inline(loop: asyncio.AbstractEventLoop) -> Iterator[None]:
+    saved = loop._default_executor  # type: ignore[attr-defined]  # asyncio has no public getter
+    loop.set_default_executor(_InlineExecutor())
+    try:
+        yield
+    finally:
+        loop._default_executor = saved  # type: ignore[attr-defined]
 
 
 def _redact(value: Any, path: str, secret_paths: list[str], inside_secret: bool = False) -> Any:
@@ -219,6 +271,59 @@ def _redact(value: Any, path: str, secret_paths: list[str], inside_secret: bool 
     return value
 
 
+def _contains_unknowns(value: Any) -> bool:
+    """`rpc.contains_unknowns` without its recursive closure: the SDK calls it on every output's
+    value (about 80 times per resource), and each call made a function-cell cycle that only the
+    garbage collector frees; those cycles were most of the render's garbage and set off full
+    collections of the whole heap. Same answer: is an `Unknown` anywhere in the maps and lists."""
+    if not isinstance(value, (dict, list)):
+        return isinstance(value, Unknown)
+    pending = [value]
+    seen: set[int] = set()
+    while pending:
+        node = pending.pop()
+        if isinstance(node, Unknown):
+            return True
+        if isinstance(node, (dict, list)) and id(node) not in seen:
+            seen.add(id(node))
+            if type(node) is dict:
+                pending.extend(node.values())
+            elif isinstance(node, dict):  # an output type: its properties shadow keys such as `values`
+                pending.extend(node[k] for k in node)
+            else:
+                pending.extend(node)
+    return False
+
+
+def _no_stack_trace() -> source_pb2.StackTrace:
+    """The SDK captures the Python stack of every resource for the engine's diagnostics
+    (`traceback.extract_stack`, a `stat` per frame); no engine reads it here."""
+    return source_pb2.StackTrace()
+
+
+YOUNG_GC_THRESHOLD = 50_000
+"""Allocations between collections of the youngest generation during a run (Python's default is
+700). A run allocates millions of objects that live to its end (every resource's futures, inputs
+and state): at the default, collections scanning them were about a third of a render's CPU."""
+
+
+@contextlib.contextmanager
+def _lean_sdk() -> Iterator[None]:
+    """The SDK's per-resource bookkeeping that a mock run does not need, swapped out for the run
+    (pulumi 3.272.0: `output.py` and `rpc.py` look `rpc.contains_unknowns` up at call time;
+    `register_resource` looks `_get_stack_trace` up in its module), and the collector tuned for a
+    heap that only grows."""
+    saved = rpc.contains_unknowns, sdk_resource._get_stack_trace
+    thresholds = gc.get_threshold()
+    rpc.contains_unknowns, sdk_resource._get_stack_trace = _contains_unknowns, _no_stack_trace
+    gc.set_threshold(max(thresholds[0], YOUNG_GC_THRESHOLD), *thresholds[1:])
+    try:
+        yield
+    finally:
+        rpc.contains_unknowns, sdk_resource._get_stack_trace = saved
+        gc.set_threshold(*thresholds)
+
+
 def run_program(
     program: Callable[[], Any],
     *,
@@ -236,5 +341,7 @@ def run_program(
     monitor = monitor or RecordingMonitor(RecordingMocks())
     pulumi.runtime.set_mocks(monitor.mocks, project=project, stack=stack, preview=preview, monitor=monitor)
     pulumi.runtime.set_all_config(config or {}, secret_keys or [])
-    pulumi.runtime.test(program)()
+    # A preview keeps the SDK's threads: the mock monitor's own path for unknowns pumps the event loop.
+    with _lean_sdk(), contextlib.nullcontext() if preview else _rpcs_inline(_ensure_event_loop()):
+        pulumi.runtime.test(program)()
     return Graph(sorted(monitor.recorded.values(), key=lambda r: r.urn))
