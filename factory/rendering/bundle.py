@@ -47,7 +47,7 @@ import yaml
 from ai_factory.factory.model.catalog import MANIFESTS, ManifestSource, crd_groups
 from ai_factory.factory.model.config import FactoryConfig
 from ai_factory.factory.rendering.cache import Unit, UnitCache, no_cycle_collection, write_entry
-from ai_factory.factory.rendering.harness import DuplicateResourceError, Graph, RecordingMocks, RecordingMonitor, Resource, run_program
+from ai_factory.factory.rendering.harness import COMPONENT_LAYER_KEY, COMPONENT_TENANT_KEY, DuplicateResourceError, Graph, RecordingMocks, RecordingMonitor, Resource, run_program
 from ai_factory.factory.model.tenancy import TENANT_LABEL
 from ai_factory.factory.planning.from_config import plan_for
 from ai_factory.factory.planning.model import Plan
@@ -628,19 +628,21 @@ def from_graph(graph: Graph, cfg: FactoryConfig, texts: Mapping[str, Mapping[str
     manifests: list[Manifest] = []
     made_by: dict[str, list[Manifest]] = {}
     owned: dict[str, tuple[str, ...]] = {}
+    scopes = _scopes(graph.resources)
     for resource in graph.resources:
         made: list[Manifest] = []
+        layer, tenant = scopes[resource.key]
         if resource.type in HELM_RELEASE_TYPES:
             made = helm_release_manifests(resource)
             owned[resource.key] = crd_groups(resource.inputs["chart"])
         elif resource.type == CONFIG_FILE_TYPE and (pin := manifest_pin(resource.inputs.get("file"))) is not None:
-            made = [Manifest(remote_manifest(pin), resource.layer, resource.tenant, resource.key)]
+            made = [Manifest(remote_manifest(pin), layer, tenant, resource.key)]
             owned[resource.key] = pin.crd_groups
         elif resource.type.startswith("kubernetes:") and not resource.type.startswith(NON_OBJECT_TYPES):
             obj = kubernetes_object(resource)
             if resource.secret_paths:
                 _mark_redacted(obj)
-            made = [Manifest(obj, resource.layer, resource.tenant, resource.key)]
+            made = [Manifest(obj, layer, tenant, resource.key)]
         for m in made if resource.retain_on_delete else ():
             m.obj.setdefault("metadata", {}).setdefault("annotations", {}).update(KEEP_ANNOTATIONS)
         manifests += made
@@ -664,8 +666,26 @@ def from_graph(graph: Graph, cfg: FactoryConfig, texts: Mapping[str, Mapping[str
     for path in sorted(by_path):
         files.setdefault(by_path[path].origin, []).append(path)
     depends_on: dict[tuple[int, ...], list[str]] = {}
-    inventory = sorted((inventory_entry(r, files.get(r.key), depends_on) for r in graph.resources), key=lambda e: (e["layer"], e["type"], e["name"]))
+    inventory = sorted(
+        (inventory_entry(r, files.get(r.key), depends_on, scopes[r.key]) for r in graph.resources), key=lambda e: (e["layer"], e["type"], e["name"])
+    )
     return Rendered(cfg, cfg.kubernetes.version, [by_path[path] for path in sorted(by_path)], inventory, graph, kustomizations=kustomizations)
+
+
+def _scopes(resources: list[Resource]) -> dict[str, tuple[str, str | None]]:
+    """Each resource's `layer` and `tenant`, each component's found once (not again for each
+    resource under it)."""
+    found: dict[str, tuple[str, str | None]] = {}
+
+    def scope(resource: Resource) -> tuple[str, str | None]:
+        if resource.key not in found:
+            layer, tenant = scope(resource.parent) if resource.parent is not None else ("platform", None)
+            found[resource.key] = (resource.inputs.get(COMPONENT_LAYER_KEY, layer), resource.inputs.get(COMPONENT_TENANT_KEY, tenant))
+        return found[resource.key]
+
+    for resource in resources:
+        scope(resource)
+    return found
 
 
 def stack_of(graph: Graph) -> str:
@@ -1016,12 +1036,18 @@ def _repository_name(url: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", host.lower()).strip("-")[:63]
 
 
-def inventory_entry(resource: Resource, files: list[str] | None = None, depends_on: dict[tuple[int, ...], list[str]] | None = None) -> dict[str, Any]:
+def inventory_entry(
+    resource: Resource,
+    files: list[str] | None = None,
+    depends_on: dict[tuple[int, ...], list[str]] | None = None,
+    scope: tuple[str, str | None] | None = None,
+) -> dict[str, Any]:
     """`bundle`: the files the resource is written to; for what the program configures live
     through a provider (Keycloak groups and clients, OpenBao policies and roles) `NOT_IN_BUNDLE`;
     null for components and providers, which deploy nothing themselves. `depends_on`: the sorted
     keys of dependency lists already seen (by the resources' identities), as every tenant stack
-    depends on the same layers."""
+    depends on the same layers. `scope`: its layer and tenant, when known (`_scopes`)."""
+    layer, tenant = scope if scope is not None else (resource.layer, resource.tenant)
     if files:
         bundle: list[str] | str | None = sorted(files)
     elif resource.custom and not resource.type.startswith("pulumi:providers:"):
@@ -1033,8 +1059,8 @@ def inventory_entry(resource: Resource, files: list[str] | None = None, depends_
         "type": resource.type,
         "name": resource.name,
         "parent": resource.parent.key if resource.parent else None,
-        "layer": resource.layer,
-        "tenant": resource.tenant,
+        "layer": layer,
+        "tenant": tenant,
         "custom": resource.custom,
         "protect": resource.protect,
         "retainOnDelete": resource.retain_on_delete,
