@@ -233,10 +233,8 @@ class Rendered:
             data = text.encode()
             digest = hashlib.sha256(data).hexdigest()
             status = present.get(relative)
-            if status is not None:
-                recorded = known.digest(relative, status)
-                unchanged = recorded == digest if recorded is not None else _read_bytes(target) == data
-            if status is None or not unchanged:
+            recorded = known.digest(relative, status) if status is not None else None
+            if status is None or (recorded != digest if recorded is not None else _read_bytes(target) != data):
                 os.makedirs(os.path.dirname(target), exist_ok=True)
                 with open(target, "wb") as f:
                     f.write(data)
