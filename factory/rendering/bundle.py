@@ -674,15 +674,15 @@ def _scopes(resources: list[Resource]) -> dict[str, tuple[str, str | None]]:
     """Each resource's `layer` and `tenant`, each component's found once (not again for each
     resource under it)."""
     found: dict[str, tuple[str, str | None]] = {}
-
-    def scope(resource: Resource) -> tuple[str, str | None]:
-        if resource.key not in found:
-            layer, tenant = scope(resource.parent) if resource.parent is not None else ("platform", None)
-            found[resource.key] = (resource.inputs.get(COMPONENT_LAYER_KEY, layer), resource.inputs.get(COMPONENT_TENANT_KEY, tenant))
-        return found[resource.key]
-
     for resource in resources:
-        scope(resource)
+        unknown, node = [], resource
+        while node is not None and node.key not in found:
+            unknown.append(node)
+            node = node.parent
+        layer, tenant = found[node.key] if node is not None else ("platform", None)
+        for node in reversed(unknown):
+            layer, tenant = node.inputs.get(COMPONENT_LAYER_KEY, layer), node.inputs.get(COMPONENT_TENANT_KEY, tenant)
+            found[node.key] = (layer, tenant)
     return found
 
 
