@@ -264,6 +264,7 @@ def _cache_dir(args: argparse.Namespace) -> Path | None:
 def _render(env: str, out: Path, quiet: bool, cache: Path | None = None) -> int:
     from ai_factory.factory.progress import Steps
     from ai_factory.factory.rendering.bundle import render_clusters
+    from ai_factory.factory.rendering.cache import write_record
     from ai_factory.factory.rendering.eviction import evict
 
     started = time.perf_counter()
@@ -273,7 +274,9 @@ def _render(env: str, out: Path, quiet: bool, cache: Path | None = None) -> int:
             evict(cache)
         single = len(renders) == 1 and next(iter(renders)) == stack_name(stack_file(env))
         for cluster, rendered in renders.items():
-            rendered.write(out if single else out / cluster, on_file=steps.step("writing: files", total=len(rendered.manifests) + 1))
+            target = out if single else out / cluster
+            record = write_record(cache, target) if cache is not None else None
+            rendered.write(target, on_file=steps.step("writing: files", total=len(rendered.manifests) + 1), record=record)
     print(f"rendered {env} in {time.perf_counter() - started:.2f}s to {out}/")
     for cluster, rendered in renders.items():
         if not single:

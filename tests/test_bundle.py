@@ -17,8 +17,10 @@ from ai_factory.components.registry import layers
 from ai_factory.factory.checking.ordering import bundle_order, bundle_patches
 from ai_factory.factory.model.catalog import CHARTS
 from ai_factory.factory.model.loading import validate
+from ai_factory.factory.rendering import bundle
 from ai_factory.factory.rendering.bundle import (
     KEEP_ANNOTATIONS,
+    KUSTOMIZE_API,
     KUSTOMIZE_FILE,
     NOT_IN_BUNDLE,
     PATCH_ANNOTATIONS,
@@ -26,8 +28,11 @@ from ai_factory.factory.rendering.bundle import (
     Manifest,
     Rendered,
     ReferenceDumper,
+    dump_json,
     dump_yaml,
     from_graph,
+    kustomization_yaml,
+    kustomize_files,
     load_rendered,
     manifest_pin,
 )
@@ -266,6 +271,83 @@ def test_writing_over_an_earlier_render_touches_only_what_differs(dev, tmp_path)
     tree = lambda root: {str(p.relative_to(root)): p.read_bytes() if p.is_file() else None for p in root.rglob("*")}
     assert tree(out) == tree(tmp_path / "fresh")
     assert kept.stat().st_mtime_ns == 10**9
+
+
+def _reads(monkeypatch) -> list[str]:
+    """The files `Rendered.write` reads back from here on."""
+    read: list[str] = []
+    original = bundle._read_bytes
+    monkeypatch.setattr(bundle, "_read_bytes", lambda path: read.append(path) or original(path))
+    return read
+
+
+def test_a_write_over_its_recorded_output_reads_back_no_file_it_left_untouched(dev, tmp_path, monkeypatch):
+    monkeypatch.setattr(bundle, "RECORD_MARGIN_NS", 0)  # no wait for a coarse clock: this file system's is fine
+    out, record = tmp_path / "out", tmp_path / "record.json"
+    dev.write(out, record=record)
+    dev.write(out, record=record)  # the first write's files changed after it began: read back once
+    times = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
+    read = _reads(monkeypatch)
+    dev.write(out, record=record)
+    assert read == [] and {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()} == times
+    dev.write(tmp_path / "other", record=record)  # another directory's record is no record of it
+    dev.write(tmp_path / "other", record=record)
+    assert len(read) == len(times)
+
+
+def test_a_file_edited_after_a_recorded_write_is_written_again(dev, tmp_path, monkeypatch):
+    monkeypatch.setattr(bundle, "RECORD_MARGIN_NS", 0)
+    out, record = tmp_path / "out", tmp_path / "record.json"
+    dev.write(out, record=record)
+    dev.write(out, record=record)
+    edited, replaced = out / "inventory.json", next((out / "flux").glob("ai-*.yaml"))
+    text, status = edited.read_text(), edited.stat()
+    edited.write_text(text.replace('"', "'", 1))  # the same size, and the same modification time set back
+    os.utime(edited, ns=(status.st_atime_ns, status.st_mtime_ns))
+    replaced.unlink()
+    replaced.write_text("{}")
+    dev.write(out, record=record)
+    assert edited.read_text() == text and replaced.read_text() == dev.files()[str(replaced.relative_to(out))]
+
+
+def test_a_file_changed_shortly_before_the_recording_write_is_read_back(dev, tmp_path, monkeypatch):
+    """Within a coarse clock's tick an edit may leave the recorded times as they were."""
+    monkeypatch.setattr(bundle, "RECORD_MARGIN_NS", 10**18)
+    out, record = tmp_path / "out", tmp_path / "record.json"
+    dev.write(out, record=record)
+    dev.write(out, record=record)
+    read = _reads(monkeypatch)
+    dev.write(out, record=record)
+    assert len(read) == len(dev.files())
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        None,  # dev's inventory
+        {"text": ["é 中 \U0001f600", "\u2028", "\x00\x1f\x7f\"\\/", ""], "numbers": [0.1, -0.0, 1e16, 1.5e-7, 2.0**70, 10**20, -1],
+         "empty": [[], {}, [[]]], "nested": {"b": [{"z": None, "a": True}], "a": False}, "numbered": {10: "keys sorted as numbers", 2: "then written as text"}},
+        {"not JSON": [float("nan"), float("inf")]},
+    ],
+    ids=["dev-inventory", "strings-and-numbers", "nan-and-infinity"],
+)
+def test_the_inventory_is_written_as_json_dumps_indents_it(dev, data):
+    data = data if data is not None else {"kubernetesVersion": dev.kubernetes_version, "resources": dev.inventory}
+    assert dump_json(data) == json.dumps(data, indent=2, sort_keys=True)
+
+
+@pytest.mark.parametrize(
+    "resources",
+    [["_cluster", "configmap-a.b.yaml", "a" * 120], ["on"], ["Null"], ["123"], ["0x1f"], ["1.5"], ["2020-01-01"], ["1:20"], ["a:b"], ["-x"],
+     ["a b"], ["é"], ["x" * 300], []],
+)
+def test_a_kustomization_is_written_as_the_yaml_dumper_writes_it(resources):
+    assert kustomization_yaml(resources) == dump_yaml({"apiVersion": KUSTOMIZE_API, "kind": "Kustomization", "resources": resources}, ReferenceDumper)
+
+
+def test_every_kustomization_of_a_render_is_written_as_the_yaml_dumper_writes_it(dev):
+    for path, text in kustomize_files(dev.files()).items():
+        assert text == dump_yaml({**yaml.safe_load(text)}, ReferenceDumper), path
 
 
 def test_each_kustomization_applies_a_directory_of_the_bundle(dev, tmp_path):

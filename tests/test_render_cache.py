@@ -124,6 +124,7 @@ def test_render_writes_its_cache_unless_told_not_to(tmp_path):
         proc = run_main("render", "dev", "--quiet", "--out", str(tmp_path / "out"), *flags, env=env)
         assert proc.returncode == 0, proc.stderr
     assert list((tmp_path / "cache" / "units").rglob("*.json"))
+    assert len(list((tmp_path / "cache" / "writes").glob("*.json"))) == 2  # what each cluster's write left in its directory
     assert not (tmp_path / "none").exists()
 
 

@@ -27,23 +27,27 @@ the harness has already replaced them by `[secret]`.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import pickle
 import re
+import stat
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+import msgspec
 import yaml
 
 from ai_factory.factory.model.catalog import MANIFESTS, ManifestSource, crd_groups
 from ai_factory.factory.model.config import FactoryConfig
-from ai_factory.factory.rendering.cache import Unit, UnitCache
-from ai_factory.factory.rendering.harness import DuplicateResourceError, Graph, RecordingMocks, RecordingMonitor, Resource, run_program
+from ai_factory.factory.rendering.cache import Unit, UnitCache, no_cycle_collection, write_entry
+from ai_factory.factory.rendering.harness import COMPONENT_LAYER_KEY, COMPONENT_TENANT_KEY, DuplicateResourceError, Graph, RecordingMocks, RecordingMonitor, Resource, run_program
 from ai_factory.factory.model.tenancy import TENANT_LABEL
 from ai_factory.factory.planning.from_config import plan_for
 from ai_factory.factory.planning.model import Plan
@@ -181,44 +185,65 @@ class Rendered:
             return str((source.obj.get("spec") or {}).get("url", "")).rstrip("/").rsplit("/", 1)[-1] if source else None
         return ((spec.get("chart") or {}).get("spec") or {}).get("chart")
 
+    @no_cycle_collection()
     def files(self) -> dict[str, str]:
         files = {m.path: m.yaml() for m in self.manifests}
         files.update({f"flux/{k['metadata']['name']}.yaml": dump_yaml(k) for k in self.kustomizations})
         files.update(kustomize_files(files))
-        files["inventory.json"] = json.dumps(
-            {"kubernetesVersion": self.kubernetes_version, "resources": self.inventory}, indent=2, sort_keys=True
-        ) + "\n"
+        files["inventory.json"] = dump_json({"kubernetesVersion": self.kubernetes_version, "resources": self.inventory}) + "\n"
         return files
 
-    def write(self, out: Path, on_file: Callable[[], None] | None = None) -> None:
-        """`out` ends holding exactly the render's files. Over an earlier render only what differs
-        is touched: the files no longer rendered (and directories left empty) are removed, a file
-        is written only when its text changed (removing and rewriting a whole large tree cost a
-        one-tenant re-render more than rendering it). `on_file`: called once per file (progress)."""
+    @no_cycle_collection()
+    def write(self, out: Path, on_file: Callable[[], None] | None = None, record: Path | None = None) -> None:
+        """`out` ends holding exactly the render's files (UTF-8). Over an earlier render only what
+        differs is touched: the files no longer rendered (and directories left empty) are removed,
+        a file is written only when its text changed (removing and rewriting a whole large tree
+        cost a one-tenant re-render more than rendering it). `on_file`: called once per file
+        (progress).
+
+        `record`: a file (in the render cache, `cache.write_record`) where the write keeps what it
+        left in `out` (`WriteRecord`), so that the next one knows a file it left untouched since
+        by its status and digest instead of reading it back."""
         files = self.files()
         if out.exists() and not out.is_dir():
             out.unlink()
-        present: set[str] = set()
+        # Taken before any file's status is: what changes a file after that gets a later time.
+        started = time.time_ns()
+        known = WriteRecord.read(record, out) if record is not None else WriteRecord.empty(out)
+        present: dict[str, os.stat_result] = {}
         for root, directories, names in os.walk(out, topdown=False):
+            relative_root = os.path.relpath(root, out)
             for name in names:
-                relative = os.path.relpath(os.path.join(root, name), out)
-                if relative in files and not os.path.islink(os.path.join(root, name)):
-                    present.add(relative)
+                path = f"{root}/{name}"
+                relative = name if relative_root == "." else f"{relative_root}/{name}"
+                status = os.lstat(path)
+                if relative in files and not stat.S_ISLNK(status.st_mode):
+                    present[relative] = status
                 else:
-                    os.unlink(os.path.join(root, name))
+                    os.unlink(path)
             for name in directories:
                 path = os.path.join(root, name)
                 if os.path.islink(path):
                     os.unlink(path)
                 elif not os.listdir(path):
                     os.rmdir(path)
+        written = WriteRecord.empty(out, started)
         for relative, text in sorted(files.items()):
-            target = out / relative
-            if relative not in present or _read_text(target) != text:
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_text(text)
+            target = f"{out}/{relative}"
+            data = text.encode()
+            digest = hashlib.sha256(data).hexdigest()
+            status = present.get(relative)
+            recorded = known.digest(relative, status) if status is not None else None
+            if status is None or (recorded != digest if recorded is not None else _read_bytes(target) != data):
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                with open(target, "wb") as f:
+                    f.write(data)
+                status = os.stat(target)
+            written.add(relative, status, digest)
             if on_file is not None:
                 on_file()
+        if record is not None:
+            written.write(record)
 
     def summary(self) -> str:
         by_layer: dict[str, int] = {}
@@ -237,11 +262,70 @@ class Rendered:
         return "\n".join(lines)
 
 
-def _read_text(path: Path) -> str | None:
+def _read_bytes(path: str) -> bytes | None:
     try:
-        return path.read_text()
-    except (OSError, UnicodeDecodeError):
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
         return None
+
+
+RECORD_FORMAT = 1
+RECORD_MARGIN_NS = 2 * 10**9
+"""The coarsest file time resolution trusted (FAT's two seconds): a file changed less than this
+before a write looked at it could change again within the same recorded time."""
+
+
+@dataclass
+class WriteRecord:
+    """What one `Rendered.write` left in its directory: each file's status (size, times, inode)
+    and the digest of the text written. A later write trusts a digest only for a file whose
+    status is still exactly the recorded one (any write to a file changes its ctime, which no
+    tool can set back) and which had last changed well before the recording write began
+    (`RECORD_MARGIN_NS`); any other file is read back."""
+
+    out: str
+    started_ns: int = 0
+    """When the recording write began, before it read any file's status."""
+    files: dict[str, tuple[int, int, int, int, int, str]] = field(default_factory=dict)
+    """Relative path -> (size, mtime_ns, ctime_ns, inode, device, sha256 of the text)."""
+    format: int = RECORD_FORMAT
+
+    @classmethod
+    def empty(cls, out: Path, started_ns: int = 0) -> WriteRecord:
+        return cls(str(out.resolve()), started_ns)
+
+    @classmethod
+    def read(cls, path: Path, out: Path) -> WriteRecord:
+        """The record at `path` of a write into `out`; an empty one when it is absent, unreadable
+        or of another directory."""
+        empty = cls.empty(out)
+        try:
+            record = _RECORD.decode(path.read_bytes())
+        except (OSError, msgspec.DecodeError):
+            return empty
+        return record if record.format == RECORD_FORMAT and record.out == empty.out else empty
+
+    def add(self, relative: str, status: os.stat_result, digest: str) -> None:
+        self.files[relative] = (*_status(status), digest)
+
+    def digest(self, relative: str, status: os.stat_result) -> str | None:
+        """The digest of the text of the file at `relative`, whose status is now `status`, when
+        the record can be trusted for it (None: read it back)."""
+        entry = self.files.get(relative)
+        if entry is None or entry[:5] != _status(status) or max(status.st_mtime_ns, status.st_ctime_ns) >= self.started_ns - RECORD_MARGIN_NS:
+            return None
+        return entry[5]
+
+    def write(self, path: Path) -> None:
+        write_entry(path, self)
+
+
+_RECORD = msgspec.json.Decoder(WriteRecord)
+
+
+def _status(status: os.stat_result) -> tuple[int, int, int, int, int]:
+    return status.st_size, status.st_mtime_ns, status.st_ctime_ns, status.st_ino, status.st_dev
 
 
 def kustomize_files(files: Mapping[str, str]) -> dict[str, str]:
@@ -258,12 +342,22 @@ def kustomize_files(files: Mapping[str, str]) -> dict[str, str]:
             directory = "/".join(parts[:depth])
             if directory not in own:
                 entries.setdefault(directory, set()).add(parts[depth])
-    return {
-        f"{directory}/{KUSTOMIZE_FILE}": dump_yaml(
-            {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", "resources": sorted(children)}
-        )
-        for directory, children in entries.items()
-    }
+    return {f"{directory}/{KUSTOMIZE_FILE}": kustomization_yaml(sorted(children)) for directory, children in entries.items()}
+
+
+def kustomization_yaml(resources: list[str]) -> str:
+    """`dump_yaml` of a kustomization listing `resources`. Written directly when every entry is
+    a name YAML reads back as that string unquoted (a bundle's thousands of directories cost more
+    through the representer than all else in writing the files); else dumped."""
+    if resources and all(_PLAIN_NAME.fullmatch(name) and _RESOLVER.resolve(yaml.ScalarNode, name, (True, False)) == _STR_TAG for name in resources):
+        return f"apiVersion: {KUSTOMIZE_API}\nkind: Kustomization\nresources:\n" + "".join(f"- {name}\n" for name in resources)
+    return dump_yaml({"apiVersion": KUSTOMIZE_API, "kind": "Kustomization", "resources": resources})
+
+
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,200}")
+"""Names the emitter writes plain: no indicator first, no space, quote, colon or `#`, no line break."""
+_RESOLVER = yaml.resolver.Resolver()
+_STR_TAG = "tag:yaml.org,2002:str"
 
 
 def _block_strings(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
@@ -286,6 +380,17 @@ for _dumper in (ReferenceDumper, _Dumper):
 
 def dump_yaml(obj: Any, dumper: type[yaml.SafeDumper] = _Dumper) -> str:
     return yaml.dump(obj, Dumper=dumper, sort_keys=True, default_flow_style=False, allow_unicode=True, width=120)
+
+
+def dump_json(obj: Any) -> str:
+    """`json.dumps(obj, indent=2, sort_keys=True)` byte for byte, three times faster: with an
+    indent `json` encodes in Python; without one in C, and msgspec's formatter then indents the
+    text, copying every token as it is (strings still ASCII-escaped, numbers as Python wrote
+    them). NaN and infinity, which `json` writes but JSON has not, take the slow way."""
+    try:
+        return msgspec.json.format(json.dumps(obj, sort_keys=True), indent=2)
+    except msgspec.DecodeError:
+        return json.dumps(obj, indent=2, sort_keys=True)
 
 
 # --------------------------------------------------------------------------- running the program
@@ -439,9 +544,11 @@ def program_config(raw: dict[str, Any], secret_sections: set[str], project: str)
 def _cached(units: UnitCache, resources: list[Resource], cfg: FactoryConfig) -> Rendered:
     """The render of a cache's units: the cached ones' files as they were written, the built ones stored."""
     rendered = from_graph(Graph(sorted(resources, key=lambda r: r.urn)), cfg, units.texts())
+    built = units.built_keys()
     made: dict[str, list[Manifest]] = {}
     for m in rendered.manifests:
-        made.setdefault(m.origin, []).append(m)
+        if m.origin in built:
+            made.setdefault(m.origin, []).append(m)
     units.store({key: {m.ref: m.yaml() for m in found} for key, found in made.items()})
     return rendered
 
@@ -517,24 +624,27 @@ def _placeholder(value: Any) -> str:
     raise TypeError(f"cannot serialise {type(value).__name__}")
 
 
+@no_cycle_collection()
 def from_graph(graph: Graph, cfg: FactoryConfig, texts: Mapping[str, Mapping[str, str]] | None = None) -> Rendered:
     """`texts`: the file texts of some resources' objects, by resource key and object (`Manifest.ref`; the render cache's)."""
     manifests: list[Manifest] = []
     made_by: dict[str, list[Manifest]] = {}
     owned: dict[str, tuple[str, ...]] = {}
+    scopes = _scopes(graph.resources)
     for resource in graph.resources:
         made: list[Manifest] = []
+        layer, tenant = scopes[resource.key]
         if resource.type in HELM_RELEASE_TYPES:
             made = helm_release_manifests(resource)
             owned[resource.key] = crd_groups(resource.inputs["chart"])
         elif resource.type == CONFIG_FILE_TYPE and (pin := manifest_pin(resource.inputs.get("file"))) is not None:
-            made = [Manifest(remote_manifest(pin), resource.layer, resource.tenant, resource.key)]
+            made = [Manifest(remote_manifest(pin), layer, tenant, resource.key)]
             owned[resource.key] = pin.crd_groups
         elif resource.type.startswith("kubernetes:") and not resource.type.startswith(NON_OBJECT_TYPES):
             obj = kubernetes_object(resource)
             if resource.secret_paths:
                 _mark_redacted(obj)
-            made = [Manifest(obj, resource.layer, resource.tenant, resource.key)]
+            made = [Manifest(obj, layer, tenant, resource.key)]
         for m in made if resource.retain_on_delete else ():
             m.obj.setdefault("metadata", {}).setdefault("annotations", {}).update(KEEP_ANNOTATIONS)
         manifests += made
@@ -547,18 +657,37 @@ def from_graph(graph: Graph, cfg: FactoryConfig, texts: Mapping[str, Mapping[str
     for key, known in (texts or {}).items():
         for m in made_by.get(key, ()):
             m.text = known.get(m.ref)
-    seen: dict[str, str] = {}
+    by_path: dict[str, Manifest] = {}
     for m in manifests:
-        if m.path in seen:
-            raise ValueError(f"{m.ref} is produced twice ({seen[m.path]} and {m.origin})")
-        seen[m.path] = m.origin
+        path = m.path
+        if path in by_path:
+            raise ValueError(f"{m.ref} is produced twice ({by_path[path].origin} and {m.origin})")
+        by_path[path] = m
     kustomizations = staging.kustomizations(stack)
-    manifests.sort(key=lambda m: m.path)
     files: dict[str, list[str]] = {}
-    for m in manifests:
-        files.setdefault(m.origin, []).append(m.path)
-    inventory = sorted((inventory_entry(r, files.get(r.key)) for r in graph.resources), key=lambda e: (e["layer"], e["type"], e["name"]))
-    return Rendered(cfg, cfg.kubernetes.version, manifests, inventory, graph, kustomizations=kustomizations)
+    for path in sorted(by_path):
+        files.setdefault(by_path[path].origin, []).append(path)
+    depends_on: dict[tuple[int, ...], list[str]] = {}
+    inventory = sorted(
+        (inventory_entry(r, files.get(r.key), depends_on, scopes[r.key]) for r in graph.resources), key=lambda e: (e["layer"], e["type"], e["name"])
+    )
+    return Rendered(cfg, cfg.kubernetes.version, [by_path[path] for path in sorted(by_path)], inventory, graph, kustomizations=kustomizations)
+
+
+def _scopes(resources: list[Resource]) -> dict[str, tuple[str, str | None]]:
+    """Each resource's `layer` and `tenant`, each component's found once (not again for each
+    resource under it)."""
+    found: dict[str, tuple[str, str | None]] = {}
+    for resource in resources:
+        unknown, node = [], resource
+        while node is not None and node.key not in found:
+            unknown.append(node)
+            node = node.parent
+        layer, tenant = found[node.key] if node is not None else ("platform", None)
+        for node in reversed(unknown):
+            layer, tenant = node.inputs.get(COMPONENT_LAYER_KEY, layer), node.inputs.get(COMPONENT_TENANT_KEY, tenant)
+            found[node.key] = (layer, tenant)
+    return found
 
 
 def stack_of(graph: Graph) -> str:
@@ -827,11 +956,12 @@ def _mark_redacted(obj: dict[str, Any]) -> None:
 
 def _prune(value: Any) -> Any:
     """Drop unset (None) fields, as the provider does before sending an object. (Whole numbers
-    already came back as integers from the harness.)"""
+    already came back as integers from the harness.) A copy: the bundle labels its objects."""
+    # Scalars are taken as they are without a call each (most of a render's values).
     if isinstance(value, dict):
-        return {k: _prune(v) for k, v in value.items() if v is not None}
+        return {k: _prune(v) if isinstance(v, (dict, list)) else v for k, v in value.items() if v is not None}
     if isinstance(value, list):
-        return [_prune(v) for v in value]
+        return [_prune(v) if isinstance(v, (dict, list)) else v for v in value]
     return value
 
 
@@ -908,10 +1038,18 @@ def _repository_name(url: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", host.lower()).strip("-")[:63]
 
 
-def inventory_entry(resource: Resource, files: list[str] | None = None) -> dict[str, Any]:
+def inventory_entry(
+    resource: Resource,
+    files: list[str] | None = None,
+    depends_on: dict[tuple[int, ...], list[str]] | None = None,
+    scope: tuple[str, str | None] | None = None,
+) -> dict[str, Any]:
     """`bundle`: the files the resource is written to; for what the program configures live
     through a provider (Keycloak groups and clients, OpenBao policies and roles) `NOT_IN_BUNDLE`;
-    null for components and providers, which deploy nothing themselves."""
+    null for components and providers, which deploy nothing themselves. `depends_on`: the sorted
+    keys of dependency lists already seen (by the resources' identities), as every tenant stack
+    depends on the same layers. `scope`: its layer and tenant, when known (`_scopes`)."""
+    layer, tenant = scope if scope is not None else (resource.layer, resource.tenant)
     if files:
         bundle: list[str] | str | None = sorted(files)
     elif resource.custom and not resource.type.startswith("pulumi:providers:"):
@@ -923,14 +1061,24 @@ def inventory_entry(resource: Resource, files: list[str] | None = None) -> dict[
         "type": resource.type,
         "name": resource.name,
         "parent": resource.parent.key if resource.parent else None,
-        "layer": resource.layer,
-        "tenant": resource.tenant,
+        "layer": layer,
+        "tenant": tenant,
         "custom": resource.custom,
         "protect": resource.protect,
         "retainOnDelete": resource.retain_on_delete,
-        "dependsOn": sorted(d.key for d in resource.dependencies),
+        "dependsOn": _dependency_keys(resource, depends_on if depends_on is not None else {}),
         "secretInputs": sorted(resource.secret_paths),
     }
+
+
+def _dependency_keys(resource: Resource, seen: dict[tuple[int, ...], list[str]]) -> list[str]:
+    if not resource.dependencies:
+        return []
+    # The resources are alive in the graph as long as `seen` is used: their identities stay theirs.
+    identities = tuple(map(id, resource.dependencies))
+    if identities not in seen:
+        seen[identities] = sorted(d.key for d in resource.dependencies)
+    return list(seen[identities])
 
 
 # --------------------------------------------------------------------------- reading a rendered tree
