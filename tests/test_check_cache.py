@@ -8,6 +8,7 @@ import gc
 
 import pytest
 
+from ai_factory.factory import heap
 from ai_factory.factory.checking import check
 from ai_factory.factory.checking.check import PER_PART, parts, run_checks
 from ai_factory.factory.checking.oracles import Oracles, locate_upstream_dir
@@ -78,7 +79,7 @@ def test_checks_run_with_the_heap_frozen_for_the_collector_and_release_it_after(
     frozen_while_checking: list[int] = []
 
     def probe(rendered, oracles):
-        with check.settled_heap():  # an inner block (run_checks within check_environment) keeps the outer's freeze
+        with heap.settled_heap():  # an inner block (run_checks within check_environment) keeps the outer's freeze
             pass
         frozen_while_checking.append(gc.get_freeze_count())
         return []

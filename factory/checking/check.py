@@ -15,12 +15,9 @@ the whole render every time: they are linear in the objects.
 
 from __future__ import annotations
 
-import gc
 import hashlib
-import threading
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable
 
 import msgspec
 
@@ -29,6 +26,7 @@ from ai_factory.factory.checking import hardening, isolation, ordering
 from ai_factory.factory.checking import policies as policy_check
 from ai_factory.factory.checking.findings import Finding
 from ai_factory.factory.checking.oracles import Oracles, is_core_api
+from ai_factory.factory.heap import settled_heap
 from ai_factory.factory.rendering.bundle import Manifest, Rendered
 from ai_factory.factory.rendering.cache import digest, library_digest, read_entry, write_entry
 from ai_factory.factory.rendering.charts import releases_of
@@ -147,31 +145,6 @@ def run_checks(
         for _ in PER_PART if on_check is not None else ():
             on_check()
     return sorted(findings)
-
-
-_settled = 0
-"""How many `settled_heap` blocks are open (in any thread: the heap is the process's)."""
-_settling = threading.Lock()
-
-
-@contextmanager
-def settled_heap() -> Iterator[None]:
-    """Within this block the objects that exist when it opens (the render, the oracles) are left
-    out of the garbage collector's scans (`gc.freeze`): checks allocate millions of short-lived
-    objects, and each full collection they set off walked the whole render again (a third of a
-    warm check's time at 300 tenants). An object dropped meanwhile is still freed by its reference count (only a
-    cycle waits); the objects are handed back to the collector when the outermost block closes."""
-    global _settled
-    with _settling:
-        gc.freeze()
-        _settled += 1
-    try:
-        yield
-    finally:
-        with _settling:
-            _settled -= 1
-            if not _settled:
-                gc.unfreeze()
 
 
 def _stack_name(graph: Graph) -> str:

@@ -23,7 +23,6 @@ one step, so GPU-hours = Σ samples × step / 3600.
 from __future__ import annotations
 
 import csv
-import gc
 import io
 import json
 import math
@@ -40,6 +39,7 @@ from typing import Any
 
 import msgspec
 
+from ai_factory.factory.heap import no_cycle_collection
 from ai_factory.factory.metering.rules import INTERVAL_SECONDS, POOL_GPUS, POOL_IDLE, TENANT_ALLOCATED, TENANT_USED, UNASSIGNED
 from ai_factory.factory.model.config import FactoryConfig
 from ai_factory.factory.model.loading import ConfigError
@@ -272,11 +272,9 @@ def _read_part(path: Path, begin: int, stop: int, ctx: Context):
     sums = Sums.empty()
     problems: list[tuple[int, str]] = []
     number = 0
-    collecting = gc.isenabled()
     # The decoded samples are millions of tuples of floats and no cycle: the cyclic collector's
     # passes over them would be a fifth of the reading's time, for nothing.
-    gc.disable()
-    try:
+    with no_cycle_collection():
         # Lines are decoded where the file is mapped, not copied out of it; the pages read are
         # handed back as the reading goes, so the process holds at most RELEASE_BYTES of them.
         with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
@@ -297,9 +295,6 @@ def _read_part(path: Path, begin: int, stop: int, ctx: Context):
                         released = done
             finally:
                 view.release()
-    finally:
-        if collecting:
-            gc.enable()
     return sums, problems, number
 
 

@@ -44,9 +44,10 @@ from typing import Any, Callable, Mapping
 import msgspec
 import yaml
 
+from ai_factory.factory.heap import no_cycle_collection
 from ai_factory.factory.model.catalog import MANIFESTS, ManifestSource, crd_groups
 from ai_factory.factory.model.config import FactoryConfig
-from ai_factory.factory.rendering.cache import Unit, UnitCache, no_cycle_collection, write_entry
+from ai_factory.factory.rendering.cache import Unit, UnitCache, write_entry
 from ai_factory.factory.rendering.harness import COMPONENT_LAYER_KEY, COMPONENT_TENANT_KEY, DuplicateResourceError, Graph, RecordingMocks, RecordingMonitor, Resource, run_program
 from ai_factory.factory.model.tenancy import TENANT_LABEL
 from ai_factory.factory.planning.from_config import plan_for

@@ -22,13 +22,11 @@ atomically, one file per unit key.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime
 import decimal
 import enum
 import functools
-import gc
 import hashlib
 import importlib
 import importlib.metadata
@@ -45,6 +43,7 @@ from typing import Any
 import msgspec
 from pydantic import BaseModel
 
+from ai_factory.factory.heap import no_cycle_collection
 from ai_factory.factory.model.secrets import SecretValue
 from ai_factory.factory.rendering.harness import Resource
 
@@ -305,21 +304,6 @@ class _Entry(msgspec.Struct):
 _ENTRY = msgspec.json.Decoder(_Entry)
 """Decodes straight into resources, checking every field's type (an entry of another shape is
 unreadable: its unit is built again)."""
-
-
-@contextlib.contextmanager
-def no_cycle_collection():
-    """The cyclic garbage collector paused: for building large data with no reference cycles
-    (decoded entries, a render's objects and files), which reference counting frees alone. Its
-    full passes over every live container, triggered by that growth, were about a sixth of a
-    one-tenant re-render at 300 tenants."""
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if collecting:
-            gc.enable()
 
 
 def _decode_entry(data: bytes) -> _Entry:
