@@ -25,21 +25,16 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="session", autouse=True)
-def session_caches(tmp_path_factory) -> Path:
-    """The render and check cache and the store of rendered charts of every CLI run of the session
-    (in-process or subprocess), instead of the repository's `.factory-cache` and the user's
-    ~/.cache/ai-factory/rendered: what a test sees never depends on an earlier run's or another
-    session's caches, and the tests write nothing into the tree. Shared by the session, so a
-    command run again is as warm as it is for a user, and the CLI reads back the charts the chart
-    tests rendered (`chart_env`). Returns the chart store."""
+def session_cache_dir(tmp_path_factory) -> None:
+    """The render and check cache of every CLI run of the session (in-process or subprocess),
+    instead of the repository's `.factory-cache`: what a test sees never depends on an earlier
+    run's or another session's cache, and the tests write nothing into the tree. Shared by the
+    session, so a command run again is as warm as it is for a user."""
     from ai_factory.factory.rendering.cache import CACHE_ENV
-    from ai_factory.factory.rendering.charts import RENDER_CACHE_ENV
 
-    store = tmp_path_factory.mktemp("rendered-charts")
     patch = pytest.MonkeyPatch()
     patch.setenv(CACHE_ENV, str(tmp_path_factory.mktemp("factory-cache")))
-    patch.setenv(RENDER_CACHE_ENV, str(store))
-    yield store
+    yield
     patch.undo()
 
 
@@ -154,7 +149,7 @@ class ChartEnv:
 
 
 @pytest.fixture(scope="session")
-def chart_env(session_caches: Path) -> ChartEnv:
+def chart_env(tmp_path_factory) -> ChartEnv:
     """helm and the chart cache (`ai_factory.factory.rendering.charts`); skipped without them,
     except in CI (FACTORY_REQUIRE_UPSTREAM), which refuses to skip."""
     charts_dir, helm = locate_chart_dir(), locate_helm()
@@ -163,7 +158,7 @@ def chart_env(session_caches: Path) -> ChartEnv:
         if os.environ.get("FACTORY_REQUIRE_UPSTREAM"):
             pytest.fail(f"FACTORY_REQUIRE_UPSTREAM is set but there is {missing}")
         pytest.skip(missing)
-    return ChartEnv(charts_dir, helm, session_caches)
+    return ChartEnv(charts_dir, helm, tmp_path_factory.mktemp("rendered-charts"))
 
 
 @dataclass(frozen=True)
