@@ -14,6 +14,7 @@ from typing import Any, Callable
 import pytest
 
 from ai_factory.factory.model.loading import read_stack_file, stack_file, validate
+from ai_factory.factory.checking.charts import Report, check_environment
 from ai_factory.factory.checking.oracles import Oracles, locate_upstream_dir
 from ai_factory.factory.rendering.bundle import Rendered, render_clusters, render_raw
 from ai_factory.factory.rendering.charts import locate_chart_dir, locate_helm
@@ -21,6 +22,20 @@ from ai_factory.factory.model.secrets import SecretValue
 from tests.fleet_env import fold_clusters
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_cache_dir(tmp_path_factory) -> None:
+    """The render and check cache of every CLI run of the session (in-process or subprocess),
+    instead of the repository's `.factory-cache`: what a test sees never depends on an earlier
+    run's or another session's cache, and the tests write nothing into the tree. Shared by the
+    session, so a command run again is as warm as it is for a user."""
+    from ai_factory.factory.rendering.cache import CACHE_ENV
+
+    patch = pytest.MonkeyPatch()
+    patch.setenv(CACHE_ENV, str(tmp_path_factory.mktemp("factory-cache")))
+    yield
+    patch.undo()
 
 
 @pytest.fixture(scope="session")
@@ -89,6 +104,33 @@ def dev(dev_raw) -> Rendered:
 
 
 @pytest.fixture(scope="session")
+def device(dev_raw) -> Rendered:
+    """dev with pools of every device-sharing mode (`tests.test_device_layer.device_config`), rendered
+    once for the device layer's tests and the chart checks of its DRA chart."""
+    from tests.test_device_layer import STACK, device_config
+
+    return render(device_config(dev_raw[0]), dev_raw[1], stack=STACK)
+
+
+@pytest.fixture(scope="session")
+def three_tenants(dev_raw) -> tuple[dict[str, Any], set[str], Rendered]:
+    """Three generated tenants on dev's platform (`tests.tenancy_env.many_tenants`): the config, its
+    secret sections and its cold render (no cache), for the render and check cache tests."""
+    from tests.tenancy_env import many_tenants
+
+    raw = many_tenants(copy.deepcopy(dev_raw[0]), 3)
+    return raw, dev_raw[1], render_raw(raw, dev_raw[1], validate(raw), stack="dev")
+
+
+@pytest.fixture(scope="session")
+def big(dev_raw) -> Rendered:
+    """The bigger environment of the scheduling tests (`tests.scheduling_env.bigger_environment`), rendered."""
+    from tests.scheduling_env import bigger_environment
+
+    return render(bigger_environment(copy.deepcopy(dev_raw[0])))
+
+
+@pytest.fixture(scope="session")
 def oracles() -> Oracles:
     root = locate_upstream_dir()
     if root is None:
@@ -117,6 +159,31 @@ def chart_env(tmp_path_factory) -> ChartEnv:
             pytest.fail(f"FACTORY_REQUIRE_UPSTREAM is set but there is {missing}")
         pytest.skip(missing)
     return ChartEnv(charts_dir, helm, tmp_path_factory.mktemp("rendered-charts"))
+
+
+@dataclass(frozen=True)
+class DevCheck:
+    report: Report
+    steps: dict[str, list[int]]
+    """The progress steps the check started: description -> [size announced, units done]."""
+
+
+@pytest.fixture(scope="session")
+def dev_check(dev, oracles, chart_env: ChartEnv) -> DevCheck:
+    """`check_environment` of `dev` with the real charts, once per session (the costliest check of
+    the suite), with the progress it reported."""
+    steps: dict[str, list[int]] = {}
+
+    def step(description: str, total: int) -> Callable[[], None]:
+        steps[description] = [total, 0]
+
+        def advance() -> None:
+            steps[description][1] += 1
+
+        return advance
+
+    report = check_environment(dev, oracles.root, chart_env.charts_dir, chart_env.helm, chart_env.store, step=step)
+    return DevCheck(report, steps)
 
 
 def objects(rendered: Rendered, kind: str) -> list[dict]:

@@ -76,6 +76,10 @@ class FakePulumi(auto.PulumiCommand):
         self.programs = programs or {}
         self.delay = delay
         """Seconds every update, preview and destroy takes (for concurrency tests)."""
+        self.on_operation: Callable[[str, str], None] | None = None
+        """Called as each update, preview or destroy starts, with the operation and the stack's
+        short name (`dev.vision`), in the thread running it: a concurrency test holds an
+        operation there until another has started."""
         self.secret_config = secret_config or {}
         """Decrypted secret config every stack holds (shown by `--show-secrets` commands only)."""
         self.stacks: dict[str, FakeStack] = {}
@@ -172,6 +176,8 @@ class FakePulumi(auto.PulumiCommand):
     def _operation(self, op: str, name: str, args: list[str], on_output) -> tuple[int, str, str]:
         stack = self.stacks[name]
         started = _now()
+        if self.on_operation is not None:
+            self.on_operation(op, name.rsplit("/", 1)[-1])
         time.sleep(self.delay)
         failure = self.failures.get(op) or self.failing_stacks.get(name.rsplit("/", 1)[-1])
         if failure is not None:

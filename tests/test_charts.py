@@ -14,15 +14,13 @@ from ai_factory.factory.model.catalog import CHARTS
 from ai_factory.factory.rendering import charts
 from ai_factory.factory.rendering.bundle import Rendered
 from ai_factory.factory.checking.isolation import DRA_QUOTA_SUFFIX
-from tests.conftest import REPO, ChartEnv, render
-from tests.test_device_layer import STACK as DEVICE_STACK
-from tests.test_device_layer import device_config
+from tests.conftest import REPO, ChartEnv, DevCheck
 from tests.test_isolation import find, variant
 
 
 @pytest.fixture(scope="session")
-def dev_report(dev, oracles, chart_env: ChartEnv) -> Report:
-    return check_environment(dev, oracles.root, chart_env.charts_dir, chart_env.helm, chart_env.store)
+def dev_report(dev_check: DevCheck) -> Report:
+    return dev_check.report
 
 
 def check(rendered: Rendered, oracles, chart_env: ChartEnv) -> Report:
@@ -199,11 +197,9 @@ def test_check_exit_status_when_a_check_family_cannot_run(tmp_path, monkeypatch,
     assert "check: not run: chart rendering: no helm binary" in capsys.readouterr().err
 
 
-def test_dra_chart_device_classes_are_capped_in_every_quota_and_uncapped_ones_are_found(dev_raw, oracles, chart_env):
+def test_dra_chart_device_classes_are_capped_in_every_quota_and_uncapped_ones_are_found(device, oracles, chart_env):
     """The DRA chart installs gpu.nvidia.com, mig.nvidia.com and vfio.gpu.nvidia.com itself: a claim
     through them would escape the per-model quota lines, so each tenant quota caps them at 0."""
-    raw, secrets = dev_raw
-    device = render(device_config(raw), secrets, stack=DEVICE_STACK)
     assert check(device, oracles, chart_env).findings == []
 
     def uncap(r: Rendered) -> None:

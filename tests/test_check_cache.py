@@ -14,13 +14,6 @@ from ai_factory.factory.checking.check import PER_PART, parts, run_checks
 from ai_factory.factory.checking.oracles import Oracles, locate_upstream_dir
 from ai_factory.factory.model.loading import validate
 from ai_factory.factory.rendering.bundle import render_raw
-from tests.tenancy_env import many_tenants
-
-
-@pytest.fixture(scope="module")
-def fleet(dev_raw):
-    raw = many_tenants(copy.deepcopy(dev_raw[0]), 3)
-    return raw, dev_raw[1], render_raw(raw, dev_raw[1], validate(raw), stack="dev")
 
 
 @pytest.fixture(scope="module")
@@ -33,22 +26,22 @@ def entries(directory) -> set[str]:
 
 
 @pytest.mark.parametrize("check", PER_PART, ids=lambda c: c.__name__)
-def test_a_per_part_check_finds_over_the_parts_what_it_finds_over_the_whole(fleet, oracles, check):
-    rendered = fleet[2]
+def test_a_per_part_check_finds_over_the_parts_what_it_finds_over_the_whole(three_tenants, oracles, check):
+    rendered = three_tenants[2]
     cut = parts(rendered)
     assert {("tenant", "team-00"), ("layer", "kueue")} <= set(cut)
     assert sorted(set(check(rendered, oracles))) == sorted({f for part in cut.values() for f in check(part, oracles)})
 
 
-def test_cached_findings_are_the_uncached_ones(fleet, oracles, tmp_path):
-    rendered = fleet[2]
+def test_cached_findings_are_the_uncached_ones(three_tenants, oracles, tmp_path):
+    rendered = three_tenants[2]
     cold = run_checks(rendered, oracles)
     assert run_checks(rendered, oracles, cache=tmp_path) == cold
     assert run_checks(rendered, oracles, cache=tmp_path) == cold
 
 
-def test_a_change_to_one_tenant_checks_that_tenant_again_only(fleet, oracles, tmp_path):
-    raw, secret_sections, rendered = fleet
+def test_a_change_to_one_tenant_checks_that_tenant_again_only(three_tenants, oracles, tmp_path):
+    raw, secret_sections, rendered = three_tenants
     run_checks(rendered, oracles, cache=tmp_path)
     before = entries(tmp_path)
     changed = copy.deepcopy(raw)
@@ -58,19 +51,19 @@ def test_a_change_to_one_tenant_checks_that_tenant_again_only(fleet, oracles, tm
     assert len(entries(tmp_path) - before) == 1
 
 
-def test_other_oracles_check_every_part_again(fleet, oracles, tmp_path):
-    rendered = fleet[2]
+def test_other_oracles_check_every_part_again(three_tenants, oracles, tmp_path):
+    rendered = three_tenants[2]
     run_checks(rendered, oracles, cache=tmp_path, oracle_state="one")
     before = entries(tmp_path)
     run_checks(rendered, oracles, cache=tmp_path, oracle_state="another")
     assert len(entries(tmp_path) - before) == len(parts(rendered))
 
 
-def test_a_rendered_directory_is_checked_whole(fleet, oracles, tmp_path):
+def test_a_rendered_directory_is_checked_whole(three_tenants, oracles, tmp_path):
     """Its resources are matched to the inventory across the whole render: no part is cached."""
     from ai_factory.factory.rendering.bundle import load_rendered
 
-    fleet[2].write(tmp_path / "out")
+    three_tenants[2].write(tmp_path / "out")
     run_checks(load_rendered(tmp_path / "out"), oracles, cache=tmp_path / "cache")
     assert not (tmp_path / "cache").exists()
 

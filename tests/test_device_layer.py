@@ -54,11 +54,6 @@ def device_plan(device_raw):
     return plan_for(validate(device_raw[0]))
 
 
-@pytest.fixture(scope="module")
-def device(device_raw):
-    return render(*device_raw, stack=STACK)
-
-
 def nodes(rendered) -> dict[str, dict]:
     return {n["metadata"]["name"]: n for n in objects(rendered, "Node")}
 

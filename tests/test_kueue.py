@@ -19,13 +19,8 @@ from ai_factory.factory.planning.placement import offerings
 from ai_factory.factory.planning.from_config import plan_for
 from ai_factory.factory.rendering.bundle import from_graph
 from ai_factory.factory.model.tenancy import TENANT_LABEL, TRUST_DOMAIN_LABEL, tenant_names
-from tests.conftest import objects, one, render
+from tests.conftest import objects, one
 from tests.scheduling_env import bigger_environment
-
-
-@pytest.fixture(scope="module")
-def big(dev_raw):
-    return render(bigger_environment(copy.deepcopy(dev_raw[0])))
 
 
 def manager_config(rendered) -> dict:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from ai_factory.factory.checking.charts import check_environment
 from ai_factory.factory.checking.check import checks, run_checks
 from ai_factory.factory.cli import main
 from ai_factory.factory.progress import Steps
@@ -62,18 +61,8 @@ def test_render_counts_resources_and_files_on_a_terminal(tmp_path, capsys, termi
     assert f"{files}/{files}" in err
 
 
-def test_check_environment_counts_charts_rendered_and_checks_run(dev, oracles, chart_env):
-    counts: dict[str, list[int]] = {}
-
-    def step(description: str, total: int):
-        counts[description] = [total, 0]
-
-        def advance() -> None:
-            counts[description][1] += 1
-
-        return advance
-
-    report = check_environment(dev, oracles.root, chart_env.charts_dir, chart_env.helm, chart_env.store, step=step)
+def test_check_environment_counts_charts_rendered_and_checks_run(dev, dev_check):
+    counts, report = dev_check.steps, dev_check.report
     releases = sum(m.kind == "HelmRelease" for m in dev.manifests)
     assert counts["rendering charts"] == [releases, releases] and report.charts_rendered == releases
     total, done = counts["checking"]

@@ -5,26 +5,35 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 
 from ai_factory.components import _common
 from ai_factory.factory.model.loading import validate
 from ai_factory.factory.rendering import cache as render_cache
-from ai_factory.factory.rendering.bundle import render_raw
+from ai_factory.factory.rendering.bundle import Rendered, render_raw
 from tests.conftest import REPO, run_main
-from tests.tenancy_env import many_tenants
-
-
-@pytest.fixture(scope="module")
-def fleet(dev_raw):
-    """Three generated tenants on dev's platform, and their cold render (no cache)."""
-    raw = many_tenants(copy.deepcopy(dev_raw[0]), 3)
-    return raw, dev_raw[1], render_raw(raw, dev_raw[1], validate(raw), stack="dev")
 
 
 def cached_render(raw, secret_sections, directory):
     return render_raw(raw, secret_sections, validate(raw), stack="dev", cache=directory)
+
+
+@pytest.fixture(scope="module")
+def seeded(three_tenants, tmp_path_factory) -> tuple[Path, Rendered]:
+    """A cache filled by the cached render of `three_tenants` into an empty cache, and that render:
+    rendered once, copied by every test that starts from it (`seeded_copy`)."""
+    raw, secret_sections, _ = three_tenants
+    directory = tmp_path_factory.mktemp("seeded-render-cache")
+    return directory, cached_render(raw, secret_sections, directory)
+
+
+def seeded_copy(seeded, tmp_path: Path) -> Path:
+    """A private copy of the seeded cache, for a test that changes it."""
+    shutil.copytree(seeded[0], tmp_path, dirs_exist_ok=True)
+    return tmp_path
 
 
 def unit_keys(directory) -> dict[str, str]:
@@ -35,17 +44,17 @@ def graph(rendered):
     return [(r.urn, r.parent_urn, r.dependency_urns, r.inputs, r.secret_paths) for r in rendered.graph.resources]
 
 
-def test_a_render_read_back_from_the_cache_is_the_cold_render_byte_for_byte(fleet, tmp_path):
-    raw, secret_sections, cold = fleet
-    first = cached_render(raw, secret_sections, tmp_path)
-    again = cached_render(raw, secret_sections, tmp_path)
+def test_a_render_read_back_from_the_cache_is_the_cold_render_byte_for_byte(three_tenants, seeded, tmp_path):
+    raw, secret_sections, cold = three_tenants
+    first = seeded[1]
+    again = cached_render(raw, secret_sections, seeded_copy(seeded, tmp_path))
     assert first.files() == cold.files() and again.files() == cold.files()
     assert graph(again) == graph(cold)
 
 
-def test_a_change_to_one_tenant_renders_that_tenant_again_only(fleet, tmp_path):
-    raw, secret_sections, _ = fleet
-    cached_render(raw, secret_sections, tmp_path)
+def test_a_change_to_one_tenant_renders_that_tenant_again_only(three_tenants, seeded, tmp_path):
+    raw, secret_sections, _ = three_tenants
+    seeded_copy(seeded, tmp_path)
     before = unit_keys(tmp_path)
     changed = copy.deepcopy(raw)
     changed["tenants"][1]["quota"] = {"cpu": "77"}
@@ -55,9 +64,9 @@ def test_a_change_to_one_tenant_renders_that_tenant_again_only(fleet, tmp_path):
     assert rendered.files() == render_raw(changed, secret_sections, validate(changed), stack="dev").files()
 
 
-def test_a_change_of_the_library_renders_everything_again(fleet, tmp_path, monkeypatch):
-    raw, secret_sections, cold = fleet
-    cached_render(raw, secret_sections, tmp_path)
+def test_a_change_of_the_library_renders_everything_again(three_tenants, seeded, tmp_path, monkeypatch):
+    raw, secret_sections, cold = three_tenants
+    seeded_copy(seeded, tmp_path)
     before = unit_keys(tmp_path)
     monkeypatch.setattr(render_cache, "library_digest", lambda: "another library")
     assert cached_render(raw, secret_sections, tmp_path).files() == cold.files()
@@ -65,9 +74,9 @@ def test_a_change_of_the_library_renders_everything_again(fleet, tmp_path, monke
     assert before.keys() == after.keys() and all(after[u] != before[u] for u in after)
 
 
-def test_a_change_of_the_platform_renders_every_tenant_again(fleet, tmp_path):
-    raw, secret_sections, _ = fleet
-    cached_render(raw, secret_sections, tmp_path)
+def test_a_change_of_the_platform_renders_every_tenant_again(three_tenants, seeded, tmp_path):
+    raw, secret_sections, _ = three_tenants
+    seeded_copy(seeded, tmp_path)
     before = unit_keys(tmp_path)
     changed = copy.deepcopy(raw)
     changed["kubernetes"]["version"] = "1.35" if changed["kubernetes"].get("version") != "1.35" else "1.34"
@@ -77,17 +86,17 @@ def test_a_change_of_the_platform_renders_every_tenant_again(fleet, tmp_path):
     assert rendered.files() == render_raw(changed, secret_sections, validate(changed), stack="dev").files()
 
 
-def test_an_unreadable_cache_entry_is_rendered_again(fleet, tmp_path):
-    raw, secret_sections, cold = fleet
-    cached_render(raw, secret_sections, tmp_path)
+def test_an_unreadable_cache_entry_is_rendered_again(three_tenants, seeded, tmp_path):
+    raw, secret_sections, cold = three_tenants
+    seeded_copy(seeded, tmp_path)
     for entry in (tmp_path / "units").rglob("*.json"):
         entry.write_text("not json")
     assert cached_render(raw, secret_sections, tmp_path).files() == cold.files()
 
 
-def test_tenant_stacks_built_from_narrowed_hooks_are_those_built_from_the_whole_hooks(fleet, monkeypatch):
+def test_tenant_stacks_built_from_narrowed_hooks_are_those_built_from_the_whole_hooks(three_tenants, monkeypatch):
     """Narrowing a hook to one tenant keeps everything that tenant's objects are built from."""
-    raw, secret_sections, cold = fleet
+    raw, secret_sections, cold = three_tenants
     monkeypatch.setattr("ai_factory.components.tenant_stack.narrowed", lambda hook, tenant: hook)
     assert render_raw(raw, secret_sections, validate(raw), stack="dev").files() == cold.files()
 

@@ -36,11 +36,6 @@ def without_shared_pools(raw: dict) -> dict:
 
 
 @pytest.fixture(scope="module")
-def big(dev_raw) -> Rendered:
-    return render(bigger_environment(copy.deepcopy(dev_raw[0])))
-
-
-@pytest.fixture(scope="module")
 def big_kai(dev_raw) -> Rendered:
     return render(with_layers(bigger_environment(copy.deepcopy(dev_raw[0])), kai_scheduler=True))
 

@@ -320,11 +320,22 @@ def run_in_threads(*work) -> list:
 
 def test_operations_on_two_tenants_run_in_parallel(tmp_path):
     cli, _, tenants = deployed_platform(tmp_path)
-    cli.delay = 0.4
+    # Each tenant's update waits there for the other's: both get through only if they run at once
+    # (a wall-clock window instead would flake on a loaded machine).
+    both, met = threading.Barrier(2, timeout=20), []
+
+    def hold(op: str, stack: str) -> None:
+        if op == "up":
+            try:
+                both.wait()
+                met.append(stack)
+            except threading.BrokenBarrierError:
+                pass
+
+    cli.on_operation = hold
     run_in_threads(lambda: tenants.create("dev", tenant("vision")), lambda: tenants.create("dev", tenant("speech")))
-    ups = sorted(cli.operations("up")[1:], key=lambda c: c.started)
-    assert len(ups) == 2
-    assert ups[1].started < ups[0].ended  # the second update started before the first one ended
+    assert len(cli.operations("up")[1:]) == 2
+    assert sorted(met) == ["dev.speech", "dev.vision"]  # each update started before the other one ended
 
 
 def test_operations_on_one_tenant_run_one_at_a_time(tmp_path):

@@ -134,6 +134,18 @@ def test_a_failed_update_stops_before_any_ring(project):
 
 def test_clusters_are_updated_at_most_parallelism_at_a_time(project):
     cli = FakePulumi({"ai-factory": program}, delay=0.2)
+    # The first update waits for a second to start, so that two run at once however loaded the
+    # machine is; the delay gives a third, if one were let in, the time to overlap them.
+    second, started = threading.Event(), []
+
+    def hold(op: str, stack: str) -> None:
+        if op == "up":
+            started.append(stack)
+            if len(started) >= 2:
+                second.set()
+            second.wait(timeout=60)
+
+    cli.on_operation = hold
     fleet = FleetStacks(backend(project), project_dir=project, pulumi_command=cli, parallelism=2)
     results = fleet.up("fleet")
     assert [r.cluster for r in results] == ["par1-a", "par1-b", "fra1-a", "ams1-a"] and all(r.ok for r in results)
