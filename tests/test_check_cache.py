@@ -68,7 +68,7 @@ def test_a_rendered_directory_is_checked_whole(three_tenants, oracles, tmp_path)
     assert not (tmp_path / "cache").exists()
 
 
-def test_checks_run_with_the_heap_frozen_for_the_collector_and_release_it_after(fleet, oracles, monkeypatch):
+def test_checks_run_with_the_heap_frozen_for_the_collector_and_release_it_after(three_tenants, oracles, monkeypatch):
     frozen_while_checking: list[int] = []
 
     def probe(rendered, oracles):
@@ -78,5 +78,5 @@ def test_checks_run_with_the_heap_frozen_for_the_collector_and_release_it_after(
         return []
 
     monkeypatch.setattr(check, "checks", lambda rendered: [probe])
-    assert run_checks(fleet[2], oracles) == []
+    assert run_checks(three_tenants[2], oracles) == []
     assert frozen_while_checking[0] > 0 and gc.get_freeze_count() == 0
