@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Protocol, TypeVar
+from typing import Any, Iterable, Mapping, Protocol, Sequence, TypeVar
 
 import pulumi
 import pulumi_kubernetes as k8s
 
 from ai_factory.factory.model.catalog import ChartSource
 from ai_factory.factory.rendering.harness import COMPONENT_LAYER_KEY, COMPONENT_TENANT_KEY
-from ai_factory.factory.model.config import Tenant
+from ai_factory.factory.model.config import FactoryConfig, Tenant
 from ai_factory.factory.model.tenancy import LABEL_PREFIX, TENANT_LABEL, TenantNames
 
 T = TypeVar("T")
@@ -114,6 +114,32 @@ class FactoryComponent(pulumi.ComponentResource):
             self._before_tenants = (shared, own)
         shared, own = self._before_tenants
         return [*shared, *own.get(tenant, ())]
+
+    def serves_domains(self, domain_tenants: Mapping[str, Sequence[str]], domains: Iterable[str], resource: R) -> R:
+        """`resource`, made for these trust domains' tenants only (`serves`): a domain's queue or
+        flavor, an organisation's queue. With no tenants by domain, it stays shared."""
+        if domain_tenants:
+            self.serves([t for d in domains for t in domain_tenants.get(d, ())], resource)
+        return resource
+
+
+def domain_tenants(cfg: FactoryConfig) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """Each trust domain's tenants, for a layer marking what it made per domain (`serves_domains`)."""
+    by_domain: dict[str, list[str]] = {}
+    for t in cfg.tenants:
+        by_domain.setdefault(t.domain, []).append(t.name)
+    return tuple((domain, tuple(sorted(names))) for domain, names in sorted(by_domain.items()))
+
+
+def queue_domains(queues: Sequence[Any]) -> dict[str, list[str]]:
+    """The trust domains each queue-tree node (Kueue cohort, KAI queue: a `name`, `parent` and
+    `trust_domain`) is for: a domain's node its domain; an organisation's node, the parent of its
+    domains' nodes, all of them (their tenants' queues borrow through it)."""
+    domains: dict[str, list[str]] = {q.name: [q.trust_domain] for q in queues if q.trust_domain}
+    for q in queues:
+        if q.parent and q.trust_domain:
+            domains.setdefault(q.parent, []).append(q.trust_domain)
+    return domains
 
 
 def resource_key(resource: pulumi.Resource) -> str:

@@ -26,7 +26,7 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
-from ai_factory.components._common import FactoryComponent, helm_release, labels, namespace, tenant_items
+from ai_factory.components._common import FactoryComponent, domain_tenants, helm_release, labels, namespace, queue_domains, tenant_items
 from ai_factory.components._topology import SchedulingTopology, pool_topology
 from ai_factory.factory.model.catalog import ChartSource
 from ai_factory.factory.model.config import FactoryConfig, Tenant
@@ -68,6 +68,9 @@ class KaiSchedulerArgs:
     topologies: tuple[SchedulingTopology, ...]
     parent_queues: tuple[KaiQueueSpec, ...]
     """Organisation and trust-domain queues; tenants' leaves come from `KaiTenantHook`."""
+    domain_tenants: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """Each trust domain's tenants: a domain's queue, and its organisation's, are ordered before
+    those tenants' objects only. Empty: before every tenant's."""
 
     @classmethod
     def from_config(cls, cfg: FactoryConfig, plan: Plan) -> KaiSchedulerArgs:
@@ -78,6 +81,7 @@ class KaiSchedulerArgs:
             namespace=layer.namespace,
             topologies=tuple(topologies[name] for name in sorted(topologies)),
             parent_queues=tuple(q for q in queue_plan(cfg, plan).kai_queues if q.tenant is None),
+            domain_tenants=domain_tenants(cfg),
         )
 
 
@@ -101,6 +105,7 @@ class KaiScheduler(FactoryComponent):
                 opts=self.child(**after_release),
             )
         created: dict[str, pulumi.Resource] = {}
+        tenants_of, domains_of = dict(args.domain_tenants), queue_domains(args.parent_queues)
         for queue in args.parent_queues:  # parents first: organisations, then trust domains
             extra = {TRUST_DOMAIN_LABEL: queue.trust_domain} if queue.trust_domain else {}
             parent = [created[queue.parent]] if queue.parent else []
@@ -112,6 +117,7 @@ class KaiScheduler(FactoryComponent):
                 spec=queue_spec(queue),
                 opts=self.child(depends_on=[release, *parent]),
             )
+            self.serves_domains(tenants_of, domains_of.get(queue.name, []), created[queue.name])
         self.namespace = ns.metadata.name
         self.release = release.name
         self.register_outputs({"namespace": self.namespace, "release": self.release})

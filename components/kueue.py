@@ -31,7 +31,18 @@ import pulumi
 import pulumi_kubernetes as k8s
 import yaml
 
-from ai_factory.components._common import GPU_MODEL_LABEL, POOL_LABEL, ArgumentError, FactoryComponent, helm_release, labels, namespace, tenant_items
+from ai_factory.components._common import (
+    GPU_MODEL_LABEL,
+    POOL_LABEL,
+    ArgumentError,
+    FactoryComponent,
+    domain_tenants,
+    helm_release,
+    labels,
+    namespace,
+    queue_domains,
+    tenant_items,
+)
 from ai_factory.components._topology import SchedulingTopology, pool_topology
 from ai_factory.components.dra import whole_gpu_class
 from ai_factory.components.kubevirt import has_dra_vms
@@ -155,13 +166,6 @@ class KueueArgs:
         )
 
 
-def domain_tenants(cfg: FactoryConfig) -> tuple[tuple[str, tuple[str, ...]], ...]:
-    by_domain: dict[str, list[str]] = {}
-    for t in cfg.tenants:
-        by_domain.setdefault(t.domain, []).append(t.name)
-    return tuple((domain, tuple(sorted(names))) for domain, names in sorted(by_domain.items()))
-
-
 def resource_groups(groups: tuple[ResourceGroup, ...]) -> list[dict[str, Any]]:
     """`resourceGroups` of a ClusterQueue or Cohort."""
     return [
@@ -230,16 +234,7 @@ class Kueue(FactoryComponent):
         after_release = {"depends_on": [release]}  # the chart installs the CRDs
         topologies = dict(args.flavor_topologies)
         tenants_of = dict(args.domain_tenants)
-        # An organisation's cohort is its domains' cohorts' parent: their tenants' queues borrow through it.
-        domains_of = {c.name: [c.trust_domain] for c in args.cohorts if c.trust_domain}
-        for c in args.cohorts:
-            if c.parent and c.trust_domain:
-                domains_of.setdefault(c.parent, []).append(c.trust_domain)
-
-        def for_domains(resource: pulumi.CustomResource, domains: list[str]) -> None:
-            if tenants_of:
-                self.serves([t for d in domains for t in tenants_of.get(d, ())], resource)
-
+        domains_of = queue_domains(args.cohorts)
         for topology in sorted({t.name: t for t in topologies.values()}.values(), key=lambda t: t.name):
             k8s.apiextensions.CustomResource(
                 self.child_name(f"topology-{topology.name}"),
@@ -274,7 +269,7 @@ class Kueue(FactoryComponent):
                 spec=flavor_spec(offering, topology.name if topology else None),
                 opts=self.child(**after_release),
             )
-            for_domains(flavor, [offering.trust_domain])
+            self.serves_domains(tenants_of, [offering.trust_domain], flavor)
         for cohort in args.cohorts:
             spec: dict[str, Any] = {}
             if cohort.parent:
@@ -290,7 +285,7 @@ class Kueue(FactoryComponent):
                 spec=spec,
                 opts=self.child(**after_release),
             )
-            for_domains(made, domains_of.get(cohort.name, []))
+            self.serves_domains(tenants_of, domains_of.get(cohort.name, []), made)
         for tier in PRIORITY_TIERS:
             custom_object(
                 self,

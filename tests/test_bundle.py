@@ -45,7 +45,7 @@ from ai_factory.factory.rendering.bundle import render_raw
 from tests.tenancy_env import many_tenants
 # The scheduling tests' bigger environments with KAI (every kind of custom resource the library
 # emits but Volcano's: KAI queues, DRA, HAMi, MIG) and with Volcano.
-from tests.test_scheduling import big_kai, big_volcano  # noqa: F401 (fixtures)
+from tests.test_scheduling import big_kai, big_volcano, with_layers  # noqa: F401 (fixtures)
 
 RECOMMENDED = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/managed-by")
 
@@ -440,20 +440,20 @@ def test_a_tenant_stack_depends_on_the_layers_its_objects_use_and_no_other(dev):
         assert needed and needed <= closure(direct), (stack.name, needed - closure(direct))
 
 
+def generated_stacks(dev_raw, count: int, **layers: bool) -> dict[str, object]:
+    """`count` generated tenants on dev's platform (with these layers enabled too), team-02 and
+    team-05 (trust domain internal-0) of an organisation: the render's tenant stacks by tenant."""
+    raw = with_layers(many_tenants(copy.deepcopy(dev_raw[0]), count), **layers)
+    for t in raw["tenants"]:
+        if t["name"] in ("team-02", "team-05"):
+            t["organisation"] = "acme"
+    rendered = render_raw(raw, dev_raw[1], validate(raw), stack="dev", workers=1)
+    return {s.tenant: s for s in rendered.graph.of_type("ai-factory:tenancy:TenantStack")}
+
+
 @pytest.fixture(scope="module")
 def generated(dev_raw):
-    """Generated tenants (6 and 24) on dev's platform, team-02 and team-05 (trust domain
-    internal-0) of an organisation: each render's tenant stacks by tenant."""
-
-    def stacks(count: int) -> dict[str, object]:
-        raw = many_tenants(copy.deepcopy(dev_raw[0]), count)
-        for t in raw["tenants"]:
-            if t["name"] in ("team-02", "team-05"):
-                t["organisation"] = "acme"
-        rendered = render_raw(raw, dev_raw[1], validate(raw), stack="dev", workers=1)
-        return {s.tenant: s for s in rendered.graph.of_type("ai-factory:tenancy:TenantStack")}
-
-    return stacks(6), stacks(24)
+    return generated_stacks(dev_raw, 6), generated_stacks(dev_raw, 24)
 
 
 def proxy(tenant: str) -> str:
@@ -520,3 +520,10 @@ def test_a_tenant_stack_depends_on_its_trust_domains_flavors_only(generated):
     stack = generated[1]["team-02"]
     flavors = {d.inputs["metadata"]["labels"].get(TRUST_DOMAIN_LABEL) for d in stack.dependencies if d.inputs.get("kind") == "ResourceFlavor"}
     assert flavors == {"internal-0", None}  # None: the CPU/memory flavor every queue uses
+
+
+def test_a_tenant_stack_depends_on_its_own_trust_domains_and_organisations_kai_queues_only(dev_raw):
+    few, many = generated_stacks(dev_raw, 6, kai_scheduler=True), generated_stacks(dev_raw, 24, kai_scheduler=True)
+    queues = {name for kind, name in ordered_before(many["team-02"]) if kind == "Queue"}
+    assert queues == {trust_domain_queue("internal-0"), organisation_queue("acme")}
+    assert ordered_before(many["team-00"]) == ordered_before(few["team-00"])
