@@ -122,28 +122,29 @@ def run_checks(
     `oracle_state`: a digest of what the oracles know (`oracle_digest`)."""
     findings: set[Finding] = set()
     by_part = cache is not None and rendered.graph is not None
-    with settled_heap(), isolation.View.shared():
-        for check in checks(rendered):
-            if by_part and check in PER_PART:
-                continue
-            findings.update(_guarded(check)(rendered, oracles))
-            if on_check is not None:
+    with settled_heap():  # the per-part checks too: digesting and checking parts allocate as much
+        with isolation.View.shared():
+            for check in checks(rendered):
+                if by_part and check in PER_PART:
+                    continue
+                findings.update(_guarded(check)(rendered, oracles))
+                if on_check is not None:
+                    on_check()
+        if by_part:
+            assert cache is not None
+            # What every part's key holds besides its content, digested once for all of them.
+            context = digest(
+                library_digest(), oracle_state, rendered.kubernetes_version, sorted(rendered.layers()), policy_check.pack_config(rendered), [c.__name__ for c in PER_PART]
+            )
+            keys = []
+            for part in parts(rendered).values():
+                key, found = _part_findings(part, oracles, cache, context)
+                keys.append(key)
+                findings.update(found)
+            write_entry(cache / "check-runs" / f"{_stack_name(rendered.graph)}.json", {"parts": keys})
+            evict(cache)
+            for _ in PER_PART if on_check is not None else ():
                 on_check()
-    if by_part:
-        assert cache is not None
-        # What every part's key holds besides its content, digested once for all of them.
-        context = digest(
-            library_digest(), oracle_state, rendered.kubernetes_version, sorted(rendered.layers()), policy_check.pack_config(rendered), [c.__name__ for c in PER_PART]
-        )
-        keys = []
-        for part in parts(rendered).values():
-            key, found = _part_findings(part, oracles, cache, context)
-            keys.append(key)
-            findings.update(found)
-        write_entry(cache / "check-runs" / f"{_stack_name(rendered.graph)}.json", {"parts": keys})
-        evict(cache)
-        for _ in PER_PART if on_check is not None else ():
-            on_check()
     return sorted(findings)
 
 
