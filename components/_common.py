@@ -7,6 +7,7 @@ from typing import Any, Iterable, Mapping, Protocol, Sequence, TypeVar
 import pulumi
 import pulumi_kubernetes as k8s
 
+from ai_factory.factory.memo import by_identity
 from ai_factory.factory.model.catalog import ChartSource
 from ai_factory.factory.rendering.harness import COMPONENT_LAYER_KEY, COMPONENT_TENANT_KEY
 from ai_factory.factory.model.config import FactoryConfig, Tenant
@@ -237,12 +238,6 @@ def narrowed(hook: TenantHook, tenant: str) -> TenantHook:
     return narrow(tenant) if narrow is not None else hook
 
 
-_TENANT_INDEXES: dict[int, tuple[tuple[Any, ...], dict[str, tuple[Any, ...]]]] = {}
-"""Tuples of items by identity, each kept (so its id is not reused) with its items by tenant."""
-_TENANT_INDEXES_KEPT = 16
-"""A render narrows a handful of hooks' tuples: enough for all of them, bounded across renders."""
-
-
 def tenant_items(items: Iterable[T], tenant: str) -> tuple[T, ...]:
     """The items (queues, clusters, networks, each with a `tenant`) of one tenant.
 
@@ -250,15 +245,15 @@ def tenant_items(items: Iterable[T], tenant: str) -> tuple[T, ...]:
     by tenant once instead of scanned per tenant, which was quadratic in the tenants."""
     if type(items) is not tuple:
         return tuple(i for i in items if i.tenant == tenant)  # type: ignore[attr-defined]
-    kept = _TENANT_INDEXES.get(id(items))
-    if kept is None:
-        index: dict[str, list[Any]] = {}
-        for item in items:
-            index.setdefault(item.tenant, []).append(item)  # type: ignore[attr-defined]
-        if len(_TENANT_INDEXES) >= _TENANT_INDEXES_KEPT:
-            del _TENANT_INDEXES[next(iter(_TENANT_INDEXES))]
-        kept = _TENANT_INDEXES[id(items)] = (items, {name: tuple(own) for name, own in index.items()})
-    return kept[1].get(tenant, ())
+    return _items_by_tenant(items).get(tenant, ())
+
+
+@by_identity(kept=16)  # a render narrows a handful of hooks' tuples: enough for all of them
+def _items_by_tenant(items: tuple[Any, ...]) -> dict[str, tuple[Any, ...]]:
+    index: dict[str, list[Any]] = {}
+    for item in items:
+        index.setdefault(item.tenant, []).append(item)
+    return {name: tuple(own) for name, own in index.items()}
 
 
 def tenant_entry(by_tenant: Mapping[str, V], tenant: str) -> dict[str, V]:

@@ -17,6 +17,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Iterable, Literal
 
+from ai_factory.factory.memo import by_identity
 from ai_factory.factory.model.gpus import GPU_MODELS
 from ai_factory.factory.planning.model import HAMI_CORES, HAMI_MEMORY, WHOLE_GPU, Plan, PoolPlan
 from ai_factory.factory.model.tenancy import LABEL_PREFIX, TRUST_DOMAIN_LABEL, TenantNames
@@ -179,32 +180,27 @@ def node_placements(plan: Plan) -> list[NodePlacement]:
     return placements
 
 
-_last_offerings: tuple[Plan, tuple[Offering, ...], dict[str, tuple[Offering, ...]]] | None = None
-
-
 def offerings(plan: Plan) -> list[Offering]:
     """One offering per (pool, trust domain) that the plan gives GPUs to, in name order.
 
     Every tenant's stack, queue and admission rule asks for them; they are computed once for the
-    plan in use (kept with a reference to it, so identity is a safe key)."""
-    return list(_indexed_offerings(plan)[1])
+    plan in use (`by_identity`)."""
+    return list(_indexed_offerings(plan)[0])
 
 
 def domain_offerings(plan: Plan, trust_domain: str) -> tuple[Offering, ...]:
     """The offerings of one trust domain, in the order of `offerings`: what one tenant's stack and
     queue ask for, without a scan of every domain's (indexed with the offerings)."""
-    return _indexed_offerings(plan)[2].get(trust_domain, ())
+    return _indexed_offerings(plan)[1].get(trust_domain, ())
 
 
-def _indexed_offerings(plan: Plan) -> tuple[Plan, tuple[Offering, ...], dict[str, tuple[Offering, ...]]]:
-    global _last_offerings
-    if _last_offerings is None or _last_offerings[0] is not plan:
-        every = tuple(_offerings(plan))
-        by_domain: dict[str, list[Offering]] = defaultdict(list)
-        for o in every:
-            by_domain[o.trust_domain].append(o)
-        _last_offerings = (plan, every, {domain: tuple(own) for domain, own in by_domain.items()})
-    return _last_offerings
+@by_identity(kept=1)
+def _indexed_offerings(plan: Plan) -> tuple[tuple[Offering, ...], dict[str, tuple[Offering, ...]]]:
+    every = tuple(_offerings(plan))
+    by_domain: dict[str, list[Offering]] = defaultdict(list)
+    for o in every:
+        by_domain[o.trust_domain].append(o)
+    return every, {domain: tuple(own) for domain, own in by_domain.items()}
 
 
 def _offerings(plan: Plan) -> list[Offering]:

@@ -30,6 +30,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence, TypeVar
 
+from ai_factory.factory.memo import by_identity
 from ai_factory.factory.model.config import FactoryConfig, Tenant
 from ai_factory.factory.model.gpus import GPU_MODELS
 from ai_factory.factory.model.quantity import parse_quantity
@@ -173,37 +174,26 @@ def planned_for(queues: Iterable[Q], tenant: str, what: str) -> Q:
     return queue
 
 
-_last_queue_plan: tuple[FactoryConfig, Plan, QueuePlan] | None = None
-
-
+@by_identity(kept=1)
 def queue_plan(cfg: FactoryConfig, plan: Plan) -> QueuePlan:
     """Every queue of the environment. Kueue's, KAI's and Volcano's layers and hooks and the
-    platform contract all ask for it: computed once for the configuration and plan in use (both
-    frozen, kept with a reference to them, so identity is a safe key)."""
-    global _last_queue_plan
-    if _last_queue_plan is None or _last_queue_plan[0] is not cfg or _last_queue_plan[1] is not plan:
-        _last_queue_plan = (cfg, plan, _queue_plan(cfg, plan))
-    return _last_queue_plan[2]
-
-
-def _queue_plan(cfg: FactoryConfig, plan: Plan) -> QueuePlan:
+    platform contract all ask for it: computed once for the configuration and plan in use
+    (`by_identity`)."""
     flavors = tuple(sorted(offerings(plan), key=flavor_order))
-    # Every tenant's queue reads its own domain's flavors and every domain's cohort its own
-    # queues: grouped once, not filtered out of the whole fleet's per tenant.
-    own_flavors: dict[str, list[Offering]] = defaultdict(list)
-    for o in flavors:
-        own_flavors[o.trust_domain].append(o)
     grants = _grants(cfg, plan)
     organisation_of = {t.domain: t.organisation for t in cfg.tenants}
+    # Every tenant's queue reads its own domain's flavors and every domain's cohort its own
+    # queues: looked up per domain, not filtered out of the whole fleet's per tenant.
+    own_flavors = {domain: domain_flavors(plan, domain) for domain in organisation_of}
     gpu_resources = advertised_resources(plan)
-    cluster_queues = tuple(_cluster_queue(t, tuple(own_flavors[t.domain]), grants[t.name]) for t in sorted(cfg.tenants, key=lambda t: t.name))
+    cluster_queues = tuple(_cluster_queue(t, own_flavors[t.domain], grants[t.name]) for t in sorted(cfg.tenants, key=lambda t: t.name))
     own_queues: dict[str, list[ClusterQueueSpec]] = defaultdict(list)
     for q in cluster_queues:
         own_queues[q.trust_domain].append(q)
     cohorts = tuple(
         [CohortSpec(organisation_queue(org), None, None) for org in sorted({o for o in organisation_of.values() if o})]
         + [
-            _domain_cohort(domain, organisation_of[domain], tuple(own_flavors[domain]), own_queues[domain])
+            _domain_cohort(domain, organisation_of[domain], own_flavors[domain], own_queues[domain])
             for domain in sorted(organisation_of)
         ]
     )
@@ -219,6 +209,12 @@ def _queue_plan(cfg: FactoryConfig, plan: Plan) -> QueuePlan:
 def flavor_order(offering: Offering) -> tuple[int, str]:
     """The order of flavors (`FLAVOR_ORDER`, then name) in `QueuePlan.flavors` and in a queue."""
     return FLAVOR_ORDER[offering.kind], offering.name
+
+
+def domain_flavors(plan: Plan, trust_domain: str) -> tuple[Offering, ...]:
+    """The flavors of one trust domain, in flavor order: what its cohort and its tenants' queues
+    and ceilings are made of."""
+    return tuple(sorted(domain_offerings(plan, trust_domain), key=flavor_order))
 
 
 def _grants(cfg: FactoryConfig, plan: Plan) -> dict[str, dict[tuple[str, str], int]]:
@@ -295,7 +291,7 @@ def gpu_ceiling(cfg: FactoryConfig, plan: Plan, tenant: Tenant) -> GpuCeiling:
     `limit` is one figure in GPU units across resource names (`kai_gpu_units`), which does not
     divide into per-name figures; the namespace quota then keeps the guarantee as the cap."""
     grants = _tenant_grants(plan, tenant)
-    own = tuple(sorted(domain_offerings(plan, tenant.domain), key=flavor_order))
+    own = domain_flavors(plan, tenant.domain)
     if not cfg.layers.kueue.enabled:
         granted = {flavor for flavor, _ in grants}
         granted_totals = _sum([{r: a for (_, r), a in grants.items()}])
