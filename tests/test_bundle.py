@@ -29,6 +29,7 @@ from ai_factory.factory.rendering.bundle import (
     Rendered,
     ReferenceDumper,
     dump_json,
+    dump_simple_yaml,
     dump_yaml,
     from_graph,
     kustomization_yaml,
@@ -343,6 +344,27 @@ def test_the_inventory_is_written_as_json_dumps_indents_it(dev, data):
 )
 def test_a_kustomization_is_written_as_the_yaml_dumper_writes_it(resources):
     assert kustomization_yaml(resources) == dump_yaml({"apiVersion": KUSTOMIZE_API, "kind": "Kustomization", "resources": resources}, ReferenceDumper)
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        {"spec": {"dependsOn": [{"name": "a", "x": {"y": ["b", 1, True]}}, {"name": "c"}], "path": "./manifests/x", "prune": False}},
+        [{"a": [{"b": "c"}]}, "d"],
+        {"k" * 100: "x" * 200, "a": {"b": {"c": {"d": 0}}}},
+        {"k" * 101: "x"},
+        {"a": "..."}, {"a": "./"}, {"a": "on"}, {"a": "1.5"}, {"a": "-x"}, {"a": "a b"}, {"a": "é"}, {"a": "x" * 300},
+        {"a": None}, {"a": 1.5}, {"a": []}, {"a": {}}, {"a": [["b"]]}, {1: "a"}, {"a": ("b",)},
+    ],
+)
+def test_a_simple_tree_is_written_as_the_yaml_dumper_writes_it(obj):
+    assert dump_simple_yaml(obj) == dump_yaml(obj, ReferenceDumper)
+
+
+def test_every_flux_kustomization_of_a_render_is_written_as_the_yaml_dumper_writes_it(dev):
+    files = dev.files()
+    for k in dev.kustomizations:
+        assert files[f"flux/{k['metadata']['name']}.yaml"] == dump_yaml(k, ReferenceDumper)
 
 
 def test_every_kustomization_of_a_render_is_written_as_the_yaml_dumper_writes_it(dev):

@@ -189,7 +189,7 @@ class Rendered:
     @no_cycle_collection()
     def files(self) -> dict[str, str]:
         files = {m.path: m.yaml() for m in self.manifests}
-        files.update({f"flux/{k['metadata']['name']}.yaml": dump_yaml(k) for k in self.kustomizations})
+        files.update({f"flux/{k['metadata']['name']}.yaml": dump_simple_yaml(k) for k in self.kustomizations})
         files.update(kustomize_files(files))
         files["inventory.json"] = dump_json({"kubernetesVersion": self.kubernetes_version, "resources": self.inventory}) + "\n"
         return files
@@ -347,16 +347,71 @@ def kustomize_files(files: Mapping[str, str]) -> dict[str, str]:
 
 
 def kustomization_yaml(resources: list[str]) -> str:
-    """`dump_yaml` of a kustomization listing `resources`. Written directly when every entry is
-    a name YAML reads back as that string unquoted (a bundle's thousands of directories cost more
-    through the representer than all else in writing the files); else dumped."""
-    if resources and all(_PLAIN_NAME.fullmatch(name) and _RESOLVER.resolve(yaml.ScalarNode, name, (True, False)) == _STR_TAG for name in resources):
-        return f"apiVersion: {KUSTOMIZE_API}\nkind: Kustomization\nresources:\n" + "".join(f"- {name}\n" for name in resources)
-    return dump_yaml({"apiVersion": KUSTOMIZE_API, "kind": "Kustomization", "resources": resources})
+    """`dump_yaml` of a kustomization listing `resources`."""
+    return dump_simple_yaml({"apiVersion": KUSTOMIZE_API, "kind": "Kustomization", "resources": resources})
 
 
-_PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,200}")
-"""Names the emitter writes plain: no indicator first, no space, quote, colon or `#`, no line break."""
+def dump_simple_yaml(obj: Any) -> str:
+    """`dump_yaml(obj)` byte for byte, written directly when `obj` is a tree of non-empty
+    mappings and lists of mappings or scalars whose every string YAML reads back as that string
+    unquoted (a bundle's thousands of kustomizations and Flux Kustomizations cost more through
+    the representer than all else in writing the files); else dumped."""
+    lines: list[str] = []
+    return "".join(lines) if _simple_block(obj, "", lines) else dump_yaml(obj)
+
+
+def _simple_block(value: Any, indent: str, lines: list[str]) -> bool:
+    """`value`'s block lines as the dumper writes them (keys sorted, a list under a key not
+    indented, two spaces a level), appended to `lines`; False when it is not that simple."""
+    if type(value) is dict and value:
+        for key in sorted(value):
+            if type(key) is not str or len(key) > _SIMPLE_KEY_MAX or not _plain(key):
+                return False
+            item = value[key]
+            if type(item) is dict or type(item) is list:
+                lines.append(f"{indent}{key}:\n")
+                if not _simple_block(item, indent + "  " if type(item) is dict else indent, lines):
+                    return False
+            elif (text := _scalar(item)) is not None:
+                lines.append(f"{indent}{key}: {text}\n")
+            else:
+                return False
+        return True
+    if type(value) is list and value:
+        for item in value:
+            if type(item) is dict:
+                first = len(lines)
+                if not _simple_block(item, indent + "  ", lines):
+                    return False
+                lines[first] = f"{indent}- {lines[first][len(indent) + 2:]}"
+            elif (text := _scalar(item)) is not None:
+                lines.append(f"{indent}- {text}\n")
+            else:
+                return False
+        return True
+    return False
+
+
+def _scalar(value: Any) -> str | None:
+    if value is True or value is False:
+        return "true" if value else "false"
+    if type(value) is int:
+        return str(value)
+    if type(value) is str and _plain(value):
+        return value
+    return None
+
+
+def _plain(text: str) -> bool:
+    return _PLAIN_NAME.fullmatch(text) is not None and _RESOLVER.resolve(yaml.ScalarNode, text, (True, False)) == _STR_TAG
+
+
+_PLAIN_NAME = re.compile(r"(?:[A-Za-z0-9_]|\./)[A-Za-z0-9_./-]{0,200}")
+"""Strings the emitter writes plain: no indicator first (`./` is none), no space, quote, colon
+or `#`, no line break, and too short to fold."""
+_SIMPLE_KEY_MAX = 100
+"""Keys written as simple keys (`key: value`), well within both emitters' bound (PyYAML writes
+a longer key than 122 characters as `? key`, libyaml one longer than 128)."""
 _RESOLVER = yaml.resolver.Resolver()
 _STR_TAG = "tag:yaml.org,2002:str"
 
