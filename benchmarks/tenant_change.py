@@ -42,6 +42,7 @@ def step(tenants: int, changed: bool, cache: str | None, out: str | None, tree: 
     from ai_factory.factory.checking.oracles import locate_upstream_dir
     from ai_factory.factory.model.loading import validate
     from ai_factory.factory.rendering.bundle import render_raw
+    from ai_factory.factory.rendering.cache import write_record
 
     raw, secret_sections = environment(tenants, changed)
     started, cpu = time.perf_counter(), time.process_time()
@@ -50,7 +51,9 @@ def step(tenants: int, changed: bool, cache: str | None, out: str | None, tree: 
     render_s, render_cpu = time.perf_counter() - started, time.process_time() - cpu
     started = time.perf_counter()
     if tree:
-        rendered.write(Path(tree))
+        # As `ai-factory render` writes, with its write record in the cache; the files are the
+        # render's (render_s counts them).
+        rendered.write(Path(tree), record=write_record(Path(cache), Path(tree)) if cache else None, files=files)
     write_s = time.perf_counter() - started
     started, cpu = time.perf_counter(), time.process_time()
     report = check_environment(rendered, locate_upstream_dir(), None, None, cache=Path(cache) if cache else None)

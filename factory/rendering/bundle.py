@@ -44,7 +44,7 @@ from typing import Any, Callable, Mapping
 import msgspec
 import yaml
 
-from ai_factory.factory.heap import no_cycle_collection
+from ai_factory.factory.heap import no_cycle_collection, settled_heap
 from ai_factory.factory.model.catalog import MANIFESTS, ManifestSource, crd_groups
 from ai_factory.factory.model.config import FactoryConfig
 from ai_factory.factory.rendering.cache import Unit, UnitCache, write_entry
@@ -195,7 +195,7 @@ class Rendered:
         return files
 
     @no_cycle_collection()
-    def write(self, out: Path, on_file: Callable[[], None] | None = None, record: Path | None = None) -> None:
+    def write(self, out: Path, on_file: Callable[[], None] | None = None, record: Path | None = None, files: Mapping[str, str] | None = None) -> None:
         """`out` ends holding exactly the render's files (UTF-8). Over an earlier render only what
         differs is touched: the files no longer rendered (and directories left empty) are removed,
         a file is written only when its text changed (removing and rewriting a whole large tree
@@ -204,8 +204,9 @@ class Rendered:
 
         `record`: a file (in the render cache, `cache.write_record`) where the write keeps what it
         left in `out` (`WriteRecord`), so that the next one knows a file it left untouched since
-        by its status and digest instead of reading it back."""
-        files = self.files()
+        by its status and digest instead of reading it back. `files`: `files()`, when the caller
+        has it already."""
+        files = self.files() if files is None else files
         if out.exists() and not out.is_dir():
             out.unlink()
         # Taken before any file's status is: what changes a file after that gets a later time.
@@ -547,10 +548,15 @@ def render_raw(
     if workers is None:
         workers = 1 if units is not None and units.seen else min(os.cpu_count() or 1, len(names) // PARALLEL_MIN_TENANTS)
     if workers <= 1:
-        graph = _run_share(project, stack, config, secret_keys, plan, offboarded, None, on_resource, units)
-        if units is None:
-            return from_graph(graph, cfg)
-        return _cached(units, units.complete(graph.resources), cfg)
+        if units is not None:
+            units.prefetch()
+        # The cached units' resources are most of the heap and hold no cycle: left out of the
+        # collector's passes while the program and the merge allocate around them.
+        with settled_heap():
+            graph = _run_share(project, stack, config, secret_keys, plan, offboarded, None, on_resource, units)
+            if units is None:
+                return from_graph(graph, cfg)
+            return _cached(units, units.complete(graph.resources), cfg)
     shares = [frozenset(names[i::workers]) for i in range(workers)]
     # Plain interpreters, not multiprocessing's: a worker starts with no Pulumi runtime state, and
     # without importing the caller's main module (a script calling this need not guard its body).
