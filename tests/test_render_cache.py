@@ -3,7 +3,9 @@ cold render byte for byte."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import gc
 import json
 import shutil
 from pathlib import Path
@@ -11,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from ai_factory.components import _common
+from ai_factory.factory import heap
 from ai_factory.factory.model.loading import validate
 from ai_factory.factory.rendering import cache as render_cache
 from ai_factory.factory.rendering.bundle import Rendered, render_raw
@@ -92,6 +95,31 @@ def test_an_unreadable_cache_entry_is_rendered_again(three_tenants, seeded, tmp_
     for entry in (tmp_path / "units").rglob("*.json"):
         entry.write_text("not json")
     assert cached_render(raw, secret_sections, tmp_path).files() == cold.files()
+
+
+def test_a_render_reads_the_units_of_its_stacks_last_render_at_once(seeded, tmp_path):
+    directory = seeded_copy(seeded, tmp_path)
+    units = render_cache.UnitCache(directory, "ai-factory.dev")
+    units.prefetch()
+    assert sorted(units._prefetched) == sorted(unit_keys(directory).values())
+
+
+def test_the_units_of_a_render_by_another_library_are_not_read_ahead(seeded, tmp_path, monkeypatch):
+    directory = seeded_copy(seeded, tmp_path)
+    monkeypatch.setattr(render_cache, "library_digest", lambda: "another library")
+    units = render_cache.UnitCache(directory, "ai-factory.dev")
+    units.prefetch()
+    assert units._prefetched == {}
+
+
+@pytest.mark.parametrize("settled", [True, False], ids=["within-a-settled-heap", "outside"])
+def test_what_a_settling_pause_builds_is_settled_only_within_a_settled_heap(settled):
+    with heap.settled_heap() if settled else contextlib.nullcontext():
+        before = gc.get_freeze_count()
+        with heap.no_cycle_collection(settle=True):
+            built = [[] for _ in range(1000)]
+        assert (gc.get_freeze_count() >= before + len(built)) == settled
+    assert gc.get_freeze_count() == 0
 
 
 def test_tenant_stacks_built_from_narrowed_hooks_are_those_built_from_the_whole_hooks(three_tenants, monkeypatch):

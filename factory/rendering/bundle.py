@@ -548,11 +548,11 @@ def render_raw(
     if workers is None:
         workers = 1 if units is not None and units.seen else min(os.cpu_count() or 1, len(names) // PARALLEL_MIN_TENANTS)
     if workers <= 1:
-        if units is not None:
-            units.prefetch()
         # The cached units' resources are most of the heap and hold no cycle: left out of the
         # collector's passes while the program and the merge allocate around them.
         with settled_heap():
+            if units is not None:
+                units.prefetch()
             graph = _run_share(project, stack, config, secret_keys, plan, offboarded, None, on_resource, units)
             if units is None:
                 return from_graph(graph, cfg)
@@ -686,7 +686,7 @@ def _placeholder(value: Any) -> str:
     raise TypeError(f"cannot serialise {type(value).__name__}")
 
 
-@no_cycle_collection()
+@no_cycle_collection(settle=True)
 def from_graph(graph: Graph, cfg: FactoryConfig, texts: Mapping[str, Mapping[str, str]] | None = None) -> Rendered:
     """`texts`: the file texts of some resources' objects, by resource key and object (`Manifest.ref`; the render cache's)."""
     manifests: list[Manifest] = []

@@ -247,7 +247,7 @@ class UnitCache:
         units = index.get("units") if isinstance(index, dict) and index.get("library") == library_digest() else None
         if not isinstance(units, dict):
             return
-        with no_cycle_collection():
+        with no_cycle_collection(settle=True):
             for key in units.values():
                 if isinstance(key, str) and (entry := self._read_entry(key)) is not None:
                     self._prefetched[key] = entry
