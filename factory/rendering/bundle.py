@@ -605,13 +605,13 @@ def program_config(raw: dict[str, Any], secret_sections: set[str], project: str)
 
 def _cached(units: UnitCache, resources: list[Resource], cfg: FactoryConfig) -> Rendered:
     """The render of a cache's units: the cached ones' files as they were written, the built ones stored."""
-    rendered = from_graph(Graph(sorted(resources, key=lambda r: r.urn)), cfg, units.texts())
+    rendered = from_graph(Graph(sorted(resources, key=lambda r: r.urn)), cfg, units.objects())
     built = units.built_keys()
-    made: dict[str, list[Manifest]] = {}
+    made: dict[str, list[tuple[dict[str, Any], str]]] = {}
     for m in rendered.manifests:
         if m.origin in built:
-            made.setdefault(m.origin, []).append(m)
-    units.store({key: {m.ref: m.yaml() for m in found} for key, found in made.items()})
+            made.setdefault(m.origin, []).append((m.obj, m.yaml()))
+    units.store(made)
     return rendered
 
 
@@ -687,38 +687,42 @@ def _placeholder(value: Any) -> str:
 
 
 @no_cycle_collection(settle=True)
-def from_graph(graph: Graph, cfg: FactoryConfig, texts: Mapping[str, Mapping[str, str]] | None = None) -> Rendered:
-    """`texts`: the file texts of some resources' objects, by resource key and object (`Manifest.ref`; the render cache's)."""
+def from_graph(graph: Graph, cfg: FactoryConfig, finished: Mapping[str, list[tuple[dict[str, Any], str]]] | None = None) -> Rendered:
+    """`finished`: some resources' objects as an earlier render finished them, with their file
+    texts, by resource key (the render cache's): taken as they are, not built again."""
     manifests: list[Manifest] = []
-    made_by: dict[str, list[Manifest]] = {}
+    fresh: list[Manifest] = []
     owned: dict[str, tuple[str, ...]] = {}
     scopes = _scopes(graph.resources)
+    finished = finished or {}
     for resource in graph.resources:
         made: list[Manifest] = []
         layer, tenant = scopes[resource.key]
+        known = finished.get(resource.key)
         if resource.type in HELM_RELEASE_TYPES:
-            made = helm_release_manifests(resource)
             owned[resource.key] = crd_groups(resource.inputs["chart"])
+            if known is None:
+                made = helm_release_manifests(resource)
         elif resource.type == CONFIG_FILE_TYPE and (pin := manifest_pin(resource.inputs.get("file"))) is not None:
-            made = [Manifest(remote_manifest(pin), layer, tenant, resource.key)]
             owned[resource.key] = pin.crd_groups
-        elif resource.type.startswith("kubernetes:") and not resource.type.startswith(NON_OBJECT_TYPES):
+            if known is None:
+                made = [Manifest(remote_manifest(pin), layer, tenant, resource.key)]
+        elif resource.type.startswith("kubernetes:") and not resource.type.startswith(NON_OBJECT_TYPES) and known is None:
             obj = kubernetes_object(resource)
             if resource.secret_paths:
                 _mark_redacted(obj)
             made = [Manifest(obj, layer, tenant, resource.key)]
+        if known is not None:
+            manifests += [Manifest(obj, layer, tenant, resource.key, text=text) for obj, text in known]
+            continue
         for m in made if resource.retain_on_delete else ():
             m.obj.setdefault("metadata", {}).setdefault("annotations", {}).update(KEEP_ANNOTATIONS)
         manifests += made
-        if made:
-            made_by[resource.key] = made
+        fresh += made
     staging = Staging(manifests, graph, owned)
     stack = stack_of(graph)
-    for m in manifests:
+    for m in fresh:
         _label(m, stack)
-    for key, known in (texts or {}).items():
-        for m in made_by.get(key, ()):
-            m.text = known.get(m.ref)
     by_path: dict[str, Manifest] = {}
     for m in manifests:
         path = m.path

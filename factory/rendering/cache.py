@@ -50,7 +50,7 @@ from ai_factory.factory.rendering.harness import Resource
 CACHE_DIR = ".factory-cache"
 """Default cache directory, under the project directory (ignored by git)."""
 CACHE_ENV = "FACTORY_CACHE_DIR"
-FORMAT = 3
+FORMAT = 4
 """Bumped when an entry changes shape, so an old entry is never read."""
 PACKAGES = ("ai_factory.factory", "ai_factory.components", "ai_factory.stacks", "ai_factory.policies")
 RUNTIME_DISTRIBUTIONS = ("pulumi", "pulumi-kubernetes", "pulumi-command", "pulumi-keycloak", "pulumi-vault", "pydantic", "PyYAML")
@@ -294,18 +294,19 @@ class UnitCache:
         """The keys of the resources of the units built this time (after `complete`): what `store` stores."""
         return {r.key for resources in self._built.values() for r in resources}
 
-    def texts(self) -> dict[str, dict[str, str]]:
-        """The file texts of the cached units' objects, by resource key and object."""
-        return {key: found for cached in self._read.values() for key, found in cached.texts.items()}
+    def objects(self) -> dict[str, list[tuple[dict[str, Any], str]]]:
+        """The finished objects of the cached units' resources (as the bundle labelled them) with
+        their file texts, by resource key."""
+        return {key: found for cached in self._read.values() for key, found in cached.objects.items()}
 
-    def store(self, texts: Mapping[str, Mapping[str, str]]) -> None:
-        """Store the units built this time, with the file texts of their objects (`texts`, by
-        resource key and object), and the stack's list of units."""
+    def store(self, objects: Mapping[str, list[tuple[dict[str, Any], str]]]) -> None:
+        """Store the units built this time, with their resources' finished objects and file texts
+        (`objects`, by resource key), and the stack's list of units."""
         for unit, resources in self._built.items():
             key = self.units[unit].key
-            own = {r.key: dict(texts[r.key]) for r in resources if r.key in texts}
+            own = {r.key: objects[r.key] for r in resources if r.key in objects}
             scopes = dict(self._scopes.get(unit, {}))
-            write_entry(self._path(key), {"format": FORMAT, "key": key, "resources": _fields(resources), "texts": own, "scopes": scopes})
+            write_entry(self._path(key), {"format": FORMAT, "key": key, "resources": _fields(resources), "objects": own, "scopes": scopes})
         units = {unit: u.key for unit, u in sorted(self.units.items())}
         write_entry(self._index(), {"format": FORMAT, "library": library_digest(), "units": units})
 
@@ -316,7 +317,9 @@ class _Entry(msgspec.Struct):
     format: int
     key: str
     resources: list[Resource]
-    texts: dict[str, dict[str, str]]
+    objects: dict[str, list[tuple[dict[str, Any], str]]]
+    """Each resource's objects as the bundle finished them (pruned, labelled) and their file
+    texts, by resource key: a cached resource's objects are not built again."""
     scopes: dict[str, tuple[str, ...]]
     """The tenants each resource a layer made for some tenants only is for, by resource key."""
 
