@@ -28,6 +28,7 @@ from ai_factory.factory.rendering.bundle import (
     Manifest,
     Rendered,
     ReferenceDumper,
+    dump_inventory,
     dump_json,
     dump_simple_yaml,
     dump_yaml,
@@ -335,6 +336,18 @@ def test_a_file_changed_shortly_before_the_recording_write_is_read_back(dev, tmp
 def test_the_inventory_is_written_as_json_dumps_indents_it(dev, data):
     data = data if data is not None else {"kubernetesVersion": dev.kubernetes_version, "resources": dev.inventory}
     assert dump_json(data) == json.dumps(data, indent=2, sort_keys=True)
+
+
+@pytest.mark.parametrize(
+    "names",
+    [None, ["é", "中"], ['a"b', "a\\b", "tab\there", "line\nbreak", "\x7f"], ["Z", "a", "_", "~"]],
+    ids=["dev-inventory", "non-ascii", "escapes", "key-order"],
+)
+def test_the_inventory_is_written_as_json_dumps_indents_it_whatever_its_names(dev, names):
+    inventory = {"kubernetesVersion": dev.kubernetes_version, "resources": dev.inventory}
+    if names is not None:
+        inventory = {"resources": [{name: [name, True, None], "bundle": name} for name in names], "kubernetesVersion": "1.34"}
+    assert dump_inventory(inventory) == json.dumps(inventory, indent=2, sort_keys=True)
 
 
 @pytest.mark.parametrize(

@@ -191,7 +191,7 @@ class Rendered:
         files = {m.path: m.yaml() for m in self.manifests}
         files.update({f"flux/{k['metadata']['name']}.yaml": dump_simple_yaml(k) for k in self.kustomizations})
         files.update(kustomize_files(files))
-        files["inventory.json"] = dump_json({"kubernetesVersion": self.kubernetes_version, "resources": self.inventory}) + "\n"
+        files["inventory.json"] = dump_inventory({"kubernetesVersion": self.kubernetes_version, "resources": self.inventory}) + "\n"
         return files
 
     @no_cycle_collection()
@@ -448,6 +448,17 @@ def dump_json(obj: Any) -> str:
         return msgspec.json.format(json.dumps(obj, sort_keys=True), indent=2)
     except msgspec.DecodeError:
         return json.dumps(obj, indent=2, sort_keys=True)
+
+
+def dump_inventory(inventory: dict[str, Any]) -> str:
+    """`dump_json` of an inventory, whose values are strings, booleans, nulls and lists of them
+    (no number, which msgspec would write otherwise than `json`): encoded by msgspec (six times
+    faster) when no string needs an escape (`json` escapes every non-ASCII character), as
+    `dump_json`'s formatter lays out either encoding alike."""
+    text = msgspec.json.encode(inventory, order="sorted")
+    if text.isascii() and b"\\" not in text:
+        return msgspec.json.format(text, indent=2).decode()
+    return dump_json(inventory)
 
 
 # --------------------------------------------------------------------------- running the program
@@ -895,17 +906,18 @@ class Staging:
 
     def unit_needs(self) -> dict[str, set[str]]:
         """Each stage directory and the stage directories it needs."""
-        units: dict[str, set[str]] = {m.unit: set() for m in self.manifests}
+        of = [m.unit for m in self.manifests]  # each object's, made once (a million reads at 1,000 tenants)
+        units: dict[str, set[str]] = {unit: set() for unit in of}
         lineages: dict[str, set[str]] = {unit: set() for unit in units}
-        for i, m in enumerate(self.manifests):
-            units[m.unit].update(self.manifests[j].unit for j in self.needs(i))
-            lineages[m.unit].update(resource.key for resource in self.lineage(i))
+        for i, unit in enumerate(of):
+            units[unit].update(of[j] for j in self.needs(i))
+            lineages[unit].update(resource.key for resource in self.lineage(i))
         by_objects: dict[tuple[int, ...], set[str]] = {}
         for unit, keys in lineages.items():
             for key in keys:
                 objects = self.resource_objects(self.resources[key])
                 if objects not in by_objects:  # the same objects (a layer's release) stand behind many resources
-                    by_objects[objects] = {self.manifests[j].unit for j in objects}
+                    by_objects[objects] = {of[j] for j in objects}
                 units[unit].update(by_objects[objects])
         for unit, needed in units.items():
             needed.discard(unit)
