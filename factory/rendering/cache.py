@@ -1,5 +1,6 @@
 """The render cache: each unit of the program (a layer's component, a tenant's stack) stored with
-the resources it registered, under a digest of everything those resources are built from.
+the resources it registered and the objects the bundle made of them, under a digest of
+everything those resources are built from.
 
 A unit's resources are a function of its typed arguments (a layer's from the config and plan, a
 tenant's `TenantStackArgs`: its configuration, its share of the plan, the per-tenant data of every
