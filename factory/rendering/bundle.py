@@ -496,7 +496,7 @@ def render_raw(
         if units is None:
             return from_graph(graph, cfg)
         return _cached(units, units.complete(graph.resources), cfg)
-    shares = [frozenset(names[i::workers]) for i in range(workers)]
+    shares = _shares(names, workers)
     # Plain interpreters, not multiprocessing's: a worker starts with no Pulumi runtime state, and
     # without importing the caller's main module (a script calling this need not guard its body).
     started = [
@@ -512,14 +512,18 @@ def render_raw(
         for feeder in feeders:
             feeder.start()
         resources = list(_run_share(project, stack, config, secret_keys, plan, offboarded, shares[0], on_resource, units).resources)
+        # With a cache every object built is stored with its text: each process dumps its own
+        # (here while the workers finish), not this one all of them after the merge.
+        texts = object_texts(resources, stack) if units is not None else {}
         for process, feeder in zip(started, feeders):
             feeder.join()
             process.stdin = None  # written and closed by its feeder
             out, err = process.communicate()
             if process.returncode != 0:
                 raise RuntimeError(f"a render worker failed:\n{err.decode(errors='replace')[-4000:]}")
-            share_resources, share_units = pickle.loads(out)
+            share_resources, share_units, share_texts = pickle.loads(out)
             resources += share_resources
+            texts.update(share_texts)
             if units is not None:
                 units.adopt(share_units)
     finally:
@@ -533,8 +537,26 @@ def render_raw(
             raise DuplicateResourceError(f"two resources are named {r.name!r} with type {r.type}")
         seen.add(r.key)
     if units is not None:
-        return _cached(units, units.complete(resources), cfg)
+        return _cached(units, units.complete(resources), cfg, texts)
     return from_graph(Graph(sorted(resources, key=lambda r: r.urn)), cfg)
+
+
+WORKER_START = 20
+"""Tenants whose stacks cost what a worker's start does (its interpreter, imports and pipes, ~1.5 s
+of CPU, against ~0.06 s per tenant's stack and texts): the main process takes that many more than
+each worker, so that all finish their shares together (what the main process does after, the
+merge, waits for the last of them)."""
+
+
+def _shares(names: list[str], workers: int) -> list[frozenset[str]]:
+    """Tenants dealt in name order to the share with the least work (the main process's first, a
+    worker's counting its start): neighbours in name order, often alike, spread over all."""
+    starts = [0, *([WORKER_START] * (workers - 1))]
+    shares: list[list[str]] = [[] for _ in starts]
+    for name in names:
+        share = min(range(workers), key=lambda i: (len(shares[i]) + starts[i], i))
+        shares[share].append(name)
+    return [frozenset(share) for share in shares]
 
 
 def program_config(raw: dict[str, Any], secret_sections: set[str], project: str) -> tuple[dict[str, str], list[str]]:
@@ -542,9 +564,10 @@ def program_config(raw: dict[str, Any], secret_sections: set[str], project: str)
     return {f"{project}:{section}": json.dumps(value, default=_placeholder) for section, value in raw.items()}, [f"{project}:{s}" for s in secret_sections]
 
 
-def _cached(units: UnitCache, resources: list[Resource], cfg: FactoryConfig) -> Rendered:
-    """The render of a cache's units: the cached ones' files as they were written, the built ones stored."""
-    rendered = from_graph(Graph(sorted(resources, key=lambda r: r.urn)), cfg, units.texts())
+def _cached(units: UnitCache, resources: list[Resource], cfg: FactoryConfig, texts: Mapping[str, Mapping[str, str]] | None = None) -> Rendered:
+    """The render of a cache's units: the cached ones' files as they were written, the built ones
+    stored. `texts`: those of built objects already dumped (by resource key and object)."""
+    rendered = from_graph(Graph(sorted(resources, key=lambda r: r.urn)), cfg, {**units.texts(), **(texts or {})})
     built = units.built_keys()
     made: dict[str, list[Manifest]] = {}
     for m in rendered.manifests:
@@ -606,15 +629,17 @@ def _tenant_share(
     offboarded: frozenset[str],
     tenants: frozenset[str],
     cache: Path | None,
-) -> tuple[list[Resource], dict[str, Unit]]:
+) -> tuple[list[Resource], dict[str, Unit], dict[str, dict[str, str]]]:
     """A worker's share: its tenants' resources, unlinked (the merged graph links them again), and
-    with a cache what it found of its tenants' units (the caller merges and stores them)."""
+    with a cache what it found of its tenants' units (the caller merges and stores them) and the
+    texts of its objects (`object_texts`)."""
     units = UnitCache(cache, "") if cache is not None else None
     share = [r for r in _run_share(project, stack, config, secret_keys, plan, offboarded, tenants, units=units).resources if r.tenant in tenants]
+    texts = object_texts(share, stack) if units is not None else {}
     for r in share:
         r.parent, r.dependencies = None, []
     found = {name: unit for name, unit in units.units.items() if name.removeprefix("tenant:") in tenants} if units is not None else {}
-    return share, found
+    return share, found, texts
 
 
 def _placeholder(value: Any) -> str:
@@ -632,29 +657,15 @@ def from_graph(graph: Graph, cfg: FactoryConfig, texts: Mapping[str, Mapping[str
     made_by: dict[str, list[Manifest]] = {}
     owned: dict[str, tuple[str, ...]] = {}
     scopes = _scopes(graph.resources)
+    stack = stack_of(graph)
     for resource in graph.resources:
-        made: list[Manifest] = []
-        layer, tenant = scopes[resource.key]
-        if resource.type in HELM_RELEASE_TYPES:
-            made = helm_release_manifests(resource)
-            owned[resource.key] = crd_groups(resource.inputs["chart"])
-        elif resource.type == CONFIG_FILE_TYPE and (pin := manifest_pin(resource.inputs.get("file"))) is not None:
-            made = [Manifest(remote_manifest(pin), layer, tenant, resource.key)]
-            owned[resource.key] = pin.crd_groups
-        elif resource.type.startswith("kubernetes:") and not resource.type.startswith(NON_OBJECT_TYPES):
-            obj = kubernetes_object(resource)
-            if resource.secret_paths:
-                _mark_redacted(obj)
-            made = [Manifest(obj, layer, tenant, resource.key)]
-        for m in made if resource.retain_on_delete else ():
-            m.obj.setdefault("metadata", {}).setdefault("annotations", {}).update(KEEP_ANNOTATIONS)
+        made, groups = resource_manifests(resource, scopes[resource.key], stack)
+        if groups is not None:
+            owned[resource.key] = groups
         manifests += made
         if made:
             made_by[resource.key] = made
     staging = Staging(manifests, graph, owned)
-    stack = stack_of(graph)
-    for m in manifests:
-        _label(m, stack)
     for key, known in (texts or {}).items():
         for m in made_by.get(key, ()):
             m.text = known.get(m.ref)
@@ -673,6 +684,44 @@ def from_graph(graph: Graph, cfg: FactoryConfig, texts: Mapping[str, Mapping[str
         (inventory_entry(r, files.get(r.key), depends_on, scopes[r.key]) for r in graph.resources), key=lambda e: (e["layer"], e["type"], e["name"])
     )
     return Rendered(cfg, cfg.kubernetes.version, [by_path[path] for path in sorted(by_path)], inventory, graph, kustomizations=kustomizations)
+
+
+def resource_manifests(resource: Resource, scope: tuple[str, str | None], stack: str) -> tuple[list[Manifest], tuple[str, ...] | None]:
+    """The objects one resource puts in the bundle, labelled, as they are written (each file's
+    text is theirs alone: their resource, its `layer` and `tenant` scope and the stack), and the
+    CRD groups it installs (a release or a pinned manifest), else None."""
+    layer, tenant = scope
+    made: list[Manifest] = []
+    groups = None
+    if resource.type in HELM_RELEASE_TYPES:
+        made = helm_release_manifests(resource)
+        groups = crd_groups(resource.inputs["chart"])
+    elif resource.type == CONFIG_FILE_TYPE and (pin := manifest_pin(resource.inputs.get("file"))) is not None:
+        made = [Manifest(remote_manifest(pin), layer, tenant, resource.key)]
+        groups = pin.crd_groups
+    elif resource.type.startswith("kubernetes:") and not resource.type.startswith(NON_OBJECT_TYPES):
+        obj = kubernetes_object(resource)
+        if resource.secret_paths:
+            _mark_redacted(obj)
+        made = [Manifest(obj, layer, tenant, resource.key)]
+    for m in made if resource.retain_on_delete else ():
+        m.obj.setdefault("metadata", {}).setdefault("annotations", {}).update(KEEP_ANNOTATIONS)
+    for m in made:
+        _label(m, stack)
+    return made, groups
+
+
+def object_texts(resources: list[Resource], stack: str) -> dict[str, dict[str, str]]:
+    """The file texts of the objects of `resources` (linked to their parents: a scope is found
+    through them), by resource key and object (`Manifest.ref`), as `from_graph` takes them: what
+    a render worker dumps of its share, and the main process of its own while it waits."""
+    scopes = _scopes(resources)
+    texts: dict[str, dict[str, str]] = {}
+    for resource in resources:
+        made, _ = resource_manifests(resource, scopes[resource.key], stack)
+        if made:
+            texts[resource.key] = {m.ref: m.yaml() for m in made}
+    return texts
 
 
 def _scopes(resources: list[Resource]) -> dict[str, tuple[str, str | None]]:
@@ -928,7 +977,7 @@ def _label(m: Manifest, stack: str) -> None:
     patch only sets what the program sets on an object it does not own, plus the annotations
     that keep Flux and Argo CD from deleting or taking it over."""
     metadata = m.obj.setdefault("metadata", {})
-    if m.is_patch:
+    if _is_patch(m.origin):  # `Staging` puts it in the patches stage, whatever the rest needs
         metadata.setdefault("annotations", {}).update(PATCH_ANNOTATIONS)
         return
     labels = metadata.setdefault("labels", {})
