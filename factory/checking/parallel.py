@@ -64,8 +64,8 @@ class Shared(Generic[Part, Result]):
     def _fork(self) -> tuple[int, int]:
         read, write = os.pipe()
         with warnings.catch_warnings():
-            # Python 3.12 warns of forking a process with threads (the SDK's idle executor
-            # threads): the worker runs none of their code and takes none of their locks.
+            # Python 3.12 warns of forking a process that has other threads (a caller's): the
+            # worker runs none of their code and needs none of their locks.
             warnings.simplefilter("ignore", DeprecationWarning)
             pid = os.fork()
         if pid == 0:  # the worker: never returns into the caller's code
