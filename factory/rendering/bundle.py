@@ -541,11 +541,12 @@ def render_raw(
     return from_graph(Graph(sorted(resources, key=lambda r: r.urn)), cfg)
 
 
-WORKER_START = 20
-"""Tenants whose stacks cost what a worker's start does (its interpreter, imports and pipes, ~1.5 s
-of CPU, against ~0.06 s per tenant's stack and texts): the main process takes that many more than
-each worker, so that all finish their shares together (what the main process does after, the
-merge, waits for the last of them)."""
+WORKER_START = 30
+"""Tenants whose stacks cost what a worker's own work does (its interpreter and imports, pickling
+its share, about 2 s of CPU, against about 0.07 s per tenant's stack and texts; at 20 the worker
+still finished about 1 s after the main process's share at 200 to 1,000 tenants): the main process
+takes that many more than each worker, so that all finish their shares together (the merge after
+waits for the last of them)."""
 
 
 def _shares(names: list[str], workers: int) -> list[frozenset[str]]:
