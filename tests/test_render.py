@@ -16,7 +16,7 @@ import pytest
 from pulumi.runtime import resource as sdk_resource
 from pulumi.runtime import rpc
 
-from ai_factory.factory.rendering import harness
+from ai_factory.factory.rendering import bundle, harness
 from ai_factory.factory.rendering.harness import DuplicateResourceError, RecordingMocks, RecordingMonitor, run_program
 from ai_factory.factory.model.loading import validate
 from ai_factory.factory.rendering.bundle import render_raw
@@ -51,6 +51,15 @@ def test_a_render_in_worker_processes_is_the_serial_render_byte_for_byte(dev_raw
     assert [(r.urn, r.parent_urn, r.dependency_urns, r.inputs) for r in parallel.graph.resources] == [
         (r.urn, r.parent_urn, r.dependency_urns, r.inputs) for r in serial.graph.resources
     ]
+
+
+def test_the_main_process_takes_as_many_more_tenants_as_a_workers_start_costs():
+    """It has no interpreter to start: it takes `WORKER_START` tenants more than each worker, the
+    rest dealt in turn; every tenant in one share."""
+    names = [f"t{i:03}" for i in range(100)]
+    shares = bundle._shares(names, 2)
+    assert [len(s) for s in shares] == [(100 + bundle.WORKER_START) // 2, (100 - bundle.WORKER_START) // 2]
+    assert sorted(n for share in shares for n in share) == names
 
 
 def test_every_helm_release_becomes_a_flux_release_with_its_source(dev):

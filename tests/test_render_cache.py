@@ -55,6 +55,16 @@ def test_a_render_read_back_from_the_cache_is_the_cold_render_byte_for_byte(thre
     assert graph(again) == graph(cold)
 
 
+def test_a_cached_render_in_worker_processes_stores_what_the_serial_one_stores(three_tenants, seeded, tmp_path):
+    """Each process finishes its own objects (`bundle.finished_objects`): the files and the cache
+    entries are those of the serial cached render (`seeded`), byte for byte."""
+    raw, secret_sections, cold = three_tenants
+    parallel = render_raw(raw, secret_sections, validate(raw), stack="dev", cache=tmp_path, workers=3)
+    assert parallel.files() == cold.files() and graph(parallel) == graph(cold)
+    stored = {p.relative_to(tmp_path): p.read_bytes() for p in (tmp_path / "units").rglob("*.json")}
+    assert stored == {p.relative_to(seeded[0]): p.read_bytes() for p in (seeded[0] / "units").rglob("*.json")}
+
+
 def test_a_change_to_one_tenant_renders_that_tenant_again_only(three_tenants, seeded, tmp_path):
     raw, secret_sections, _ = three_tenants
     seeded_copy(seeded, tmp_path)

@@ -15,6 +15,7 @@ the whole render every time: they are linear in the objects.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from pathlib import Path
 from typing import Callable, Iterable
@@ -22,7 +23,7 @@ from typing import Callable, Iterable
 import msgspec
 
 from ai_factory.components.registry import checks_for, external_crds
-from ai_factory.factory.checking import hardening, isolation, ordering
+from ai_factory.factory.checking import hardening, isolation, ordering, parallel
 from ai_factory.factory.checking import policies as policy_check
 from ai_factory.factory.checking.findings import Finding
 from ai_factory.factory.checking.oracles import Oracles, is_core_api
@@ -123,6 +124,14 @@ def run_checks(
     findings: set[Finding] = set()
     by_part = cache is not None and rendered.graph is not None
     with settled_heap():  # the per-part checks too: digesting and checking parts allocate as much
+        if by_part:
+            assert cache is not None
+            # What every part's key holds besides its content, digested once for all of them.
+            context = digest(
+                library_digest(), oracle_state, rendered.kubernetes_version, sorted(rendered.layers()), policy_check.pack_config(rendered), [c.__name__ for c in PER_PART]
+            )
+            # Started first: forked workers check parts beside the fleet-wide checks below.
+            per_part = parallel.Shared(by_size(parts(rendered)), functools.partial(_part_findings, oracles=oracles, cache=cache, context=context))
         with isolation.View.shared():
             for check in checks(rendered):
                 if by_part and check in PER_PART:
@@ -131,14 +140,8 @@ def run_checks(
                 if on_check is not None:
                     on_check()
         if by_part:
-            assert cache is not None
-            # What every part's key holds besides its content, digested once for all of them.
-            context = digest(
-                library_digest(), oracle_state, rendered.kubernetes_version, sorted(rendered.layers()), policy_check.pack_config(rendered), [c.__name__ for c in PER_PART]
-            )
             keys = []
-            for part in parts(rendered).values():
-                key, found = _part_findings(part, oracles, cache, context)
+            for key, found in per_part.finish():
                 keys.append(key)
                 findings.update(found)
             write_entry(cache / "check-runs" / f"{_stack_name(rendered.graph)}.json", {"parts": keys})
@@ -182,6 +185,12 @@ def parts(rendered: Rendered) -> dict[tuple[str, str], Rendered]:
         )
         for part in sorted(set(manifests) | set(resources))
     }
+
+
+def by_size(found: dict[tuple[str, str], Rendered]) -> list[Rendered]:
+    """Parts largest first, then in part order: shared between processes, the last ones taken
+    are the quickest (no process is left checking a big one alone)."""
+    return [part for _, part in sorted(found.items(), key=lambda item: (-len(item[1].manifests) - len(item[1].graph.resources), item[0]))]
 
 
 def _part_of(tenant: str | None, layer: str) -> tuple[str, str]:

@@ -547,8 +547,8 @@ def render_raw(
     `project`: the Pulumi project the program runs in, whose name is the config namespace.
     `workers`: processes to render in (default: one per core, at most one per
     `PARALLEL_MIN_TENANTS` tenants). Each runs the whole program for its share of the tenants
-    (every share builds the same platform); the shares' tenant resources are merged by URN, so
-    the render is the serial one byte for byte. `on_resource` counts this process's share.
+    (every share builds the same platform; `_shares`); the shares' tenant resources are merged by
+    URN, so the render is the serial one byte for byte. `on_resource` counts this process's share.
     `offboarded`: registered tenants the program leaves out (see `program.main`).
     `cache`: the render cache directory (`cache.UnitCache`): layers and tenant stacks found there
     are read back, not registered again. The first render of a stack into a cache uses the
@@ -568,7 +568,7 @@ def render_raw(
             if units is None:
                 return from_graph(graph, cfg)
             return _cached(units, units.complete(graph.resources), cfg)
-    shares = [frozenset(names[i::workers]) for i in range(workers)]
+    shares = _shares(names, workers)
     # Plain interpreters, not multiprocessing's: a worker starts with no Pulumi runtime state, and
     # without importing the caller's main module (a script calling this need not guard its body).
     started = [
@@ -584,14 +584,18 @@ def render_raw(
         for feeder in feeders:
             feeder.start()
         resources = list(_run_share(project, stack, config, secret_keys, plan, offboarded, shares[0], on_resource, units).resources)
+        # With a cache every object built is stored with its text: each process finishes its own
+        # (here while the workers finish), not this one all of them after the merge.
+        finished = finished_objects(resources, stack) if units is not None else {}
         for process, feeder in zip(started, feeders):
             feeder.join()
             process.stdin = None  # written and closed by its feeder
             out, err = process.communicate()
             if process.returncode != 0:
                 raise RuntimeError(f"a render worker failed:\n{err.decode(errors='replace')[-4000:]}")
-            share_resources, share_units = pickle.loads(out)
+            share_resources, share_units, share_finished = pickle.loads(out)
             resources += share_resources
+            finished.update(share_finished)
             if units is not None:
                 units.adopt(share_units)
     finally:
@@ -605,8 +609,27 @@ def render_raw(
             raise DuplicateResourceError(f"two resources are named {r.name!r} with type {r.type}")
         seen.add(r.key)
     if units is not None:
-        return _cached(units, units.complete(resources), cfg)
+        return _cached(units, units.complete(resources), cfg, finished)
     return from_graph(Graph(sorted(resources, key=lambda r: r.urn)), cfg)
+
+
+WORKER_START = 30
+"""Tenants whose stacks cost what a worker's own work does (its interpreter and imports, pickling
+its share, about 2 s of CPU, against about 0.07 s per tenant's stack and texts; at 20 the worker
+still finished about 1 s after the main process's share at 200 to 1,000 tenants): the main process
+takes that many more than each worker, so that all finish their shares together (the merge after
+waits for the last of them)."""
+
+
+def _shares(names: list[str], workers: int) -> list[frozenset[str]]:
+    """Tenants dealt in name order to the share with the least work (the main process's first, a
+    worker's counting its start): neighbours in name order, often alike, spread over all."""
+    starts = [0, *([WORKER_START] * (workers - 1))]
+    shares: list[list[str]] = [[] for _ in starts]
+    for name in names:
+        share = min(range(workers), key=lambda i: (len(shares[i]) + starts[i], i))
+        shares[share].append(name)
+    return [frozenset(share) for share in shares]
 
 
 def program_config(raw: dict[str, Any], secret_sections: set[str], project: str) -> tuple[dict[str, str], list[str]]:
@@ -614,9 +637,10 @@ def program_config(raw: dict[str, Any], secret_sections: set[str], project: str)
     return {f"{project}:{section}": json.dumps(value, default=_placeholder) for section, value in raw.items()}, [f"{project}:{s}" for s in secret_sections]
 
 
-def _cached(units: UnitCache, resources: list[Resource], cfg: FactoryConfig) -> Rendered:
-    """The render of a cache's units: the cached ones' files as they were written, the built ones stored."""
-    rendered = from_graph(Graph(sorted(resources, key=lambda r: r.urn)), cfg, units.objects())
+def _cached(units: UnitCache, resources: list[Resource], cfg: FactoryConfig, finished: Mapping[str, list[tuple[dict[str, Any], str]]] | None = None) -> Rendered:
+    """The render of a cache's units: the cached ones' files as they were written, the built ones
+    stored. `finished`: built resources' objects the render workers already finished (`finished_objects`)."""
+    rendered = from_graph(Graph(sorted(resources, key=lambda r: r.urn)), cfg, {**units.objects(), **(finished or {})})
     built = units.built_keys()
     made: dict[str, list[tuple[dict[str, Any], str]]] = {}
     for m in rendered.manifests:
@@ -678,15 +702,17 @@ def _tenant_share(
     offboarded: frozenset[str],
     tenants: frozenset[str],
     cache: Path | None,
-) -> tuple[list[Resource], dict[str, Unit]]:
+) -> tuple[list[Resource], dict[str, Unit], dict[str, list[tuple[dict[str, Any], str]]]]:
     """A worker's share: its tenants' resources, unlinked (the merged graph links them again), and
-    with a cache what it found of its tenants' units (the caller merges and stores them)."""
+    with a cache what it found of its tenants' units (the caller merges and stores them) and its
+    objects finished (`finished_objects`)."""
     units = UnitCache(cache, "") if cache is not None else None
     share = [r for r in _run_share(project, stack, config, secret_keys, plan, offboarded, tenants, units=units).resources if r.tenant in tenants]
+    finished = finished_objects(share, stack) if units is not None else {}
     for r in share:
         r.parent, r.dependencies = None, []
     found = {name: unit for name, unit in units.units.items() if name.removeprefix("tenant:") in tenants} if units is not None else {}
-    return share, found
+    return share, found, finished
 
 
 def _placeholder(value: Any) -> str:
@@ -699,41 +725,23 @@ def _placeholder(value: Any) -> str:
 
 @no_cycle_collection(settle=True)
 def from_graph(graph: Graph, cfg: FactoryConfig, finished: Mapping[str, list[tuple[dict[str, Any], str]]] | None = None) -> Rendered:
-    """`finished`: some resources' objects as an earlier render finished them, with their file
-    texts, by resource key (the render cache's): taken as they are, not built again."""
+    """`finished`: some resources' objects as an earlier render (the render cache's) or a render
+    worker finished them, with their file texts, by resource key: taken as they are, not built again."""
     manifests: list[Manifest] = []
-    fresh: list[Manifest] = []
     owned: dict[str, tuple[str, ...]] = {}
     scopes = _scopes(graph.resources)
     finished = finished or {}
-    for resource in graph.resources:
-        made: list[Manifest] = []
-        layer, tenant = scopes[resource.key]
-        known = finished.get(resource.key)
-        if resource.type in HELM_RELEASE_TYPES:
-            owned[resource.key] = crd_groups(resource.inputs["chart"])
-            if known is None:
-                made = helm_release_manifests(resource)
-        elif resource.type == CONFIG_FILE_TYPE and (pin := manifest_pin(resource.inputs.get("file"))) is not None:
-            owned[resource.key] = pin.crd_groups
-            if known is None:
-                made = [Manifest(remote_manifest(pin), layer, tenant, resource.key)]
-        elif resource.type.startswith("kubernetes:") and not resource.type.startswith(NON_OBJECT_TYPES) and known is None:
-            obj = kubernetes_object(resource)
-            if resource.secret_paths:
-                _mark_redacted(obj)
-            made = [Manifest(obj, layer, tenant, resource.key)]
-        if known is not None:
-            manifests += [Manifest(obj, layer, tenant, resource.key, text=text) for obj, text in known]
-            continue
-        for m in made if resource.retain_on_delete else ():
-            m.obj.setdefault("metadata", {}).setdefault("annotations", {}).update(KEEP_ANNOTATIONS)
-        manifests += made
-        fresh += made
-    staging = Staging(manifests, graph, owned)
     stack = stack_of(graph)
-    for m in fresh:
-        _label(m, stack)
+    for resource in graph.resources:
+        layer, tenant = scopes[resource.key]
+        if (groups := installed_crd_groups(resource)) is not None:
+            owned[resource.key] = groups
+        known = finished.get(resource.key)
+        if known is None:
+            manifests += resource_manifests(resource, (layer, tenant), stack)
+        else:
+            manifests += [Manifest(obj, layer, tenant, resource.key, text=text) for obj, text in known]
+    staging = Staging(manifests, graph, owned)
     by_path: dict[str, Manifest] = {}
     for m in manifests:
         path = m.path
@@ -749,6 +757,48 @@ def from_graph(graph: Graph, cfg: FactoryConfig, finished: Mapping[str, list[tup
         (inventory_entry(r, files.get(r.key), depends_on, scopes[r.key]) for r in graph.resources), key=lambda e: (e["layer"], e["type"], e["name"])
     )
     return Rendered(cfg, cfg.kubernetes.version, [by_path[path] for path in sorted(by_path)], inventory, graph, kustomizations=kustomizations)
+
+
+def resource_manifests(resource: Resource, scope: tuple[str, str | None], stack: str) -> list[Manifest]:
+    """The objects one resource puts in the bundle, labelled, as they are written (each file's
+    text is theirs alone: their resource, its `layer` and `tenant` scope and the stack)."""
+    layer, tenant = scope
+    made: list[Manifest] = []
+    if resource.type in HELM_RELEASE_TYPES:
+        made = helm_release_manifests(resource)
+    elif resource.type == CONFIG_FILE_TYPE and (pin := manifest_pin(resource.inputs.get("file"))) is not None:
+        made = [Manifest(remote_manifest(pin), layer, tenant, resource.key)]
+    elif resource.type.startswith("kubernetes:") and not resource.type.startswith(NON_OBJECT_TYPES):
+        obj = kubernetes_object(resource)
+        if resource.secret_paths:
+            _mark_redacted(obj)
+        made = [Manifest(obj, layer, tenant, resource.key)]
+    for m in made if resource.retain_on_delete else ():
+        m.obj.setdefault("metadata", {}).setdefault("annotations", {}).update(KEEP_ANNOTATIONS)
+    for m in made:
+        _label(m, stack)
+    return made
+
+
+def installed_crd_groups(resource: Resource) -> tuple[str, ...] | None:
+    """The CRD groups a resource installs (a chart release or a pinned manifest), else None."""
+    if resource.type in HELM_RELEASE_TYPES:
+        return crd_groups(resource.inputs["chart"])
+    if resource.type == CONFIG_FILE_TYPE and (pin := manifest_pin(resource.inputs.get("file"))) is not None:
+        return pin.crd_groups
+    return None
+
+
+def finished_objects(resources: list[Resource], stack: str) -> dict[str, list[tuple[dict[str, Any], str]]]:
+    """The finished objects of `resources` (linked to their parents: a scope is found through
+    them) with their file texts, by resource key, as `from_graph` takes them: what a render
+    worker finishes of its share, and the main process of its own while it waits."""
+    scopes = _scopes(resources)
+    finished: dict[str, list[tuple[dict[str, Any], str]]] = {}
+    for resource in resources:
+        if made := resource_manifests(resource, scopes[resource.key], stack):
+            finished[resource.key] = [(m.obj, m.yaml()) for m in made]
+    return finished
 
 
 def _scopes(resources: list[Resource]) -> dict[str, tuple[str, str | None]]:
@@ -1005,7 +1055,7 @@ def _label(m: Manifest, stack: str) -> None:
     patch only sets what the program sets on an object it does not own, plus the annotations
     that keep Flux and Argo CD from deleting or taking it over."""
     metadata = m.obj.setdefault("metadata", {})
-    if m.is_patch:
+    if _is_patch(m.origin):  # `Staging` puts it in the patches stage, whatever the rest needs
         metadata.setdefault("annotations", {}).update(PATCH_ANNOTATIONS)
         return
     labels = metadata.setdefault("labels", {})

@@ -1,0 +1,129 @@
+"""Work over a render's parts on every core: forked workers and this process each take the next
+part not yet taken until none is left, and the results come back in the parts' order (what a
+part gives does not depend on who took it, so the whole is the serial one).
+
+A fork, not a fresh interpreter: the workers start with the render and the oracles already in
+memory (shared until written), where a new process would import the library and receive every
+part pickled. What the workers run must need nothing of this process but memory: pure Python
+over the parts (the per-part checks), no thread, lock or open connection of the parent's. Where
+`os.fork` is missing, or unsafe (macOS: system libraries may not survive it), everything runs
+here.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import pickle
+import signal
+import sys
+import traceback
+import warnings
+from typing import Callable, Generic, Sequence, TypeVar
+
+Part = TypeVar("Part")
+Result = TypeVar("Result")
+
+PARALLEL_MIN_PARTS = 40
+"""Parts per process below which the work stays in this one: a fork and its pages copied as the
+worker writes (a part's reference counts) cost more than a few parts' checks."""
+
+_INDEX = 8
+"""Bytes of the shared next-part counter."""
+
+
+def workers_for(parts: int) -> int:
+    """Processes to share `parts` parts between, this one included: one per core, each with at
+    least `PARALLEL_MIN_PARTS`; one where forking is not safe."""
+    if not hasattr(os, "fork") or not sys.platform.startswith("linux"):
+        return 1
+    return max(1, min(os.cpu_count() or 1, parts // PARALLEL_MIN_PARTS))
+
+
+class Shared(Generic[Part, Result]):
+    """`work` over `parts`: started (forked) on creation, `finish` does this process's share and
+    returns every part's result in order. Start it before other work of this process (the
+    fleet-wide checks) so that the workers run beside that too: this process joins in after."""
+
+    def __init__(self, parts: Sequence[Part], work: Callable[[Part], Result], workers: int | None = None):
+        self.parts, self.work = parts, work
+        self.results: dict[int, Result] = {}
+        # The next part to take, in memory the workers share, under a lock that is a pipe holding
+        # one byte: whoever reads it holds the lock (no semaphore, no helper process).
+        self._next = mmap.mmap(-1, _INDEX)
+        self._lock_read, self._lock_write = os.pipe()
+        os.write(self._lock_write, b".")
+        self._workers: list[tuple[int, int]] = []  # (pid, read end of its result pipe)
+        try:
+            for _ in range(1, workers if workers is not None else workers_for(len(parts))):
+                self._workers.append(self._fork())
+        except BaseException:
+            self._stop()
+            raise
+
+    def _fork(self) -> tuple[int, int]:
+        read, write = os.pipe()
+        with warnings.catch_warnings():
+            # Python 3.12 warns of forking a process that has other threads (a caller's): the
+            # worker runs none of their code and needs none of their locks.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:  # the worker: never returns into the caller's code
+            status = 1
+            try:
+                os.close(read)
+                try:
+                    outcome: tuple[bool, object] = (True, self._take_all())
+                except BaseException:
+                    outcome = (False, traceback.format_exc())
+                with os.fdopen(write, "wb") as out:
+                    pickle.dump(outcome, out, protocol=pickle.HIGHEST_PROTOCOL)
+                status = 0
+            finally:
+                os._exit(status)
+        os.close(write)
+        return pid, read
+
+    def _take(self) -> int | None:
+        os.read(self._lock_read, 1)
+        try:
+            i = int.from_bytes(self._next[:_INDEX], "little")
+            if i < len(self.parts):
+                self._next[:_INDEX] = (i + 1).to_bytes(_INDEX, "little")
+        finally:
+            os.write(self._lock_write, b".")
+        return i if i < len(self.parts) else None
+
+    def _take_all(self) -> dict[int, Result]:
+        done = {}
+        while (i := self._take()) is not None:
+            done[i] = self.work(self.parts[i])
+        return done
+
+    def finish(self) -> list[Result]:
+        try:
+            self.results.update(self._take_all())
+            while self._workers:
+                pid, read = self._workers[0]
+                with os.fdopen(read, "rb") as result:
+                    data = result.read()
+                self._workers.pop(0)
+                _, status = os.waitpid(pid, 0)
+                ok, value = pickle.loads(data) if data else (False, f"exited with status {status} and no result")
+                if not ok:
+                    raise RuntimeError(f"a check worker failed:\n{value}")
+                self.results.update(value)  # type: ignore[arg-type]
+        finally:
+            self._stop()
+        return [self.results[i] for i in range(len(self.parts))]
+
+    def _stop(self) -> None:
+        """Workers still running (this process failed first) killed; the lock's pipe closed."""
+        for pid, read in self._workers:
+            os.close(read)
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        self._workers = []
+        os.close(self._lock_read)
+        os.close(self._lock_write)
+        self._next.close()

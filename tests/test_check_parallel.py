@@ -1,0 +1,85 @@
+"""Parts checked on every core (`factory/checking/parallel.py`): what forked workers give is what
+this process alone gives, in the parts' order."""
+
+from __future__ import annotations
+
+import copy
+import os
+import sys
+import time
+
+import pytest
+
+from ai_factory.factory.checking import parallel
+from ai_factory.factory.checking.check import run_checks
+from ai_factory.factory.checking.oracles import Oracles, locate_upstream_dir
+from ai_factory.factory.rendering.bundle import Rendered
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parts are checked in forked workers on Linux only")
+
+
+def broken(rendered: Rendered) -> Rendered:
+    """A copy with findings in a platform layer's part and in a tenant's."""
+    clone = Rendered(rendered.config, rendered.kubernetes_version, copy.deepcopy(rendered.manifests), rendered.inventory, rendered.graph, kustomizations=rendered.kustomizations)
+    quota = next(m for m in clone.manifests if m.kind == "ResourceQuota" and m.tenant == "team-01")
+    quota.obj["spec"]["hardd"] = {}
+    release = next(m for m in clone.manifests if m.kind == "HelmRelease" and m.tenant is None)
+    release.obj["spec"]["values"]["notAValue"] = True
+    return clone
+
+
+def settled(condition, seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "the worker never got there"
+        time.sleep(0.01)
+
+
+def test_findings_checked_in_worker_processes_are_the_serial_ones(three_tenants, tmp_path, monkeypatch):
+    oracles = Oracles(locate_upstream_dir())
+    rendered = broken(three_tenants[2])
+    monkeypatch.setattr(parallel, "workers_for", lambda parts: 1)
+    serial = run_checks(rendered, oracles, cache=tmp_path / "serial")
+    assert {f.check for f in serial} >= {"schema", "helm-values"}
+    assert {f.tenants for f in serial if f.check == "schema"} == {("team-01",)}
+    monkeypatch.setattr(parallel, "workers_for", lambda parts: 3)
+    assert run_checks(rendered, oracles, cache=tmp_path / "parallel") == serial
+    stored = {p.relative_to(tmp_path / "parallel"): p.read_bytes() for p in (tmp_path / "parallel").rglob("*.json")}
+    assert stored == {p.relative_to(tmp_path / "serial"): p.read_bytes() for p in (tmp_path / "serial").rglob("*.json")}
+
+
+def test_results_come_back_in_the_parts_order_whoever_took_them(tmp_path):
+    def work(i: int) -> tuple[int, int]:
+        (tmp_path / str(i)).write_text("")
+        return i * i, os.getpid()
+
+    shared = parallel.Shared(range(20), work, workers=2)
+    settled(lambda: len(list(tmp_path.iterdir())) == 20)  # the worker took every part: this process has not started
+    results = shared.finish()
+    assert [square for square, _ in results] == [i * i for i in range(20)]
+    assert len({pid for _, pid in results} - {os.getpid()}) == 1
+
+
+def test_a_failing_worker_fails_the_caller_with_its_traceback(tmp_path):
+    caller = os.getpid()
+
+    def work(i: int) -> int:
+        if os.getpid() != caller:
+            (tmp_path / "failed").write_text("")
+            raise ValueError(f"part {i} is malformed")
+        return i
+
+    shared = parallel.Shared(range(5), work, workers=2)
+    settled((tmp_path / "failed").exists)
+    with pytest.raises(RuntimeError, match=r"(?s)a check worker failed:.*ValueError: part 0 is malformed"):
+        shared.finish()
+
+
+@pytest.mark.parametrize(
+    "cores, parts, workers",
+    [(2, 2 * parallel.PARALLEL_MIN_PARTS - 1, 1), (2, 2 * parallel.PARALLEL_MIN_PARTS, 2), (2, 10**4, 2), (1, 10**4, 1), (None, 10**4, 1)],
+    ids=["too-few-parts-for-two", "enough-for-two", "one-per-core", "one-core", "cores-unknown"],
+)
+def test_each_process_gets_at_least_the_minimum_parts_and_a_core(monkeypatch, cores, parts, workers):
+    monkeypatch.setattr(os, "cpu_count", lambda: cores)
+    assert parallel.workers_for(parts) == workers
