@@ -628,6 +628,12 @@ class _Chart:
     schema: dict[str, Any] | None
     subcharts: dict[str, _Chart | None] = field(default_factory=dict)
     """By values key (alias or name); None when the dependency's files are not in the oracle."""
+    subchart_defaults: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False, compare=False)
+    """A subchart's defaults under this chart's (`_coalesce`), by values key, made once."""
+    baselines: dict[tuple[int, FieldPath], tuple[Mapping[str, Any], set[tuple[FieldPath, str]]]] = field(default_factory=dict, repr=False, compare=False)
+    """The schema's errors of defaults on their own, by (their identity, path): the same for every
+    release of the chart, they were half of checking its values. Each holds its defaults, so an
+    id is not reused while it is kept."""
 
     @functools.cached_property
     def validator(self) -> Validator | None:
@@ -881,8 +887,9 @@ class Oracles:
             where = f"the {key} subchart's values.yaml"
             sub_nodes = self._root_nodes(subchart)
             key_problems.extend(self._key_problems(value, known_keys, subchart, sub_nodes, path, where))
-            sub_defaults = _coalesce(subchart.defaults, parent_default)
-            schema_problems |= self._schema_problems(subchart, sub_defaults, value, path)
+            if key not in chart.subchart_defaults:
+                chart.subchart_defaults[key] = _coalesce(subchart.defaults, parent_default)
+            schema_problems |= self._schema_problems(subchart, chart.subchart_defaults[key], value, path)
         # A misspelt key that a strict schema already reports as an unknown field needs no second line.
         unknown_to_schema = {path for path, message in schema_problems if message.startswith("unknown field")}
         key_problems = [
@@ -936,7 +943,10 @@ class Oracles:
             return set()
         suffix = f" ({chart.folder}/values.schema.json)"
         try:
-            baseline = _problems(chart.validator.iter_errors(dict(defaults)), path)
+            known = chart.baselines.get((id(defaults), path))
+            if known is None:
+                known = chart.baselines[id(defaults), path] = (defaults, _problems(chart.validator.iter_errors(dict(defaults)), path))
+            baseline = known[1]
             merged = _problems(chart.validator.iter_errors(_coalesce(defaults, overrides)), path)
         except referencing.exceptions.Unresolvable as error:
             raise OracleError(f"{chart.folder}/values.schema.json: unresolvable reference: {error}") from error
