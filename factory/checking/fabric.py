@@ -23,7 +23,8 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 from ai_factory.factory.checking.findings import Finding
 from ai_factory.factory.model.tenancy import LABEL_PREFIX, TENANT_LABEL
