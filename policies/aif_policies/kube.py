@@ -9,6 +9,7 @@ can't be enforced on these resources"), so rules on charts read their values.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -177,13 +178,22 @@ _SUFFIX = {
 }
 
 
+_QUANTITY = re.compile(r"([0-9]+(?:\.[0-9]+)?)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?")
+
+
 def quantity(value: Any) -> Fraction | None:
     """A Kubernetes quantity (`8`, `"500m"`, `"512Gi"`) as an exact number, None if unreadable."""
     if isinstance(value, bool):
         return None
     if isinstance(value, (int, float)):
         return Fraction(value)
-    match = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?", str(value).strip())
+    return _text_quantity(str(value).strip())
+
+
+@functools.lru_cache(maxsize=4096)
+def _text_quantity(text: str) -> Fraction | None:
+    # A fleet's quotas repeat a few figures thousands of times (every tenant's quota lines).
+    match = _QUANTITY.fullmatch(text)
     if not match:
         return None
     return Fraction(match.group(1)) * _SUFFIX[match.group(2) or ""]
