@@ -49,6 +49,9 @@ def plain_or_error(read):
         pytest.param(lambda p: list(p["metadata"].items()), id="items-reach-the-unknown"),
         pytest.param(lambda p: list(p["metadata"]), id="keys-are-not-checked"),
         pytest.param(lambda p: len(p["spec"]["containers"]), id="length-is-not-checked"),
+        pytest.param(lambda p: len(p["metadata"]), id="length-of-a-map"),
+        pytest.param(lambda p: p["spec"]["__target"], id="a-maps-target-holds-unchecked-values"),
+        pytest.param(lambda p: p["values"]["__target"], id="a-lists-target"),
         pytest.param(lambda p: [c for c in p["spec"]["containers"]], id="iterating-a-list-stops-at-the-unknown"),
         pytest.param(lambda p: p["spec"]["containers"][1], id="unknown-element-skips"),
         pytest.param(lambda p: p["spec"]["containers"][-2], id="negative-index-names-its-own-path"),
@@ -68,6 +71,11 @@ def plain_or_error(read):
 )
 def test_a_read_gives_what_crossguard_gives(read):
     assert plain_or_error(lambda: read(lazy_unknown_checking_proxy(INPUTS))) == plain_or_error(lambda: read(unknown_checking_proxy(INPUTS)))
+
+
+def test_a_list_at_the_top_reads_as_crossguards():
+    inputs = [{"a": UNKNOWN_STRING_VALUE}, 1]
+    assert plain_or_error(lambda: lazy_unknown_checking_proxy(inputs)) == plain_or_error(lambda: unknown_checking_proxy(inputs))
 
 
 def test_an_assignment_changes_the_proxy_never_the_inputs():
