@@ -7,6 +7,7 @@ absent); the tests of file-format handling build a tiny oracle directory of thei
 from __future__ import annotations
 
 import copy
+import datetime
 import json
 import pathlib
 from typing import Any
@@ -574,3 +575,28 @@ def test_locate_upstream_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.
         locate_upstream_dir()
     with pytest.raises(OracleError):
         Oracles(tmp_path / "missing")
+
+
+def test_served_schemas_are_reused_from_disk_only_for_the_same_crd_files(tmp_path: pathlib.Path, monkeypatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    crds = tmp_path / "oracles" / "product" / "crds"
+    crds.mkdir(parents=True)
+    (crds / "alpha.yaml").write_text(yaml.safe_dump(crd("Alpha", {"type": "string"})))
+    wrong = Oracles(tmp_path / "oracles").validate_custom_object(custom("Alpha", 1))
+    assert wrong and "spec" in wrong[0]
+    parsed = []
+    monkeypatch.setattr(oracles_module, "_read_crds", lambda path: parsed.append(path) or oracles_module._load_documents(path.read_text()))
+    assert Oracles(tmp_path / "oracles").validate_custom_object(custom("Alpha", 1)) == wrong
+    assert parsed == []  # same files: the schema read from the cache, no CRD parsed
+    (crds / "alpha.yaml").write_text(yaml.safe_dump(crd("Alpha", {"type": "integer"})))
+    assert Oracles(tmp_path / "oracles").validate_custom_object(custom("Alpha", 1)) == []
+    assert parsed == [crds / "alpha.yaml"]
+
+
+def test_a_crd_schema_json_cannot_hold_is_parsed_again_not_cached(tmp_path: pathlib.Path, monkeypatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    crds = tmp_path / "oracles" / "product" / "crds"
+    crds.mkdir(parents=True)
+    (crds / "alpha.yaml").write_text(yaml.safe_dump(crd("Alpha", {"type": "string", "default": datetime.date(2026, 1, 1)})))
+    assert Oracles(tmp_path / "oracles").validate_custom_object(custom("Alpha", "text")) == []
+    assert not (tmp_path / "cache" / "ai-factory" / "crd-schemas").exists()

@@ -23,7 +23,8 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 from ai_factory.factory.checking.findings import Finding
 from ai_factory.factory.model.tenancy import LABEL_PREFIX, TENANT_LABEL
@@ -236,16 +237,24 @@ def network_references(value: Any) -> list[tuple[str | None, str]] | None:
 
 
 def _annotation_sets(node: Any) -> Iterator[Mapping[str, Any]]:
-    """Every `metadata.annotations` of an object and of the pod templates it holds."""
-    if isinstance(node, Mapping):
-        annotations = _map(_map(node.get("metadata")).get("annotations"))
-        if annotations:
-            yield annotations
-        for value in node.values():
-            yield from _annotation_sets(value)
-    elif isinstance(node, Sequence) and not isinstance(node, (str, bytes)):
-        for value in node:
-            yield from _annotation_sets(value)
+    """Every `metadata.annotations` of an object and of the pod templates it holds, outermost first."""
+    # A stack of the open maps' and lists' iterators, not a generator per value: each value is
+    # still read in document order, when the recursion would read it (a value unknown during
+    # preview raises where it did).
+    pending: list[Iterator[Any]] = [iter((node,))]
+    while pending:
+        for value in pending[-1]:
+            if isinstance(value, Mapping):
+                annotations = _map(_map(value.get("metadata")).get("annotations"))
+                if annotations:
+                    yield annotations
+                pending.append(iter(value.values()))
+                break
+            if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+                pending.append(iter(value))
+                break
+        else:
+            pending.pop()
 
 
 def attachment_problems(items: Iterable[Item], tenant_of: Callable[[str | None], str | None]) -> Iterator[Problem]:

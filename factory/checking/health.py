@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from typing import Any, Iterable, Mapping
+from collections.abc import Mapping
+from typing import Any, Iterable
 
 from ai_factory.factory.checking.findings import Finding
 from ai_factory.factory.checking.isolation import ESCALATION_VERBS, SERVICE_ACCOUNTS_GROUP, View, bound_rules, rule_text
@@ -52,7 +53,8 @@ def detection_coverage(rendered: Rendered, oracles: Oracles | None) -> Iterable[
     remediation step (the NodeHealthCheck reboots only drained nodes), and runs a Self Node
     Remediation agent (the SelfNodeRemediationConfig tolerates its taints)."""
     nodes = _nodes(rendered)
-    releases = [m for m in rendered.manifests if m.kind == "HelmRelease" and rendered.release_chart(m) == NPD_CHART]
+    sources = rendered.oci_sources()
+    releases = [m for m in rendered.manifests if m.kind == "HelmRelease" and rendered.release_chart(m, sources) == NPD_CHART]
     checks = _of(rendered, *NHC)
     snr_configs = _of(rendered, *SNR_CONFIG)
     stepped = {pool for m in rendered.manifests if m.kind == "ConfigMap" and m.name == STEP for pool in _step_settings(m)}

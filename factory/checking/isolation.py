@@ -23,7 +23,8 @@ import ipaddress
 import json
 from fnmatch import fnmatchcase
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from collections.abc import Mapping
+from typing import Any, Callable, Iterable, Iterator
 
 import yaml
 
@@ -466,15 +467,21 @@ def pod_security(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
 
 def _pod_specs(value: Any) -> Iterator[Mapping[str, Any]]:
     """Every pod spec inside an object (Pod, workload templates, custom resources' templates, and
-    Dynamo's `extraPodSpec` with its `mainContainer`)."""
-    if isinstance(value, Mapping):
-        if isinstance(value.get("containers"), list) or _main_container(value) is not None:
-            yield value
-        for child in value.values():
-            yield from _pod_specs(child)
-    elif isinstance(value, list):
-        for child in value:
-            yield from _pod_specs(child)
+    Dynamo's `extraPodSpec` with its `mainContainer`), outermost first, in document order."""
+    # A walk of the maps and lists alone: a generator for every value, strings and numbers
+    # included, made this the isolation checks' largest cost.
+    pending = [value]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, Mapping):
+            if isinstance(node.get("containers"), list) or _main_container(node) is not None:
+                yield node
+            children = node.values()
+        elif isinstance(node, list):
+            children = node
+        else:
+            continue
+        pending.extend(reversed([child for child in children if isinstance(child, (Mapping, list))]))
 
 
 def tenant_pods(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:

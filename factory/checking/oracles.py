@@ -30,7 +30,7 @@ import re
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import jsonschema
 import kubernetes_validate
@@ -628,6 +628,12 @@ class _Chart:
     schema: dict[str, Any] | None
     subcharts: dict[str, _Chart | None] = field(default_factory=dict)
     """By values key (alias or name); None when the dependency's files are not in the oracle."""
+    subchart_defaults: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False, compare=False)
+    """A subchart's defaults under this chart's (`_coalesce`), by values key, made once."""
+    baselines: dict[tuple[int, FieldPath], tuple[Mapping[str, Any], set[tuple[FieldPath, str]]]] = field(default_factory=dict, repr=False, compare=False)
+    """The schema's errors of defaults on their own, by (their identity, path): the same for every
+    release of the chart, they were half of checking its values. Each holds its defaults, so an
+    id is not reused while it is kept."""
 
     @functools.cached_property
     def validator(self) -> Validator | None:
@@ -754,23 +760,29 @@ class Oracles:
         """Every distinct openAPIV3Schema the oracle files serve for group/version/kind, in path order."""
         key = (group, version, kind)
         if key not in self._served_schemas:
-            found: list[dict[str, Any]] = []
             index = self._crd_index(group, kind)
             sources = list(dict.fromkeys(path for path, name, served in index if name == version and served))
             shipped = [source for source in sources if source in self._shipped]
-            for source in shipped or sources:  # a chart's own CRD is the one its cluster gets
-                for crd in self._crds_in(source):
-                    spec = crd.get("spec") or {}
-                    if spec.get("group") != group or (spec.get("names") or {}).get("kind") != kind:
-                        continue
-                    for crd_version in spec.get("versions") or []:
-                        if crd_version.get("name") != version or crd_version.get("served") is not True:
-                            continue
-                        openapi = (crd_version.get("schema") or {}).get("openAPIV3Schema") or {}
-                        if openapi not in found:
-                            found.append(openapi)
-            self._served_schemas[key] = found
+            if shipped:  # a chart's own CRD is the one its cluster gets
+                self._served_schemas[key] = self._schemas_in(shipped, group, version, kind)
+            else:
+                self._served_schemas[key] = _cached_schemas(sources, key, lambda: self._schemas_in(sources, group, version, kind))
         return self._served_schemas[key]
+
+    def _schemas_in(self, sources: list[pathlib.Path], group: str, version: str, kind: str) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = []
+        for source in sources:
+            for crd in self._crds_in(source):
+                spec = crd.get("spec") or {}
+                if spec.get("group") != group or (spec.get("names") or {}).get("kind") != kind:
+                    continue
+                for crd_version in spec.get("versions") or []:
+                    if crd_version.get("name") != version or crd_version.get("served") is not True:
+                        continue
+                    openapi = (crd_version.get("schema") or {}).get("openAPIV3Schema") or {}
+                    if openapi not in found:
+                        found.append(openapi)
+        return found
 
     def _served_versions(self, group: str, kind: str) -> list[str]:
         return sorted({name for _, name, served in self._crd_index(group, kind) if served})
@@ -875,8 +887,9 @@ class Oracles:
             where = f"the {key} subchart's values.yaml"
             sub_nodes = self._root_nodes(subchart)
             key_problems.extend(self._key_problems(value, known_keys, subchart, sub_nodes, path, where))
-            sub_defaults = _coalesce(subchart.defaults, parent_default)
-            schema_problems |= self._schema_problems(subchart, sub_defaults, value, path)
+            if key not in chart.subchart_defaults:
+                chart.subchart_defaults[key] = _coalesce(subchart.defaults, parent_default)
+            schema_problems |= self._schema_problems(subchart, chart.subchart_defaults[key], value, path)
         # A misspelt key that a strict schema already reports as an unknown field needs no second line.
         unknown_to_schema = {path for path, message in schema_problems if message.startswith("unknown field")}
         key_problems = [
@@ -930,7 +943,10 @@ class Oracles:
             return set()
         suffix = f" ({chart.folder}/values.schema.json)"
         try:
-            baseline = _problems(chart.validator.iter_errors(dict(defaults)), path)
+            known = chart.baselines.get((id(defaults), path))
+            if known is None:
+                known = chart.baselines[id(defaults), path] = (defaults, _problems(chart.validator.iter_errors(dict(defaults)), path))
+            baseline = known[1]
             merged = _problems(chart.validator.iter_errors(_coalesce(defaults, overrides)), path)
         except referencing.exceptions.Unresolvable as error:
             raise OracleError(f"{chart.folder}/values.schema.json: unresolvable reference: {error}") from error
@@ -1069,6 +1085,44 @@ def cached_crd_index(root: pathlib.Path, cache_dir: pathlib.Path) -> dict[tuple[
     except OSError:
         pass
     return index
+
+
+SERVED_SCHEMAS_FORMAT = 1
+"""Bumped when the on-disk served schemas change shape, so an old cache is never read."""
+
+
+def _cached_schemas(sources: list[pathlib.Path], gvk: tuple[str, str, str], read: Callable[[], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The schemas oracle files serve for one group/version/kind (`read()` parses them), from the
+    user's cache when those files are byte for byte those they were read from: a check of one
+    changed tenant needs a dozen kinds, and parsing their CRD files was most of its schema check."""
+    from ai_factory.factory.rendering.charts import user_cache_dir
+
+    digest = hashlib.sha256(json.dumps([f"served-schemas {SERVED_SCHEMAS_FORMAT}", *gvk]).encode())
+    try:
+        for path in sources:
+            digest.update(hashlib.sha256(path.read_bytes()).digest())
+    except OSError:
+        return read()  # as the parse reports it
+    cached = user_cache_dir() / "crd-schemas" / f"{digest.hexdigest()}.json"
+    try:
+        return json.loads(cached.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        pass
+    found = read()
+    try:
+        text = json.dumps(found)
+    except (TypeError, ValueError):
+        return found  # a value JSON cannot hold (a YAML timestamp): parsed every time
+    if json.loads(text) != found:
+        return found  # JSON would change it (a number as a key)
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        partial = cached.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(text, encoding="utf-8")
+        partial.replace(cached)  # atomic: a concurrent check reads all of it or none
+    except OSError:
+        pass
+    return found
 
 
 def _index_crds(sources: Iterable[tuple[pathlib.Path, list[dict[str, Any]]]]) -> dict[tuple[str, str], list[tuple[pathlib.Path, str, bool]]]:

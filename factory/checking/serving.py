@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import re
 from decimal import Decimal
-from typing import Any, Iterable, Iterator, Mapping
+from collections.abc import Mapping
+from typing import Any, Iterable, Iterator
 
 from ai_factory.factory.checking.findings import Finding
 from ai_factory.factory.checking.isolation import View

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, Iterable, Iterator
 
 from ai_factory.factory.checking.findings import Finding
 from ai_factory.factory.checking.oracles import Oracles

@@ -21,7 +21,8 @@ The same functions serve the policy pack (`policies/aif_policies/vms.py`) over a
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, Iterable, Iterator
 
 from ai_factory.factory.checking.findings import Finding
 from ai_factory.factory.checking.oracles import Oracles
@@ -241,10 +242,11 @@ def vm_dra_claims(rendered: Rendered, oracles: Oracles | None) -> Iterable[Findi
             tenant = tenants.get(m.namespace or "")
             for problem in claim_problems(_spec(m.obj), templates.get(m.namespace, {})):
                 yield Finding("vm-dra", m.ref, problem, (tenant,) if tenant else ())
+    sources = rendered.oci_sources()
     for m in rendered.manifests:
         if m.kind == "KubeVirt":
             for problem in gate_problems(_spec(m.obj), _map(_map(m.obj.get("metadata")).get("annotations")), dra_vms):
                 yield Finding("vm-dra", m.ref, problem)
-        elif m.kind == "HelmRelease" and rendered.release_chart(m) == DRA_DRIVER_CHART:
+        elif m.kind == "HelmRelease" and rendered.release_chart(m, sources) == DRA_DRIVER_CHART:
             for problem in driver_gate_problems(_map(_spec(m.obj).get("values")), dra_vms):
                 yield Finding("vm-dra", m.ref, problem)

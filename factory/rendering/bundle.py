@@ -177,12 +177,17 @@ class Rendered:
         """The layers the render holds objects of (the whole render's, for a part)."""
         return self.whole_layers if self.whole_layers is not None else frozenset(m.layer for m in self.manifests)
 
-    def release_chart(self, release: Manifest) -> str | None:
-        """The chart name of a HelmRelease: its chart spec's, or its OCIRepository's URL's last part."""
+    def oci_sources(self) -> dict[tuple[str | None, str], Manifest]:
+        """The OCIRepositories by (namespace, name), the last of a name winning: `release_chart`'s
+        index, built once by a caller asking for many releases' charts."""
+        return {(m.namespace, m.name): m for m in self.manifests if m.kind == "OCIRepository"}
+
+    def release_chart(self, release: Manifest, sources: Mapping[tuple[str | None, str], Manifest] | None = None) -> str | None:
+        """The chart name of a HelmRelease: its chart spec's, or its OCIRepository's URL's last part
+        (`sources`: `oci_sources()`, when the caller has it)."""
         spec = release.obj.get("spec") or {}
         if "chartRef" in spec:
-            sources = {m.name: m for m in self.manifests if m.kind == "OCIRepository" and m.namespace == release.namespace}
-            source = sources.get((spec.get("chartRef") or {}).get("name"))
+            source = (self.oci_sources() if sources is None else sources).get((release.namespace, (spec.get("chartRef") or {}).get("name")))
             return str((source.obj.get("spec") or {}).get("url", "")).rstrip("/").rsplit("/", 1)[-1] if source else None
         return ((spec.get("chart") or {}).get("spec") or {}).get("chart")
 

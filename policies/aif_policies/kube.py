@@ -9,6 +9,7 @@ can't be enforced on these resources"), so rules on charts read their values.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -95,15 +96,22 @@ def pod_specs(value: Any) -> Iterator[Mapping[str, Any]]:
     """Every pod spec inside an object or chart values: any mapping with a `containers` list, at
     any depth (Pods, workload templates, and custom resources embedding pod templates alike), or
     with a `mainContainer` (Dynamo's `extraPodSpec`, whose operator adds the pod's main container)."""
-    if isinstance(value, Mapping):
-        if any(isinstance(c, Mapping) for c in as_list(value.get("containers"))) or main_container(value) is not None:
-            yield value
-        for key, item in value.items():
-            if key != "metadata":
-                yield from pod_specs(item)
-    elif isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
-        for item in value:
-            yield from pod_specs(item)
+    # A stack of the open maps' and lists' iterators, not a generator per value (three policies
+    # walk every object): each value is still read in document order, when the recursion would
+    # read it (a value unknown during preview raises where it did).
+    pending: list[Iterator[Any]] = [iter((value,))]
+    while pending:
+        for item in pending[-1]:
+            if isinstance(item, Mapping):
+                if any(isinstance(c, Mapping) for c in as_list(item.get("containers"))) or main_container(item) is not None:
+                    yield item
+                pending.append(child for key, child in item.items() if key != "metadata")
+                break
+            if isinstance(item, Sequence) and not isinstance(item, (str, bytes)):
+                pending.append(iter(item))
+                break
+        else:
+            pending.pop()
 
 
 def containers(pod_spec: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
@@ -177,13 +185,22 @@ _SUFFIX = {
 }
 
 
+_QUANTITY = re.compile(r"([0-9]+(?:\.[0-9]+)?)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?")
+
+
 def quantity(value: Any) -> Fraction | None:
     """A Kubernetes quantity (`8`, `"500m"`, `"512Gi"`) as an exact number, None if unreadable."""
     if isinstance(value, bool):
         return None
     if isinstance(value, (int, float)):
         return Fraction(value)
-    match = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?", str(value).strip())
+    return _text_quantity(str(value).strip())
+
+
+@functools.lru_cache(maxsize=4096)
+def _text_quantity(text: str) -> Fraction | None:
+    # A fleet's quotas repeat a few figures thousands of times (every tenant's quota lines).
+    match = _QUANTITY.fullmatch(text)
     if not match:
         return None
     return Fraction(match.group(1)) * _SUFFIX[match.group(2) or ""]
