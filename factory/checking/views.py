@@ -116,7 +116,7 @@ def view_keys(rendered: Rendered, platform_parts: Iterable[Rendered], tenant_dig
     namespaces = content_digest([m for m in rendered.manifests if m.kind == "Namespace"], [r for r in resources if r.type == NAMESPACE])
     platform = _sha(context, content_digest(*unscoped), namespaces, "platform")
     serving: dict[str, list[str]] = {}
-    for key, (manifests, resources) in sorted(scoped.items()):
+    for key, (manifests, resources) in scoped.items():
         made = _sha(key, content_digest(manifests, resources))
         for tenant in rendered.scopes[key]:
             serving.setdefault(tenant, []).append(made)
