@@ -74,9 +74,21 @@ def service(name: str, namespace: str, tenant: str) -> dict:
     }
 
 
+def peers(name: str, namespace: str, tenant: str, labels: dict) -> dict:
+    """A NetworkPolicy of `tenant` admitting the pods of the namespaces with these labels."""
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"ai-factory.io/tenant": tenant}},
+        "spec": {"podSelector": {}, "ingress": [{"from": [{"namespaceSelector": {"matchLabels": labels}}]}]},
+    }
+
+
 def broken(r: Rendered) -> Rendered:
     """`r` with violations: in CHANGED's namespace and UNCHANGED's, one tenant's pods in another's
-    namespace, unlabelled objects, and a privileged platform agent nobody declared."""
+    namespace and its network policy admitting that namespace, unlabelled objects, a queue missing,
+    a trust domain's flavors oversubscribed by one of its two tenants, and a privileged platform
+    agent nobody declared."""
     r = copy.deepcopy(r)
     for tenant in (CHANGED, UNCHANGED):
         added(r, tenant, pods("miner", f"tenant-{tenant}", tenant))
@@ -84,12 +96,23 @@ def broken(r: Rendered) -> Rendered:
     added(r, "team-02", pods("stray", "tenant-team-04", "team-02"))
     added(r, "team-04", pods("unlabelled", "tenant-team-04", None))
     added(r, None, pods("agent", "default", None))
+    added(r, "team-02", peers("neighbours", "tenant-team-02", "team-02", {"kubernetes.io/metadata.name": "tenant-team-04"}))
+    added(r, CHANGED, peers("everyone", f"tenant-{CHANGED}", CHANGED, {}))
     for m in r.manifests:
+        if m.tenant == "team-02" and m.kind == "ClusterQueue":  # its trust domain's flavors oversubscribed, team-05's queue with it
+            for spec in (m.obj["spec"], next(x for x in r.graph.resources if x.key == m.origin).inputs["spec"]):
+                for group in spec["resourceGroups"]:
+                    for flavor in group["flavors"]:
+                        for resource in flavor["resources"]:
+                            resource["nominalQuota"] = 1000
         if m.tenant == UNCHANGED and m.kind in ("ResourceQuota", "Namespace"):
             # The quota unlabelled, the namespace without its Pod Security levels.
             for labels in (m.obj["metadata"]["labels"], next(x for x in r.graph.resources if x.key == m.origin).inputs["metadata"]["labels"]):
                 for key in [k for k in labels if m.kind == "ResourceQuota" or k.startswith("pod-security.kubernetes.io/")]:
                     del labels[key]
+    queue = next(m for m in r.manifests if m.tenant == UNCHANGED and m.kind == "LocalQueue")
+    r.manifests.remove(queue)
+    r.graph.resources = [x for x in r.graph.resources if x.key != queue.origin]
     return r
 
 
@@ -116,7 +139,17 @@ def units(before, oracles):
 
 def test_the_injected_violations_are_found_by_tenant_local_checks(before, units):
     found = {f.check for run in units.values() for f in run(before[0])}
-    assert {"tenant-pods", "pod-security", "tenant-services-internal", "tenant-pod-security-context", "tenant-objects-labelled", "privileged-workloads"} <= found
+    assert {
+        "tenant-pods",
+        "pod-security",
+        "privileged-workloads",
+        "network-allow-rules",
+        "tenant-labels",
+        "tenant-services-internal",
+        "tenant-pod-security-context",
+        "tenant-objects-labelled",
+        "gpu-namespaces-queued",
+    } <= found
 
 
 LOCAL = [

@@ -26,7 +26,7 @@ def tenant_local(check: C) -> C:
     """Marks a fleet-wide check tenant-local: over a render it finds exactly what it finds over
     each tenant's view (`checking.views`: the tenant's objects and resources, the platform's made
     for it, the platform's made for no tenant in particular), each finding in the view of every
-    tenant it is attributed to (its tenants, the tenants of the object it names), and a finding
+    tenant it is attributed to (those of the object it names, else its tenants), and a finding
     attributed to none in every view alike. It reads the render's objects, resources and
     inventory, never its config. The check cache then keeps its findings per tenant and checks
     only the changed tenants' views again (tests/test_check_views.py holds every marked check to

@@ -254,6 +254,7 @@ def _finding(check: str, m: Manifest, message: str, *tenants: str | None) -> Fin
 # --------------------------------------------------------------------------- A. tenancy and RBAC
 
 
+@tenant_local
 def tenant_labels(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
     """A1, A14: every object in a tenant's namespace carries its tenant label; a tenant's objects
     live in its namespace (or are cluster-scoped), never in another tenant's or the platform's."""
@@ -667,6 +668,7 @@ def network_default_deny(rendered: Rendered, oracles: Oracles) -> Iterable[Findi
                 yield _finding("network-default-deny", t.manifest, f"egress of {ns} to the cloud metadata address {ip} is not denied", t.tenant)
 
 
+@tenant_local
 def network_allow_rules(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
     """C25, C26: allow rules of every policy that selects a tenant's pods admit only its own
     namespace and named platform pods: no other tenant's namespace, no selector spanning every

@@ -3,8 +3,8 @@
 A tenant's view is what of the render concerns it: its own objects and resources, the platform's
 made for it (`Rendered.scopes`: a tenant's query proxy, its trust domain's queue), the platform's
 made for no tenant in particular, and every namespace (whose namespace an object is in is part of
-what it is: a tenant's pods in another's namespace). A finding is attributed to the tenants it names and
-those of the object or resource it names (`owners`); attributed to none, it is the platform's.
+what it is: a tenant's pods in another's namespace). A finding is attributed to the tenants of the
+object or resource it names (`owners`), else to the tenants it names; to none, it is the platform's.
 
 A check marked `findings.tenant_local` finds over the whole render what it finds over the views:
 each finding attributed to a tenant in that tenant's view, each of the platform's in every view
@@ -12,8 +12,8 @@ alike (tests/test_check_views.py holds every marked check to it). So its finding
 tenant, under a digest of the tenant's view and the check context, plus the platform's under a
 digest of the unscoped platform; after a change only the views of the tenants whose key moved
 are checked again, as one render, and the others' findings are read back. A change to the
-unscoped platform or to a namespace moves every key: the whole render is checked again, as when most tenants
-changed. Either way the findings are the whole render's.
+unscoped platform or to a namespace moves every key: the whole render is checked again, as when
+most tenants changed. Either way the findings are the whole render's.
 """
 
 from __future__ import annotations
@@ -60,8 +60,9 @@ def _scope(rendered: Rendered, tenant: str | None, key: str) -> frozenset[str] |
 
 
 def attributed(finding: Finding, owned: Mapping[str, frozenset[str]], tenants: frozenset[str] | set[str]) -> frozenset[str]:
-    """The tenants among `tenants` (those with a view) a finding is attributed to; none: the platform's."""
-    return (frozenset(finding.tenants) | owned.get(finding.ref, frozenset())) & tenants
+    """The tenants among `tenants` (those with a view) a finding is attributed to: those of the
+    object or resource it names, else those it names; none: the platform's."""
+    return (owned.get(finding.ref) or frozenset(finding.tenants)) & tenants
 
 
 def tenants_of(rendered: Rendered) -> frozenset[str]:
