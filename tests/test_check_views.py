@@ -206,6 +206,13 @@ def test_a_warm_check_after_a_change_finds_what_a_cold_one_finds(six, before, or
     assert ran == checked
 
 
+def test_an_unchanged_render_is_read_back_without_checking(before, oracles, tmp_path, monkeypatch):
+    r = before[0]
+    cold = run_checks(r, oracles, cache=tmp_path)
+    monkeypatch.setattr(check, "_run_all", lambda *args: pytest.fail("a tenant-local check ran again"))
+    assert run_checks(r, oracles, cache=tmp_path) == cold
+
+
 def test_a_change_of_the_platform_or_oracles_checks_every_view_again(before, oracles, tmp_path):
     r = before[0]
     run_checks(r, oracles, cache=tmp_path, oracle_state="one")

@@ -13,7 +13,8 @@ tenant, under a digest of the tenant's view and the check context, plus the plat
 digest of the unscoped platform; after a change only the views of the tenants whose key moved
 are checked again, as one render, and the others' findings are read back. A change to the
 unscoped platform or to a namespace moves every key: the whole render is checked again, as when
-most tenants changed. Either way the findings are the whole render's.
+most tenants changed. Either way the findings are the whole render's. Views are of a render with
+its resource graph (a rendered directory is checked whole).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def owners(rendered: Rendered) -> dict[str, frozenset[str]]:
     for m in rendered.manifests:
         if (tenants := _scope(rendered, m.tenant, m.origin)) is not None:
             add(m.ref, tenants)
-    for r in rendered.graph.resources if rendered.graph is not None else ():
+    for r in rendered.graph.resources:
         if (tenants := _scope(rendered, r.tenant, r.key)) is not None:
             add(r.key, tenants)
     return found
@@ -67,7 +68,7 @@ def attributed(finding: Finding, owned: Mapping[str, frozenset[str]], tenants: f
 
 def tenants_of(rendered: Rendered) -> frozenset[str]:
     """The tenants with a view: those with objects or resources, and those the platform made some for."""
-    resources = rendered.graph.resources if rendered.graph is not None else ()
+    resources = rendered.graph.resources
     return frozenset(
         {m.tenant for m in rendered.manifests if m.tenant} | {t for r in resources if (t := r.tenant)} | {t for served in rendered.scopes.values() for t in served}
     )
@@ -82,13 +83,13 @@ def view(rendered: Rendered, tenants: frozenset[str] | set[str]) -> Rendered:
         served = _scope(rendered, tenant, key)
         return served is None or not served.isdisjoint(tenants)
 
-    resources = [r for r in rendered.graph.resources if r.type == NAMESPACE or seen(r.tenant, r.key)] if rendered.graph is not None else []
+    resources = [r for r in rendered.graph.resources if r.type == NAMESPACE or seen(r.tenant, r.key)]
     return Rendered(
         None,
         rendered.kubernetes_version,
         [m for m in rendered.manifests if m.kind == "Namespace" or seen(m.tenant, m.origin)],
         [e for e in rendered.inventory if seen(e.get("tenant"), f"{e.get('type')}::{e.get('name')}")],
-        Graph.subset(resources) if rendered.graph is not None else None,
+        Graph.subset(resources),
         whole_layers=rendered.layers(),
         scopes=rendered.scopes,
     )
@@ -111,10 +112,9 @@ def view_keys(rendered: Rendered, platform_parts: Iterable[Rendered], tenant_dig
     for part in platform_parts:
         for m in part.manifests:
             (scoped.setdefault(m.origin, ([], [])) if m.origin in rendered.scopes else unscoped)[0].append(m)
-        for r in part.graph.resources if part.graph is not None else ():
+        for r in part.graph.resources:
             (scoped.setdefault(r.key, ([], [])) if r.key in rendered.scopes else unscoped)[1].append(r)
-    resources = rendered.graph.resources if rendered.graph is not None else ()
-    namespaces = content_digest([m for m in rendered.manifests if m.kind == "Namespace"], [r for r in resources if r.type == NAMESPACE])
+    namespaces = content_digest([m for m in rendered.manifests if m.kind == "Namespace"], [r for r in rendered.graph.resources if r.type == NAMESPACE])
     platform = _sha(context, content_digest(*unscoped), namespaces, "platform")
     serving: dict[str, list[str]] = {}
     for key, (manifests, resources) in scoped.items():
@@ -151,13 +151,12 @@ def local_findings(rendered: Rendered, run: Run, cache: Path, platform_key: str,
             ours.append(f)
         for t in to & changed:
             by_tenant[t].append(f)
-    if checked is rendered or platform is None:
-        if platform is None:
-            write_findings(cache, platform_key, ours)
-        platform = ours  # a view's are the whole's (the platform is in every view): the whole's are kept
+    if platform is None:
+        write_findings(cache, platform_key, ours)
     for t in changed:
         write_findings(cache, keys[t], by_tenant[t])
-    return {*platform, *(f for t in changed for f in by_tenant[t]), *(f for t, found in cached.items() if t not in changed for f in found)}
+    # The platform's findings are those of every view: a view's are the whole's.
+    return {*ours, *(f for t in changed for f in by_tenant[t]), *(f for t, found in cached.items() if t not in changed for f in found)}
 
 
 def _path(cache: Path, key: str) -> Path:
