@@ -227,3 +227,13 @@ def test_a_change_of_the_platform_or_oracles_checks_every_view_again(before, ora
     cached = entries(tmp_path)
     assert run_checks(platform, oracles, cache=tmp_path, oracle_state="another") == run_checks(platform, oracles)
     assert len(entries(tmp_path) - cached) == 1 + tenants + 1  # the platform layer's part, every view, the platform's
+
+
+@pytest.mark.parametrize("cached", [False, True], ids=["uncached", "cold-cache"])
+def test_the_pack_builds_the_renders_resources_once(before, oracles, tmp_path, monkeypatch, cached):
+    """Its resource policies (uncached), tenant-local stack policies and the others are three checks, over the whole render each."""
+    r, built = before[0], []
+    real = policy_check.resources_from_graph
+    monkeypatch.setattr(policy_check, "resources_from_graph", lambda graph: built.append(graph) or real(graph))
+    run_checks(r, oracles, cache=tmp_path if cached else None)
+    assert sum(graph is r.graph for graph in built) == 1

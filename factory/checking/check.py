@@ -123,8 +123,9 @@ def run_checks(
     by_part = cache is not None and rendered.graph is not None
     every = checks(rendered)
     local = [c for c in every if is_tenant_local(c)] if by_part else []
-    # One block for the tenant-local checks too: run over the whole render, they reuse its view.
-    with settled_heap(), isolation.View.shared():  # the per-part checks too: digesting and checking parts allocate as much
+    # One block for the tenant-local checks too: run over the whole render, they reuse its view and
+    # the stack policies' resources.
+    with settled_heap(), isolation.View.shared(), policy_check.shared(rendered):  # the per-part checks too: digesting and checking parts allocate as much
         for check in every:
             if by_part and (check in PER_PART or check in local):
                 continue

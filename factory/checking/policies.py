@@ -21,7 +21,8 @@ checks on them (`stateful-resources-protected`) skip it. `factory check <env>` i
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -226,15 +227,39 @@ def _stack_of(graph: Graph | None) -> str | None:
     return urn.removeprefix("urn:pulumi:").split("::", 1)[0] if urn.startswith("urn:pulumi:") else None
 
 
+_shared: tuple[Rendered, list[tuple[list[PolicyResource], dict[str, str | None]]]] | None = None
+
+
+@contextmanager
+def shared(rendered: Rendered) -> Iterator[None]:
+    """The pack's checks run in this block over `rendered` share its resources as CrossGuard sees
+    them (`run_checks`: the resource policies, the tenant-local stack policies and the others are
+    three checks, and building the resources is most of their time); a part's are not kept."""
+    global _shared
+    outer, _shared = _shared, (rendered, [])
+    try:
+        yield
+    finally:
+        _shared = outer
+
+
+def _resources(rendered: Rendered) -> tuple[list[PolicyResource], dict[str, str | None]]:
+    """The render's resources as CrossGuard sees them, and the tenant of each (by URN)."""
+    kept = _shared[1] if _shared is not None and _shared[0] is rendered else None
+    if kept:
+        return kept[0]
+    found = resources_from_graph(rendered.graph) if rendered.graph is not None else resources_from_directory(rendered)
+    if kept is not None:
+        kept.append(found)
+    return found
+
+
 def policies(
     rendered: Rendered, oracles: Oracles, kinds: tuple[type, ...] = POLICY_KINDS, which: Callable[[Any], bool] = lambda policy: True
 ) -> Iterable[Finding]:
     """The CrossGuard pack (`policies/`) over the rendered resource graph; a finding is named after
     the policy and says what the pack says."""
-    if rendered.graph is not None:
-        resources, tenants = resources_from_graph(rendered.graph)
-    else:
-        resources, tenants = resources_from_directory(rendered)
+    resources, tenants = _resources(rendered)
     for policy_name, resource, message in run_policies(resources, policy_config(_stack_of(rendered.graph)), kinds, which):
         ref = f"{resource.resource_type}::{resource.name}" if resource is not None else STACK_REF
         tenant = tenants.get(resource.urn) if resource is not None else None
