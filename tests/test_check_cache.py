@@ -9,7 +9,7 @@ import gc
 import pytest
 
 from ai_factory.factory import heap
-from ai_factory.factory.checking import check
+from ai_factory.factory.checking import check, views
 from ai_factory.factory.checking.check import PER_PART, parts, run_checks
 from ai_factory.factory.checking.oracles import Oracles, locate_upstream_dir
 from ai_factory.factory.model.loading import validate
@@ -48,7 +48,7 @@ def test_a_change_to_one_tenant_checks_that_tenant_again_only(three_tenants, ora
     changed["tenants"][2]["quota"] = {"cpu": "33"}
     again = render_raw(changed, secret_sections, validate(changed), stack="dev")
     assert run_checks(again, oracles, cache=tmp_path) == run_checks(again, oracles)
-    assert len(entries(tmp_path) - before) == 1
+    assert len(entries(tmp_path) - before) == 2  # its part (per-part checks) and its view (tenant-local checks)
 
 
 def test_other_oracles_check_every_part_again(three_tenants, oracles, tmp_path):
@@ -56,7 +56,7 @@ def test_other_oracles_check_every_part_again(three_tenants, oracles, tmp_path):
     run_checks(rendered, oracles, cache=tmp_path, oracle_state="one")
     before = entries(tmp_path)
     run_checks(rendered, oracles, cache=tmp_path, oracle_state="another")
-    assert len(entries(tmp_path) - before) == len(parts(rendered))
+    assert len(entries(tmp_path) - before) == len(parts(rendered)) + len(views.tenants_of(rendered)) + 1  # every part, every view, the platform's
 
 
 def test_a_rendered_directory_is_checked_whole(three_tenants, oracles, tmp_path):

@@ -95,6 +95,7 @@ def check_environment(
         rendered.inventory,
         rendered.graph,
         kustomizations=rendered.kustomizations,
+        scopes=rendered.scopes,
     )
     on_check = step("checking", len(checks(union))) if step is not None else None
     state = oracle_digest(upstream, outputs) if cache is not None else ""

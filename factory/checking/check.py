@@ -9,27 +9,25 @@ policies) give, over a render, the union of what they give over its parts (`part
 tenant's objects and resources, and each platform layer's). With a check cache their findings
 are stored per part under a digest of the part's content, the oracles, the pack configuration
 and the library, and only changed parts are checked again. Every other check reads across
-tenants and layers (isolation, scheduling, ordering, the pack's stack policies) and runs over
-the whole render every time: they are linear in the objects.
+tenants and layers (isolation, scheduling, ordering, the pack's stack policies); those marked
+tenant-local (`findings.tenant_local`) find over the render what they find over each tenant's
+view, and are cached per tenant (`views`); the others run over the whole render every time.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
 from pathlib import Path
 from typing import Callable, Iterable
 
-import msgspec
-
 from ai_factory.components.registry import checks_for, external_crds
-from ai_factory.factory.checking import hardening, isolation, ordering, parallel
+from ai_factory.factory.checking import hardening, isolation, ordering, parallel, views
 from ai_factory.factory.checking import policies as policy_check
-from ai_factory.factory.checking.findings import Finding
+from ai_factory.factory.checking.findings import Finding, is_tenant_local
 from ai_factory.factory.checking.oracles import Oracles, is_core_api
 from ai_factory.factory.heap import settled_heap
 from ai_factory.factory.rendering.bundle import Manifest, Rendered
-from ai_factory.factory.rendering.cache import digest, library_digest, read_entry, write_entry
+from ai_factory.factory.rendering.cache import digest, library_digest, write_entry
 from ai_factory.factory.rendering.charts import releases_of
 from ai_factory.factory.rendering.eviction import evict
 from ai_factory.factory.rendering.harness import Graph
@@ -102,6 +100,7 @@ CHECKS: list[Check] = [
     *hardening.CHECKS,
     policy_check.resource_policies,
     policy_check.stack_policies,
+    policy_check.tenant_stack_policies,
     *ordering.CHECKS,
 ]
 PER_PART: tuple[Check, ...] = (schema, helm_values, policy_check.resource_policies)
@@ -118,37 +117,52 @@ def run_checks(
     rendered: Rendered, oracles: Oracles, on_check: Callable[[], None] | None = None, cache: Path | None = None, oracle_state: str = ""
 ) -> list[Finding]:
     """`on_check`: called once each check has run (progress). `cache`: the check cache directory,
-    for the `PER_PART` checks of a render with its resource graph (a rendered directory's
-    resources are matched to their inventory across the whole, so it is checked whole);
-    `oracle_state`: a digest of what the oracles know (`oracle_digest`)."""
+    for the `PER_PART` checks and the tenant-local ones (`views`) of a render with its resource
+    graph (a rendered directory's resources are matched to their inventory across the whole, so
+    it is checked whole); `oracle_state`: a digest of what the oracles know (`oracle_digest`)."""
     findings: set[Finding] = set()
     by_part = cache is not None and rendered.graph is not None
-    with settled_heap():  # the per-part checks too: digesting and checking parts allocate as much
+    every = checks(rendered)
+    local = [c for c in every if is_tenant_local(c)] if by_part else []
+    # One block for the tenant-local checks too: run over the whole render, they reuse its view and
+    # the stack policies' resources.
+    with settled_heap(), isolation.View.shared(), policy_check.shared(rendered):  # the per-part checks too: digesting and checking parts allocate as much
         if by_part:
             assert cache is not None
             # What every part's key holds besides its content, digested once for all of them.
-            context = digest(
-                library_digest(), oracle_state, rendered.kubernetes_version, sorted(rendered.layers()), policy_check.pack_config(rendered), [c.__name__ for c in PER_PART]
-            )
+            context = digest(library_digest(), oracle_state, rendered.kubernetes_version, sorted(rendered.layers()), policy_check.pack_config(rendered))
+            cut = parts(rendered)
+            order = by_size(cut)
             # Started first: forked workers check parts beside the fleet-wide checks below.
-            per_part = parallel.Shared(by_size(parts(rendered)), functools.partial(_part_findings, oracles=oracles, cache=cache, context=context))
-        with isolation.View.shared():
-            for check in checks(rendered):
-                if by_part and check in PER_PART:
-                    continue
-                findings.update(_guarded(check)(rendered, oracles))
-                if on_check is not None:
-                    on_check()
+            per_part = parallel.Shared(
+                [cut[name] for name in order], functools.partial(_part_findings, oracles=oracles, cache=cache, context=digest(context, [c.__name__ for c in PER_PART]))
+            )
+        for check in every:
+            if by_part and (check in PER_PART or check in local):
+                continue
+            findings.update(_guarded(check)(rendered, oracles))
+            if on_check is not None:
+                on_check()
         if by_part:
-            keys = []
-            for key, found in per_part.finish():
+            keys, contents = [], {}
+            for name, (key, found, content) in zip(order, per_part.finish()):
+                contents[name] = content
                 keys.append(key)
                 findings.update(found)
+            own = {name: content for (kind, name), content in contents.items() if kind == "tenant"}
+            layers = (part for (kind, _), part in cut.items() if kind == "layer")
+            platform, tenant_keys = views.view_keys(rendered, layers, own, digest(context, [c.__name__ for c in local]))
+            findings.update(views.local_findings(rendered, lambda checked: _run_all(local, checked, oracles), cache, platform, tenant_keys))
+            keys += [platform, *tenant_keys.values()]
             write_entry(cache / "check-runs" / f"{_stack_name(rendered.graph)}.json", {"parts": keys})
             evict(cache)
-            for _ in PER_PART if on_check is not None else ():
+            for _ in [*PER_PART, *local] if on_check is not None else ():
                 on_check()
     return sorted(findings)
+
+
+def _run_all(checks: Iterable[Check], rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
+    return (f for check in checks for f in _guarded(check)(rendered, oracles))
 
 
 def _stack_name(graph: Graph) -> str:
@@ -187,30 +201,22 @@ def parts(rendered: Rendered) -> dict[tuple[str, str], Rendered]:
     }
 
 
-def by_size(found: dict[tuple[str, str], Rendered]) -> list[Rendered]:
-    """Parts largest first, then in part order: shared between processes, the last ones taken
-    are the quickest (no process is left checking a big one alone)."""
-    return [part for _, part in sorted(found.items(), key=lambda item: (-len(item[1].manifests) - len(item[1].graph.resources), item[0]))]
+def by_size(found: dict[tuple[str, str], Rendered]) -> list[tuple[str, str]]:
+    """The parts' names, largest part first, then in part order: shared between processes, the
+    last ones taken are the quickest (no process is left checking a big one alone)."""
+    return sorted(found, key=lambda name: (-len(found[name].manifests) - len(found[name].graph.resources), name))
 
 
 def _part_of(tenant: str | None, layer: str) -> tuple[str, str]:
     return ("tenant", tenant) if tenant else ("layer", layer)
 
 
-def _part_findings(part: Rendered, oracles: Oracles, cache: Path, context: str) -> tuple[str, list[Finding]]:
-    """The part's key in the check cache and its findings."""
-    content = [
-        [[m.obj, m.layer, m.tenant, m.origin, m.stage] for m in part.manifests],
-        [[r.type, r.name, r.urn, r.inputs, r.parent_urn, r.protect, r.retain_on_delete, r.custom, r.tenant, r.layer] for r in part.graph.resources],
-    ]
-    key = digest(context, hashlib.sha256(msgspec.json.encode(content)).hexdigest())
-    path = cache / "checks" / key[:2] / f"{key}.json"
-    entry = read_entry(path)
-    try:
-        if entry["key"] == key:
-            return key, [Finding(f["check"], f["ref"], f["message"], tuple(f["tenants"])) for f in entry["findings"]]
-    except (KeyError, TypeError):
-        pass  # absent or unreadable: checked again
-    found = sorted({f for check in PER_PART for f in _guarded(check)(part, oracles)})
-    write_entry(path, {"key": key, "findings": [{"check": f.check, "ref": f.ref, "message": f.message, "tenants": list(f.tenants)} for f in found]})
-    return key, found
+def _part_findings(part: Rendered, oracles: Oracles, cache: Path, context: str) -> tuple[str, list[Finding], str]:
+    """The part's key in the check cache, its findings and the digest of its content."""
+    content = views.content_digest(part.manifests, part.graph.resources)
+    key = digest(context, content)
+    found = views.read_findings(cache, key)
+    if found is None:
+        found = sorted({f for check in PER_PART for f in _guarded(check)(part, oracles)})
+        views.write_findings(cache, key, found)
+    return key, found, content

@@ -14,7 +14,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any, Iterable
 
-from ai_factory.factory.checking.findings import Finding
+from ai_factory.factory.checking.findings import Finding, tenant_local
 from ai_factory.factory.checking.isolation import ESCALATION_VERBS, SERVICE_ACCOUNTS_GROUP, View, bound_rules, rule_text
 from ai_factory.factory.checking.oracles import Oracles
 from ai_factory.factory.checking.scheduling import selects, tolerates
@@ -47,6 +47,7 @@ def site_limits(cfg: FactoryConfig) -> dict[str, int]:
     return {site: limit.resolve(sizes[site]) for site, limit in sorted(cfg.layers.health.remediation.sites.items()) if site in sizes}
 
 
+@tenant_local
 def detection_coverage(rendered: Rendered, oracles: Oracles | None) -> Iterable[Finding]:
     """Every GPU node runs Node Problem Detector (the release's node affinity and node selector pick
     it, its tolerations cover the node's taints), is selected by a NodeHealthCheck, is drained by the

@@ -38,7 +38,7 @@ from ai_factory.components.tenant_stack import (
     TOLERATIONS_WHITELIST_ANNOTATION,
 )
 from ai_factory.factory.model.catalog import CHARTS
-from ai_factory.factory.checking.findings import Finding
+from ai_factory.factory.checking.findings import Finding, tenant_local
 from ai_factory.factory.checking.label_index import LabelIndex
 from ai_factory.factory.checking.oracles import Oracles
 from ai_factory.factory.checking.scheduling import selects
@@ -255,6 +255,7 @@ def _finding(check: str, m: Manifest, message: str, *tenants: str | None) -> Fin
 # --------------------------------------------------------------------------- A. tenancy and RBAC
 
 
+@tenant_local
 def tenant_labels(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
     """A1, A14: every object in a tenant's namespace carries its tenant label; a tenant's objects
     live in its namespace (or are cluster-scoped), never in another tenant's or the platform's."""
@@ -391,6 +392,7 @@ def rule_text(rule: Mapping[str, Any]) -> str:
     return f"{','.join(rule.get('verbs') or [])} on {groups}/{','.join(rule.get('resources') or rule.get('nonResourceURLs') or [])}"
 
 
+@tenant_local
 def rbac_rules(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
     """A9: no role granted to a tenant has a wildcard verb, resource or API group, or `escalate`,
     `bind` or `impersonate`."""
@@ -433,6 +435,7 @@ def rbac_access(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
                         )
 
 
+@tenant_local
 def service_account_token(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
     """A13: each tenant namespace's `default` service account does not mount its token."""
     view = View.of(rendered)
@@ -446,6 +449,7 @@ def service_account_token(rendered: Rendered, oracles: Oracles) -> Iterable[Find
 # --------------------------------------------------------------------------- B. pod security
 
 
+@tenant_local
 def pod_security(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
     """B15: tenant namespaces enforce `restricted` (or `baseline` under a recorded, reviewed
     exception), with a pinned version, audited and warned."""
@@ -484,6 +488,7 @@ def _pod_specs(value: Any) -> Iterator[Mapping[str, Any]]:
         pending.extend(reversed([child for child in children if isinstance(child, (Mapping, list))]))
 
 
+@tenant_local
 def tenant_pods(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
     """E35, E36 and the host-escape controls of B: no tenant pod template sets the NVIDIA/HAMi
     escape variables (directly or from a rendered ConfigMap), mounts the device-list, driver or
@@ -547,6 +552,7 @@ PRIVILEGED_SYSTEM_NAMESPACES = ("kube-system",)
 """Namespaces the platform does not create but runs privileged node agents in (Cilium)."""
 
 
+@tenant_local
 def privileged_workloads(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
     """A pod template with host access (privileged containers, host namespaces, hostPath) runs only
     in the platform's allow-list: a namespace the platform creates with Pod Security `privileged`,
@@ -631,6 +637,7 @@ def _dns_allowed(spec: Mapping[str, Any], view: View) -> bool:
     return False
 
 
+@tenant_local
 def network_default_deny(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
     """C23, C26, C28: every tenant namespace is selected, as a whole, by a cluster-scoped Cilium
     policy (which no tenant can delete) that denies by default in both directions, allows DNS, and
@@ -668,6 +675,7 @@ def network_default_deny(rendered: Rendered, oracles: Oracles) -> Iterable[Findi
                 yield _finding("network-default-deny", t.manifest, f"egress of {ns} to the cloud metadata address {ip} is not denied", t.tenant)
 
 
+@tenant_local
 def network_allow_rules(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
     """C25, C26: allow rules of every policy that selects a tenant's pods admit only its own
     namespace and named platform pods: no other tenant's namespace, no selector spanning every
@@ -818,6 +826,7 @@ def _quantity_is_zero(value: Any) -> bool:
     return str(value).strip() in ("0", "0.0", "0m")
 
 
+@tenant_local
 def quota(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
     """C27, D29, D30: every tenant namespace has a ResourceQuota capping CPU, memory, storage,
     object counts, no NodePort, and every GPU resource name; a LimitRange; no NodePort Service."""
@@ -999,6 +1008,7 @@ VCLUSTER_OFF = (
 """(values path, what it does when true): chart defaults are false, so absent is fine."""
 
 
+@tenant_local
 def vcluster_hardening(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
     """D34 and part 1 of the issue: each tenant vCluster syncs nothing cluster-scoped to the host,
     has no chart quota missing a GPU resource, the chart's network policy off,
@@ -1049,6 +1059,7 @@ def vcluster_hardening(rendered: Rendered, oracles: Oracles) -> Iterable[Finding
 # --------------------------------------------------------------------------- H. deletion safety
 
 
+@tenant_local
 def tenant_protection(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
     """H52, H56: a tenant's namespace (its volumes go with it) and its vCluster (its state) are
     protected and retained on delete, and are the tenant's own Pulumi resources."""

@@ -21,9 +21,10 @@ checks on them (`stateful-resources-protected`) skip it. `factory check <env>` i
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from pulumi_policy import (
     EnforcementLevel,
@@ -37,7 +38,7 @@ from pulumi_policy import (
 )
 from pulumi_policy.proxy import UnknownValueError
 
-from ai_factory.factory.checking.findings import Finding
+from ai_factory.factory.checking.findings import Finding, is_tenant_local, tenant_local
 from ai_factory.factory.rendering.charts import CHART_ORIGIN
 from ai_factory.factory.rendering.harness import COMPONENT_TENANT_KEY, Graph, Resource
 from ai_factory.factory.model.loading import project_dir
@@ -202,13 +203,16 @@ POLICY_KINDS = (ResourceValidationPolicy, StackValidationPolicy)
 
 
 def run_policies(
-    resources: list[PolicyResource], config: Mapping[str, Mapping[str, Any]], kinds: tuple[type, ...] = POLICY_KINDS
+    resources: list[PolicyResource],
+    config: Mapping[str, Mapping[str, Any]],
+    kinds: tuple[type, ...] = POLICY_KINDS,
+    which: Callable[[ResourceValidationPolicy | StackValidationPolicy], bool] = lambda policy: True,
 ) -> list[tuple[str, PolicyResource | None, str]]:
     """(policy name, resource or None for the stack, message) for every violation of the policies
-    of these `kinds`, in the words the pack reports them."""
+    of these `kinds` (and `which` selects), in the words the pack reports them."""
     violations: list[tuple[str, PolicyResource | None, str]] = []
     by_urn = {r.urn: r for r in resources}
-    for policy in (p for p in POLICIES if isinstance(p, kinds)):
+    for policy in (p for p in POLICIES if isinstance(p, kinds) and which(p)):
         given = dict(config.get(policy.name) or {})
         level = given.pop("enforcementLevel", (config.get("all") or {}).get("enforcementLevel"))
         if level == EnforcementLevel.DISABLED.value:
@@ -240,14 +244,40 @@ def _stack_of(graph: Graph | None) -> str | None:
     return urn.removeprefix("urn:pulumi:").split("::", 1)[0] if urn.startswith("urn:pulumi:") else None
 
 
-def policies(rendered: Rendered, oracles: Oracles, kinds: tuple[type, ...] = POLICY_KINDS) -> Iterable[Finding]:
+_shared: tuple[Rendered, list[tuple[list[PolicyResource], dict[str, str | None]]]] | None = None
+
+
+@contextmanager
+def shared(rendered: Rendered) -> Iterator[None]:
+    """The pack's checks run in this block over `rendered` share its resources as CrossGuard sees
+    them (`run_checks`: the resource policies, the tenant-local stack policies and the others are
+    three checks, and building the resources is most of their time); a part's are not kept."""
+    global _shared
+    outer, _shared = _shared, (rendered, [])
+    try:
+        yield
+    finally:
+        _shared = outer
+
+
+def _resources(rendered: Rendered) -> tuple[list[PolicyResource], dict[str, str | None]]:
+    """The render's resources as CrossGuard sees them, and the tenant of each (by URN)."""
+    kept = _shared[1] if _shared is not None and _shared[0] is rendered else None
+    if kept:
+        return kept[0]
+    found = resources_from_graph(rendered.graph) if rendered.graph is not None else resources_from_directory(rendered)
+    if kept is not None:
+        kept.append(found)
+    return found
+
+
+def policies(
+    rendered: Rendered, oracles: Oracles, kinds: tuple[type, ...] = POLICY_KINDS, which: Callable[[Any], bool] = lambda policy: True
+) -> Iterable[Finding]:
     """The CrossGuard pack (`policies/`) over the rendered resource graph; a finding is named after
     the policy and says what the pack says."""
-    if rendered.graph is not None:
-        resources, tenants = resources_from_graph(rendered.graph)
-    else:
-        resources, tenants = resources_from_directory(rendered)
-    for policy_name, resource, message in run_policies(resources, policy_config(_stack_of(rendered.graph)), kinds):
+    resources, tenants = _resources(rendered)
+    for policy_name, resource, message in run_policies(resources, policy_config(_stack_of(rendered.graph)), kinds, which):
         ref = f"{resource.resource_type}::{resource.name}" if resource is not None else STACK_REF
         tenant = tenants.get(resource.urn) if resource is not None else None
         yield Finding(policy_name, ref, message, (tenant,) if tenant else ())
@@ -259,8 +289,15 @@ def resource_policies(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]
 
 
 def stack_policies(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
-    """The pack's stack policies: each sees every resource of the stack."""
-    return policies(rendered, oracles, (StackValidationPolicy,))
+    """The pack's stack policies that read across tenants: each sees every resource of the stack."""
+    return policies(rendered, oracles, (StackValidationPolicy,), lambda policy: not is_tenant_local(policy))
+
+
+@tenant_local
+def tenant_stack_policies(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
+    """The pack's tenant-local stack policies (`core.stack_policy(tenant_local=True)`): each sees
+    every resource of the stack, and finds over it what it finds over each tenant's view."""
+    return policies(rendered, oracles, (StackValidationPolicy,), is_tenant_local)
 
 
 def pack_config(rendered: Rendered) -> dict[str, dict[str, Any]]:

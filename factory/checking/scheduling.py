@@ -17,7 +17,7 @@ from collections import defaultdict
 from decimal import Decimal, InvalidOperation
 from typing import Any, Iterable, Mapping
 
-from ai_factory.factory.checking.findings import Finding
+from ai_factory.factory.checking.findings import Finding, tenant_local
 from ai_factory.factory.checking.label_index import LabelIndex
 from ai_factory.factory.checking.oracles import Oracles
 from ai_factory.factory.planning.placement import POOL_LABEL
@@ -161,6 +161,7 @@ def tenant_local_queues(rendered: Rendered, oracles: Oracles) -> Iterable[Findin
                 yield Finding("tenant-local-queue", q.ref, f"points to {target.ref}, which does not select namespace {ns.name}", tenants)
 
 
+@tenant_local
 def flavor_nodes(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
     """Every GPU flavor names a pool, each of its node labels exists on the nodes of that pool, and
     some node of the pool carries them all and has no taint the flavor does not tolerate."""

@@ -13,7 +13,7 @@ from decimal import Decimal
 from collections.abc import Mapping
 from typing import Any, Iterable, Iterator
 
-from ai_factory.factory.checking.findings import Finding
+from ai_factory.factory.checking.findings import Finding, tenant_local
 from ai_factory.factory.checking.isolation import View
 from ai_factory.factory.checking.oracles import Oracles
 from ai_factory.factory.model.quantity import cores, gib, parse_quantity
@@ -77,6 +77,7 @@ def _volume_problems(volume: Any) -> Iterator[str]:
         yield f"mounts host path {_mapping(volume['hostPath']).get('path')!r} (volume {volume.get('name')}): a node's files are every tenant's"
 
 
+@tenant_local
 def model_pods(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
     """Each model object is in a tenant's namespace; its pods name the tenant's Kueue queue (so
     serving is admitted against the tenant's quota), tolerate only their tenant's trust-domain and

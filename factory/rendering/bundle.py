@@ -172,6 +172,10 @@ class Rendered:
     """The Flux Kustomizations applying the stages, in dependency order."""
     whole_layers: frozenset[str] | None = None
     """For a part of a render (`check.parts`): the layers of the whole render."""
+    scopes: Mapping[str, tuple[str, ...]] = field(default_factory=dict, repr=False)
+    """The tenants each platform resource made for some tenants only is for, by resource key
+    (`FactoryComponent.tenant_scopes`, as the render cache records them; empty without one): the
+    check cache's tenant views (`checking.views`)."""
 
     def layers(self) -> frozenset[str]:
         """The layers the render holds objects of (the whole render's, for a part)."""
@@ -646,6 +650,7 @@ def _cached(units: UnitCache, resources: list[Resource], cfg: FactoryConfig, fin
     """The render of a cache's units: the cached ones' files as they were written, the built ones
     stored. `finished`: built resources' objects the render workers already finished (`finished_objects`)."""
     rendered = from_graph(Graph(sorted(resources, key=lambda r: r.urn)), cfg, {**units.objects(), **(finished or {})})
+    rendered.scopes = units.scopes()
     built = units.built_keys()
     made: dict[str, list[tuple[dict[str, Any], str]]] = {}
     for m in rendered.manifests:

@@ -236,6 +236,13 @@ class UnitCache:
         """What a layer unit built this time made for some tenants only (`tenant_scopes`)."""
         self._scopes[unit] = scopes
 
+    def scopes(self) -> dict[str, tuple[str, ...]]:
+        """What every layer unit of the render, built or cached, made for some tenants only, by resource key."""
+        found = {key: tenants for cached in self._read.values() for key, tenants in cached.scopes.items()}
+        for scopes in self._scopes.values():
+            found.update(scopes)
+        return found
+
     def _load(self, key: str) -> _Entry | None:
         found = self._prefetched.pop(key, None)
         return found if found is not None else self._read_entry(key)

@@ -78,23 +78,27 @@ def resource_policy(
 
 
 def stack_policy(
-    name: str, description: str, rule: StackRule, *, advisory: bool = False, settings: Settings | None = None
+    name: str, description: str, rule: StackRule, *, advisory: bool = False, settings: Settings | None = None, tenant_local: bool = False
 ) -> StackValidationPolicy:
     """A CrossGuard stack policy running `rule` over all resources; each violation is attached to
-    the resource the rule names (or to the stack when it names none)."""
+    the resource the rule names (or to the stack when it names none). `tenant_local`: the rule
+    finds over the stack what it finds over each tenant's view (`factory check` then checks only
+    the changed tenants' views again; see `ai_factory.factory.checking.findings.tenant_local`)."""
     settings = settings or {}
 
     def validate(args: StackValidationArgs, report: ReportViolation) -> None:
         for resource, message in rule(args.resources, _config(settings, args.get_config())):
             report(message, resource.urn if resource is not None else None)
 
-    return StackValidationPolicy(
+    policy = StackValidationPolicy(
         name=name,
         description=description,
         validate=validate,
         enforcement_level=_level(advisory),
         config_schema=_schema(settings),
     )
+    policy.tenant_local = tenant_local  # type: ignore[attr-defined]
+    return policy
 
 
 def protected(resource: PolicyResource) -> bool | None:

@@ -64,6 +64,7 @@ POLICIES = [
         "fabric-attachments-own",
         "RDMA networks live in tenant namespaces and tenant pods name networks of their own namespace only, under admission.",
         check_fabric_attachments_own,
+        tenant_local=True,
     ),
     stack_policy(
         "nic-policies-one-pool",

@@ -614,6 +614,7 @@ POLICIES = [
         "Every tenant namespace that may use GPUs has a LocalQueue on a ClusterQueue selecting it (without Kueue, a "
         "KAI Scheduler or Volcano queue of its tenant), and Kueue manages jobs without a queue name.",
         check_gpu_namespaces_queued,
+        tenant_local=True,
     ),
     stack_policy(
         "gpu-quota-within-supply",

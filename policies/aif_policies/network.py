@@ -139,10 +139,12 @@ POLICIES = [
         "tenant-egress-bounded",
         "No tenant egress to the whole Internet, to private, shared or link-local ranges, or to a DNS pattern naming no domain.",
         check_tenant_egress_bounded,
+        tenant_local=True,
     ),
     stack_policy(
         "tenant-services-internal",
         "No LoadBalancer or NodePort Service and no externalIPs in a tenant namespace.",
         check_tenant_services_internal,
+        tenant_local=True,
     ),
 ]

@@ -260,6 +260,7 @@ POLICIES = [
         "tenant-objects-labelled",
         "Every object of a tenant (in its namespaces, or created by its TenantStack) carries its tenant label.",
         check_tenant_objects_labelled,
+        tenant_local=True,
     ),
     stack_policy(
         "no-cross-tenant-rbac",

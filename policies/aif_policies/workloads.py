@@ -253,21 +253,25 @@ POLICIES = [
         "seccomp or AppArmor, unsafe sysctls, unmasked /proc, added capabilities or token automount; untrusted "
         "tenants' containers keep a read-only root filesystem.",
         check_tenant_pod_security_context,
+        tenant_local=True,
     ),
     stack_policy(
         "tenant-pod-resources",
         "Every tenant container requests CPU and memory and limits memory.",
         check_tenant_pod_resources,
+        tenant_local=True,
     ),
     stack_policy(
         "tenant-pod-registries",
         "Tenant containers run images from the allowed registries of the tenant-image-registries admission policy only.",
         check_tenant_pod_registries,
+        tenant_local=True,
     ),
     stack_policy(
         "tenant-pod-placement",
         "Tenant pods set no nodeName, no platform priority class, and tolerate only their namespace's whitelisted "
         "taints (no empty-key Exists; not-ready/unreachable for bounded seconds).",
         check_tenant_pod_placement,
+        tenant_local=True,
     ),
 ]

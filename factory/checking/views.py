@@ -1,0 +1,178 @@
+"""Tenant views of a render, and the check cache of the tenant-local fleet-wide checks.
+
+A tenant's view is what of the render concerns it: its own objects and resources, the platform's
+made for it (`Rendered.scopes`: a tenant's query proxy, its trust domain's queue), the platform's
+made for no tenant in particular, and every namespace (whose namespace an object is in is part of
+what it is: a tenant's pods in another's namespace). A finding is attributed to the tenants of the
+object or resource it names (`owners`), else to the tenants it names; to none, it is the platform's.
+
+A check marked `findings.tenant_local` finds over the whole render what it finds over the views:
+each finding attributed to a tenant in that tenant's view, each of the platform's in every view
+alike (tests/test_check_views.py holds every marked check to it). So its findings are kept per
+tenant, under a digest of the tenant's view and the check context, plus the platform's under a
+digest of the unscoped platform; after a change only the views of the tenants whose key moved
+are checked again, as one render, and the others' findings are read back. A change to the
+unscoped platform or to a namespace moves every key: the whole render is checked again, as when
+most tenants changed. Either way the findings are the whole render's. Views are of a render with
+its resource graph (a rendered directory is checked whole).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+
+import msgspec
+
+from ai_factory.factory.checking.findings import Finding
+from ai_factory.factory.rendering.bundle import Manifest, Rendered
+from ai_factory.factory.rendering.cache import read_entry, write_entry
+from ai_factory.factory.rendering.harness import Graph, Resource
+
+NAMESPACE = "kubernetes:core/v1:Namespace"
+"""Every view holds every namespace: where an object is, whose namespace that is, is part of what it is."""
+Run = Callable[[Rendered], Iterable[Finding]]
+"""The tenant-local checks over a render (the whole or a view)."""
+
+
+def owners(rendered: Rendered) -> dict[str, frozenset[str]]:
+    """The tenants of each object (`Manifest.ref`) and resource (`type::name`) a finding may name:
+    a tenant's own, a platform one made for some tenants; absent when it is for no tenant in particular."""
+    found: dict[str, frozenset[str]] = {}
+
+    def add(ref: str, tenants: frozenset[str]) -> None:
+        found[ref] = found.get(ref, frozenset()) | tenants
+
+    for m in rendered.manifests:
+        if (tenants := _scope(rendered, m.tenant, m.origin)) is not None:
+            add(m.ref, tenants)
+    for r in rendered.graph.resources:
+        if (tenants := _scope(rendered, r.tenant, r.key)) is not None:
+            add(r.key, tenants)
+    return found
+
+
+def _scope(rendered: Rendered, tenant: str | None, key: str) -> frozenset[str] | None:
+    if tenant:
+        return frozenset((tenant,))
+    served = rendered.scopes.get(key)
+    return frozenset(served) if served is not None else None
+
+
+def attributed(finding: Finding, owned: Mapping[str, frozenset[str]], tenants: frozenset[str] | set[str]) -> frozenset[str]:
+    """The tenants among `tenants` (those with a view) a finding is attributed to: those of the
+    object or resource it names, else those it names; none: the platform's."""
+    return (owned.get(finding.ref) or frozenset(finding.tenants)) & tenants
+
+
+def tenants_of(rendered: Rendered) -> frozenset[str]:
+    """The tenants with a view: those with objects or resources, and those the platform made some for."""
+    resources = rendered.graph.resources
+    return frozenset(
+        {m.tenant for m in rendered.manifests if m.tenant} | {t for r in resources if (t := r.tenant)} | {t for served in rendered.scopes.values() for t in served}
+    )
+
+
+def view(rendered: Rendered, tenants: frozenset[str] | set[str]) -> Rendered:
+    """The render as these tenants see it (one render holding all their views; none: the platform
+    made for no tenant in particular), in the render's order. Without the config: a tenant-local
+    check reads the objects only."""
+
+    def seen(tenant: str | None, key: str) -> bool:
+        served = _scope(rendered, tenant, key)
+        return served is None or not served.isdisjoint(tenants)
+
+    resources = [r for r in rendered.graph.resources if r.type == NAMESPACE or seen(r.tenant, r.key)]
+    return Rendered(
+        None,
+        rendered.kubernetes_version,
+        [m for m in rendered.manifests if m.kind == "Namespace" or seen(m.tenant, m.origin)],
+        [e for e in rendered.inventory if seen(e.get("tenant"), f"{e.get('type')}::{e.get('name')}")],
+        Graph.subset(resources),
+        whole_layers=rendered.layers(),
+        scopes=rendered.scopes,
+    )
+
+
+def content_digest(manifests: Iterable[Manifest], resources: Iterable[Resource]) -> str:
+    """A digest of objects and resources as a check reads them."""
+    content = [
+        [[m.obj, m.layer, m.tenant, m.origin, m.stage] for m in manifests],
+        [[r.type, r.name, r.urn, r.inputs, r.parent_urn, r.protect, r.retain_on_delete, r.custom, r.tenant, r.layer] for r in resources],
+    ]
+    return hashlib.sha256(msgspec.json.encode(content)).hexdigest()
+
+
+def view_keys(rendered: Rendered, platform_parts: Iterable[Rendered], tenant_digests: Mapping[str, str], context: str) -> tuple[str, dict[str, str]]:
+    """The platform's key (the context and the unscoped platform) and each tenant's (that, its own
+    part's digest, `tenant_digests`, and the platform made for it)."""
+    unscoped: tuple[list[Manifest], list[Resource]] = ([], [])
+    scoped: dict[str, tuple[list[Manifest], list[Resource]]] = {}
+    for part in platform_parts:
+        for m in part.manifests:
+            (scoped.setdefault(m.origin, ([], [])) if m.origin in rendered.scopes else unscoped)[0].append(m)
+        for r in part.graph.resources:
+            (scoped.setdefault(r.key, ([], [])) if r.key in rendered.scopes else unscoped)[1].append(r)
+    namespaces = content_digest([m for m in rendered.manifests if m.kind == "Namespace"], [r for r in rendered.graph.resources if r.type == NAMESPACE])
+    platform = _sha(context, content_digest(*unscoped), namespaces, "platform")
+    serving: dict[str, list[str]] = {}
+    for key, (manifests, resources) in scoped.items():
+        made = _sha(key, content_digest(manifests, resources))
+        for tenant in rendered.scopes[key]:
+            serving.setdefault(tenant, []).append(made)
+    keys = {t: _sha(platform, tenant_digests.get(t, ""), *serving.get(t, ())) for t in tenants_of(rendered)}
+    return platform, keys
+
+
+def _sha(*parts: str) -> str:
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+
+def local_findings(rendered: Rendered, run: Run, cache: Path, platform_key: str, keys: Mapping[str, str]) -> set[Finding]:
+    """The tenant-local checks' findings over the render: read back per tenant, the changed
+    tenants' views checked again; the whole render checked when the platform changed or most tenants did."""
+    platform = read_findings(cache, platform_key)
+    cached = {t: found for t, key in keys.items() if (found := read_findings(cache, key)) is not None}
+    changed = frozenset(keys) - frozenset(cached)
+    if platform is None or 2 * len(changed) > len(keys):
+        checked, changed = rendered, frozenset(keys)
+    elif changed:
+        checked = view(rendered, changed)
+    else:
+        return {f for found in (platform, *cached.values()) for f in found}
+    found = set(run(checked))
+    owned = owners(checked)
+    by_tenant: dict[str, list[Finding]] = {t: [] for t in changed}
+    ours: list[Finding] = []
+    for f in found:
+        to = attributed(f, owned, keys.keys())
+        if not to:
+            ours.append(f)
+        for t in to & changed:
+            by_tenant[t].append(f)
+    if platform is None:
+        write_findings(cache, platform_key, ours)
+    for t in changed:
+        write_findings(cache, keys[t], by_tenant[t])
+    # The platform's findings are those of every view: a view's are the whole's.
+    return {*ours, *(f for t in changed for f in by_tenant[t]), *(f for t, found in cached.items() if t not in changed for f in found)}
+
+
+def _path(cache: Path, key: str) -> Path:
+    return cache / "checks" / key[:2] / f"{key}.json"
+
+
+def read_findings(cache: Path, key: str) -> list[Finding] | None:
+    """The findings the check cache holds under `key`, None when it holds none (or unreadable ones)."""
+    entry = read_entry(_path(cache, key))
+    try:
+        if entry["key"] == key:
+            return [Finding(f["check"], f["ref"], f["message"], tuple(f["tenants"])) for f in entry["findings"]]
+    except (KeyError, TypeError):
+        pass  # absent or unreadable: checked again
+    return None
+
+
+def write_findings(cache: Path, key: str, found: Iterable[Finding]) -> None:
+    write_entry(_path(cache, key), {"key": key, "findings": [{"check": f.check, "ref": f.ref, "message": f.message, "tenants": list(f.tenants)} for f in sorted(found)]})
