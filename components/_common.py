@@ -6,6 +6,7 @@ from typing import Any, Iterable, Mapping, Protocol, Sequence, TypeVar
 
 import pulumi
 import pulumi_kubernetes as k8s
+import yaml
 
 from ai_factory.factory.memo import by_identity
 from ai_factory.factory.model.catalog import ChartSource
@@ -27,6 +28,17 @@ FABRIC_LABEL = f"{LABEL_PREFIX}/fabric"
 RDMA_LABEL = f"{LABEL_PREFIX}/rdma"
 """On the nodes of RDMA pools: how their NICs are exposed (`sriov` or `rdma-shared`)."""
 PART_OF = "ai-factory"
+
+
+YAML_DUMPER: type[yaml.SafeDumper] = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+"""libyaml's emitter where PyYAML was built with it; PyYAML's own otherwise."""
+
+
+def yaml_text(data: Any, **options: Any) -> str:
+    """`yaml.safe_dump(data, **options)`, byte for byte, through `YAML_DUMPER`: chart values embed
+    YAML documents (a vCluster's manifests per tenant, rules, configs) and PyYAML's own emitter,
+    in Python, cost several times libyaml's (tests/test_yaml_text.py holds the two equal)."""
+    return yaml.dump(data, Dumper=YAML_DUMPER, **options)
 
 
 def restricted_container(user: int) -> dict[str, Any]:

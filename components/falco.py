@@ -22,9 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import pulumi
-import yaml
 
-from ai_factory.components._common import FactoryComponent, helm_release, namespace
+from ai_factory.components._common import FactoryComponent, helm_release, namespace, yaml_text
 from ai_factory.components.gpu_operator import tolerations as gpu_node_tolerations
 from ai_factory.factory.model.catalog import ChartSource
 from ai_factory.factory.model.config import FactoryConfig
@@ -124,7 +123,7 @@ def chart_values(args: FalcoArgs) -> dict[str, Any]:
     return {
         "driver": {"kind": "modern_ebpf"},
         "tolerations": [*map(dict, CONTROL_PLANE_TOLERATIONS), *gpu_node_tolerations()],
-        "customRules": {RULES_FILE: yaml.safe_dump(gpu_rules(args.gpu_namespaces), sort_keys=False, width=200)},
+        "customRules": {RULES_FILE: yaml_text(gpu_rules(args.gpu_namespaces), sort_keys=False, width=200)},
         "falco": {"json_output": True},
     }
 

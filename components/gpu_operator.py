@@ -30,7 +30,6 @@ from typing import Any
 
 import pulumi
 import pulumi_kubernetes as k8s
-import yaml
 
 from ai_factory.components._common import (
     POOL_LABEL,
@@ -38,6 +37,7 @@ from ai_factory.components._common import (
     helm_release,
     labels,
     namespace,
+    yaml_text,
 )
 from ai_factory.factory.model.catalog import ChartSource
 from ai_factory.factory.model.config import DriverSettings, FactoryConfig, RegistryCredentials
@@ -169,7 +169,7 @@ def mig_parted_config(mig_configs: dict[str, list[dict[str, Any]]]) -> str:
     the chart's default for nodes the plan does not label. A custom file replaces the configs MIG
     Manager would generate, so `all-disabled` must be in it."""
     configs = {MIG_DISABLED_CONFIG: [{"devices": "all", "mig-enabled": False}], **mig_configs}
-    return yaml.safe_dump({"version": "v1", "mig-configs": configs}, sort_keys=True, default_flow_style=False)
+    return yaml_text({"version": "v1", "mig-configs": configs}, sort_keys=True, default_flow_style=False)
 
 
 def device_plugin_configs(mig_strategy: str, time_slicing_replicas: tuple[int, ...]) -> dict[str, str]:
@@ -184,7 +184,7 @@ def device_plugin_configs(mig_strategy: str, time_slicing_replicas: tuple[int, .
             "resources": [{"name": "nvidia.com/gpu", "replicas": replicas}],
         }
         configs[time_slicing_config(replicas)] = {**default, "sharing": {"timeSlicing": time_slicing}}
-    return {name: yaml.safe_dump(config, sort_keys=True, default_flow_style=False) for name, config in configs.items()}
+    return {name: yaml_text(config, sort_keys=True, default_flow_style=False) for name, config in configs.items()}
 
 
 class GpuOperator(FactoryComponent):

@@ -37,9 +37,8 @@ from urllib.parse import urlsplit
 import pulumi
 import pulumi_keycloak as keycloak
 import pulumi_kubernetes as k8s
-import yaml
 
-from ai_factory.components._common import FactoryComponent, helm_release, labels, namespace
+from ai_factory.components._common import FactoryComponent, helm_release, labels, namespace, yaml_text
 from ai_factory.factory.model.catalog import ChartSource
 from ai_factory.factory.model.config import FactoryConfig, Identity, KeycloakDatabase, KeycloakRedirects, Tenant
 from ai_factory.factory.model.secrets import SecretValue
@@ -153,9 +152,9 @@ def chart_values(args: KeycloakArgs) -> dict[str, Any]:
     return {
         "replicas": args.replicas,
         "args": ["start", "--import-realm"],
-        "extraEnv": yaml.safe_dump(env, sort_keys=True),
-        "extraVolumes": yaml.safe_dump([{"name": "realm", "configMap": {"name": REALM_CONFIGMAP}}], sort_keys=True),
-        "extraVolumeMounts": yaml.safe_dump([{"name": "realm", "mountPath": IMPORT_DIR, "readOnly": True}], sort_keys=True),
+        "extraEnv": yaml_text(env, sort_keys=True),
+        "extraVolumes": yaml_text([{"name": "realm", "configMap": {"name": REALM_CONFIGMAP}}], sort_keys=True),
+        "extraVolumeMounts": yaml_text([{"name": "realm", "mountPath": IMPORT_DIR, "readOnly": True}], sort_keys=True),
         "database": {
             "vendor": "postgres",
             "hostname": db.host,

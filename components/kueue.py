@@ -29,7 +29,6 @@ from typing import Any
 
 import pulumi
 import pulumi_kubernetes as k8s
-import yaml
 
 from ai_factory.components._common import (
     GPU_MODEL_LABEL,
@@ -42,6 +41,7 @@ from ai_factory.components._common import (
     namespace,
     queue_domains,
     tenant_items,
+    yaml_text,
 )
 from ai_factory.components._topology import SchedulingTopology, pool_topology
 from ai_factory.components.dra import whole_gpu_class
@@ -126,7 +126,7 @@ def chart_values(args: KueueArgs) -> dict[str, Any]:
     return {
         # Kueue's webhooks fail closed: with one replica down, no tenant could create a job.
         "controllerManager": {"replicas": 2, "podDisruptionBudget": {"enabled": True, "minAvailable": 1}},
-        "managerConfig": {"controllerManagerConfigYaml": yaml.safe_dump(manager_config(args.dra_device_classes), sort_keys=False)},
+        "managerConfig": {"controllerManagerConfigYaml": yaml_text(manager_config(args.dra_device_classes), sort_keys=False)},
     }
 
 

@@ -54,9 +54,8 @@ from typing import Any, Mapping
 
 import pulumi
 import pulumi_kubernetes as k8s
-import yaml
 
-from ai_factory.components._common import ArgumentError, FactoryComponent, helm_release, labels, namespace, tenant_items
+from ai_factory.components._common import ArgumentError, FactoryComponent, helm_release, labels, namespace, tenant_items, yaml_text
 from ai_factory.components._topology import HOSTNAME_LABEL
 from ai_factory.components.external_secrets import STORE_NAME, secret_prefix
 from ai_factory.components.registry import Layer
@@ -123,7 +122,7 @@ def topology_yaml(pools: list[Pool]) -> str:
     topologies: list[dict[str, Any]] = [{"topology": TREE_TOPOLOGY, "cluster_default": True, "tree": {"switches": switches}}]
     if domains:
         topologies.append({"topology": NVLINK_TOPOLOGY, "cluster_default": False, "block": {"blocks": [{"block": d} for d in sorted(domains)]}})
-    return yaml.safe_dump(topologies, sort_keys=False)
+    return yaml_text(topologies, sort_keys=False)
 
 
 @dataclass(frozen=True)

@@ -49,9 +49,8 @@ from typing import Any, Literal, Mapping, Sequence
 
 import pulumi
 import pulumi_kubernetes as k8s
-import yaml
 
-from ai_factory.components._common import FactoryComponent, TenantHook, helm_release, labels, namespace, narrowed
+from ai_factory.components._common import FactoryComponent, TenantHook, helm_release, labels, namespace, narrowed, yaml_text
 from ai_factory.components.dra import CHART_DEVICE_CLASSES, whole_gpu_class
 from ai_factory.components.kubevirt import vfio_ceilings
 from ai_factory.components.network import vf_class_ceilings
@@ -330,7 +329,7 @@ def in_vcluster_manifests(args: TenantStackArgs) -> str:
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
         "subjects": [{**s, "apiGroup": "rbac.authorization.k8s.io"} for s in owner_subjects(args.names)],
     }
-    return yaml.safe_dump(binding, sort_keys=True)
+    return yaml_text(binding, sort_keys=True)
 
 
 def vcluster_values(args: TenantStackArgs) -> dict[str, Any]:

@@ -134,16 +134,62 @@ def test_the_harness_finds_unknowns_as_the_sdk_does(value):
 
 def test_a_run_leaves_the_sdk_and_the_collector_as_it_found_them():
     loop = asyncio.get_event_loop()
-    before = (rpc.contains_unknowns, sdk_resource._get_stack_trace, gc.get_threshold(), loop._default_executor)
+
+    def state():
+        return (rpc.contains_unknowns, sdk_resource._get_stack_trace, sdk_resource._resolve_depends_on_urns, sdk_resource.create_urn, gc.isenabled(), loop._default_executor)
+
+    before = state()
 
     def program():
-        assert rpc.contains_unknowns is harness._contains_unknowns and gc.get_threshold()[0] == harness.YOUNG_GC_THRESHOLD
+        assert state()[:5] == (harness._contains_unknowns, harness._no_stack_trace, harness._depends_on_urns, harness._create_urn, False)
         assert isinstance(loop._default_executor, harness._InlineExecutor)
         raise RuntimeError("the program failed")
 
     with pytest.raises(RuntimeError, match="the program failed"):
         run_program(program, project="p", stack="s")
-    assert (rpc.contains_unknowns, sdk_resource._get_stack_trace, gc.get_threshold(), loop._default_executor) == before
+    assert state() == before and before[4]
+
+
+@pytest.mark.parametrize(
+    "name, type_, parent",
+    [
+        ("a", "kubernetes:core/v1:Namespace", None),
+        ("a", "kubernetes:core/v1:Namespace", ""),
+        ("a-b", "kubernetes:core/v1:ConfigMap", "urn:pulumi:s::p::ai-factory:index:Platform::a"),
+        ("a-b-c", "keycloak:index/group:Group", "urn:pulumi:s::p::ai-factory:index:Platform$ai-factory:tenancy:TenantStack::a-b"),
+    ],
+)
+def test_the_harness_makes_the_urns_the_sdk_makes(name, type_, parent):
+    seen = {}
+
+    def program():
+        pulumi.Output.all(harness._create_urn(name, type_, parent), harness._SDK_CREATE_URN(name, type_, parent)).apply(lambda urns: seen.update(urns=urns))
+
+    run_program(program, project="p", stack="s")
+    ours, sdks = seen["urns"]
+    assert ours == sdks
+
+
+def test_the_harness_resolves_depends_on_as_the_sdk_does(monkeypatch):
+    class Box(pulumi.ComponentResource):
+        def __init__(self, name):
+            super().__init__("test:index:Box", name)
+            self.inner = k8s.core.v1.Namespace(f"{name}-ns", metadata={"name": name}, opts=pulumi.ResourceOptions(parent=self))
+            self.register_outputs({})
+
+    def program():
+        box = Box("box")
+        lone = k8s.core.v1.Namespace("lone", metadata={"name": "lone"})
+        k8s.core.v1.ConfigMap("listed", metadata={"name": "a", "namespace": "lone"}, opts=pulumi.ResourceOptions(depends_on=[box, lone, lone]))
+        k8s.core.v1.ConfigMap("single", metadata={"name": "b", "namespace": "lone"}, opts=pulumi.ResourceOptions(depends_on=box))
+        k8s.core.v1.ConfigMap("output", metadata={"name": "c", "namespace": "lone"}, opts=pulumi.ResourceOptions(depends_on=pulumi.Output.from_input([lone])))
+
+    def dependencies():
+        return {r.name: r.dependency_urns for r in run_program(program, project="p", stack="s").resources}
+
+    ours = dependencies()
+    monkeypatch.setattr(harness, "_depends_on_urns", harness._SDK_DEPENDS_ON_URNS)
+    assert ours == dependencies() and ours["listed"] == sorted({*ours["single"], *ours["output"]})
 
 
 def test_outputs_read_back_are_the_inputs_with_the_providers_defaults():
