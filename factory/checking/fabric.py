@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 from ai_factory.factory.checking.findings import Finding
+from ai_factory.factory.checking.tree import maps_within
 from ai_factory.factory.model.tenancy import LABEL_PREFIX, TENANT_LABEL
 
 if TYPE_CHECKING:
@@ -238,23 +239,9 @@ def network_references(value: Any) -> list[tuple[str | None, str]] | None:
 
 def _annotation_sets(node: Any) -> Iterator[Mapping[str, Any]]:
     """Every `metadata.annotations` of an object and of the pod templates it holds, outermost first."""
-    # A stack of the open maps' and lists' iterators, not a generator per value: each value is
-    # still read in document order, when the recursion would read it (a value unknown during
-    # preview raises where it did).
-    pending: list[Iterator[Any]] = [iter((node,))]
-    while pending:
-        for value in pending[-1]:
-            if isinstance(value, Mapping):
-                annotations = _map(_map(value.get("metadata")).get("annotations"))
-                if annotations:
-                    yield annotations
-                pending.append(iter(value.values()))
-                break
-            if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
-                pending.append(iter(value))
-                break
-        else:
-            pending.pop()
+    for value in maps_within(node):
+        if annotations := _map(_map(value.get("metadata")).get("annotations")):
+            yield annotations
 
 
 def attachment_problems(items: Iterable[Item], tenant_of: Callable[[str | None], str | None]) -> Iterator[Problem]:

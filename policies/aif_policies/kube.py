@@ -20,6 +20,7 @@ from typing import Any, Iterator
 from pulumi_policy import PolicyResource
 
 from ai_factory.factory.checking.label_index import LabelIndex
+from ai_factory.factory.checking.tree import maps_within
 from ai_factory.factory.model.tenancy import TENANT_LABEL, TRUST_DOMAIN_LABEL, TRUST_LABEL
 
 HELM_RELEASE = "kubernetes:helm.sh/v3:Release"
@@ -96,22 +97,7 @@ def pod_specs(value: Any) -> Iterator[Mapping[str, Any]]:
     """Every pod spec inside an object or chart values: any mapping with a `containers` list, at
     any depth (Pods, workload templates, and custom resources embedding pod templates alike), or
     with a `mainContainer` (Dynamo's `extraPodSpec`, whose operator adds the pod's main container)."""
-    # A stack of the open maps' and lists' iterators, not a generator per value (three policies
-    # walk every object): each value is still read in document order, when the recursion would
-    # read it (a value unknown during preview raises where it did).
-    pending: list[Iterator[Any]] = [iter((value,))]
-    while pending:
-        for item in pending[-1]:
-            if isinstance(item, Mapping):
-                if any(isinstance(c, Mapping) for c in as_list(item.get("containers"))) or main_container(item) is not None:
-                    yield item
-                pending.append(child for key, child in item.items() if key != "metadata")
-                break
-            if isinstance(item, Sequence) and not isinstance(item, (str, bytes)):
-                pending.append(iter(item))
-                break
-        else:
-            pending.pop()
+    return (item for item in maps_within(value, skipped_key="metadata") if any(isinstance(c, Mapping) for c in as_list(item.get("containers"))) or main_container(item) is not None)
 
 
 def containers(pod_spec: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
