@@ -211,19 +211,21 @@ class Obj:
     kind: str
     props: Mapping[str, Any]
 
-    @property
+    # Read once per object: the policies of a run read each object's name, labels and spec many
+    # times over, each read through the unknown-checking proxy (an unknown value raises on every read).
+    @functools.cached_property
     def name(self) -> str:
         return name_of(self.props)
 
-    @property
+    @functools.cached_property
     def namespace(self) -> str | None:
         return namespace_of(self.props)
 
-    @property
+    @functools.cached_property
     def labels(self) -> Mapping[str, Any]:
         return labels(self.props)
 
-    @property
+    @functools.cached_property
     def spec(self) -> Mapping[str, Any]:
         return as_map(self.props.get("spec"))
 
