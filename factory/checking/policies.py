@@ -40,7 +40,7 @@ from pulumi_policy.proxy import UnknownValueError
 
 from ai_factory.factory.checking.findings import Finding, is_tenant_local, tenant_local
 from ai_factory.factory.rendering.charts import CHART_ORIGIN
-from ai_factory.factory.rendering.harness import COMPONENT_TENANT_KEY, Graph, Resource
+from ai_factory.factory.rendering.harness import Graph, layers_and_tenants
 from ai_factory.factory.model.loading import project_dir
 from ai_factory.factory.checking.oracles import Oracles
 from ai_factory.factory.checking.unknowns import lazy_unknown_checking_proxy
@@ -103,23 +103,8 @@ def resources_from_graph(graph: Graph) -> tuple[list[PolicyResource], dict[str, 
     ]
     parents = {r.urn: r.parent_urn or None for r in graph.resources}
     dependencies = {r.urn: list(r.dependency_urns) for r in graph.resources}
-    return _link(resources, parents, dependencies), _tenants(graph.resources)
-
-
-def _tenants(resources: list[Resource]) -> dict[str, str | None]:
-    """`Resource.tenant` of each resource (by URN), each ancestor read once for all its
-    descendants (each resource reading its whole chain of ancestors was a tenth of the pack's time)."""
-    known: dict[str, str | None] = {}
-    for r in resources:
-        chain: list[Resource] = []
-        node: Resource | None = r
-        while node is not None and node.urn not in known and COMPONENT_TENANT_KEY not in node.inputs:
-            chain.append(node)
-            node = node.parent
-        tenant = None if node is None else known[node.urn] if node.urn in known else node.inputs[COMPONENT_TENANT_KEY]
-        for link in [*chain, *([node] if node is not None else [])]:
-            known[link.urn] = tenant
-    return {r.urn: known[r.urn] for r in resources}
+    scopes = layers_and_tenants(graph.resources)  # each ancestor read once for all its descendants
+    return _link(resources, parents, dependencies), {r.urn: scopes[r.key][1] for r in graph.resources}
 
 
 def _resource_types(obj: Mapping[str, Any]) -> tuple[str, str]:

@@ -48,7 +48,7 @@ from ai_factory.factory.heap import no_cycle_collection, settled_heap
 from ai_factory.factory.model.catalog import MANIFESTS, ManifestSource, crd_groups
 from ai_factory.factory.model.config import FactoryConfig
 from ai_factory.factory.rendering.cache import Unit, UnitCache, write_entry
-from ai_factory.factory.rendering.harness import COMPONENT_LAYER_KEY, COMPONENT_TENANT_KEY, DuplicateResourceError, Graph, RecordingMocks, RecordingMonitor, Resource, run_program
+from ai_factory.factory.rendering.harness import DuplicateResourceError, Graph, RecordingMocks, RecordingMonitor, Resource, layers_and_tenants, run_program
 from ai_factory.factory.model.tenancy import TENANT_LABEL
 from ai_factory.factory.planning.from_config import plan_for
 from ai_factory.factory.planning.model import Plan
@@ -739,7 +739,7 @@ def from_graph(graph: Graph, cfg: FactoryConfig, finished: Mapping[str, list[tup
     worker finished them, with their file texts, by resource key: taken as they are, not built again."""
     manifests: list[Manifest] = []
     owned: dict[str, tuple[str, ...]] = {}
-    scopes = _scopes(graph.resources)
+    scopes = layers_and_tenants(graph.resources)
     finished = finished or {}
     stack = stack_of(graph)
     for resource in graph.resources:
@@ -803,28 +803,12 @@ def finished_objects(resources: list[Resource], stack: str) -> dict[str, list[tu
     """The finished objects of `resources` (linked to their parents: a scope is found through
     them) with their file texts, by resource key, as `from_graph` takes them: what a render
     worker finishes of its share, and the main process of its own while it waits."""
-    scopes = _scopes(resources)
+    scopes = layers_and_tenants(resources)
     finished: dict[str, list[tuple[dict[str, Any], str]]] = {}
     for resource in resources:
         if made := resource_manifests(resource, scopes[resource.key], stack):
             finished[resource.key] = [(m.obj, m.yaml()) for m in made]
     return finished
-
-
-def _scopes(resources: list[Resource]) -> dict[str, tuple[str, str | None]]:
-    """Each resource's `layer` and `tenant`, each component's found once (not again for each
-    resource under it)."""
-    found: dict[str, tuple[str, str | None]] = {}
-    for resource in resources:
-        unknown, node = [], resource
-        while node is not None and node.key not in found:
-            unknown.append(node)
-            node = node.parent
-        layer, tenant = found[node.key] if node is not None else ("platform", None)
-        for node in reversed(unknown):
-            layer, tenant = node.inputs.get(COMPONENT_LAYER_KEY, layer), node.inputs.get(COMPONENT_TENANT_KEY, tenant)
-            found[node.key] = (layer, tenant)
-    return found
 
 
 def stack_of(graph: Graph) -> str:
@@ -1186,7 +1170,7 @@ def inventory_entry(
     through a provider (Keycloak groups and clients, OpenBao policies and roles) `NOT_IN_BUNDLE`;
     null for components and providers, which deploy nothing themselves. `depends_on`: the sorted
     keys of dependency lists already seen (by the resources' identities), as every tenant stack
-    depends on the same layers. `scope`: its layer and tenant, when known (`_scopes`)."""
+    depends on the same layers. `scope`: its layer and tenant, when known (`harness.layers_and_tenants`)."""
     layer, tenant = scope if scope is not None else (resource.layer, resource.tenant)
     if files:
         bundle: list[str] | str | None = sorted(files)

@@ -28,6 +28,7 @@ from pulumi.runtime import rpc
 from pulumi.runtime.proto import resource_pb2, source_pb2
 from pulumi.runtime.sync_await import _ensure_event_loop, _sync_await
 
+from ai_factory.factory.heap import no_cycle_collection
 from ai_factory.factory.model.secrets import REDACTED
 
 COMPONENT_LAYER_KEY = "aiFactoryLayer"
@@ -76,6 +77,22 @@ class Resource:
     @property
     def tenant(self) -> str | None:
         return next((a.inputs[COMPONENT_TENANT_KEY] for a in [self, *self.ancestors()] if COMPONENT_TENANT_KEY in a.inputs), None)
+
+
+def layers_and_tenants(resources: list[Resource]) -> dict[str, tuple[str, str | None]]:
+    """Each resource's `layer` and `tenant` (`Resource.layer`, `Resource.tenant`) by key, each
+    component's found once (not again for each resource under it)."""
+    found: dict[str, tuple[str, str | None]] = {}
+    for resource in resources:
+        unknown, node = [], resource
+        while node is not None and node.key not in found:
+            unknown.append(node)
+            node = node.parent
+        layer, tenant = found[node.key] if node is not None else ("platform", None)
+        for node in reversed(unknown):
+            layer, tenant = node.inputs.get(COMPONENT_LAYER_KEY, layer), node.inputs.get(COMPONENT_TENANT_KEY, tenant)
+            found[node.key] = (layer, tenant)
+    return found
 
 
 class DuplicateResourceError(Exception):
@@ -348,16 +365,13 @@ def _lean_sdk() -> Iterator[None]:
     more in the middle generation, about a fifth of a render's CPU. Paused, they are scanned
     once, by the collection of the young generations that ends the run."""
     saved = rpc.contains_unknowns, sdk_resource._get_stack_trace, sdk_resource._resolve_depends_on_urns, sdk_resource.create_urn
-    collecting = gc.isenabled()
     rpc.contains_unknowns, sdk_resource._get_stack_trace = _contains_unknowns, _no_stack_trace
     sdk_resource._resolve_depends_on_urns, sdk_resource.create_urn = _depends_on_urns, _create_urn
-    gc.disable()
     try:
-        yield
+        with no_cycle_collection():
+            yield
     finally:
         rpc.contains_unknowns, sdk_resource._get_stack_trace, sdk_resource._resolve_depends_on_urns, sdk_resource.create_urn = saved
-        if collecting:
-            gc.enable()
         gc.collect(1)
 
 
