@@ -12,7 +12,6 @@ import pytest
 
 from ai_factory.factory.checking import parallel
 from ai_factory.factory.checking.check import run_checks
-from ai_factory.factory.checking.oracles import Oracles, locate_upstream_dir
 from ai_factory.factory.rendering.bundle import Rendered
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parts are checked in forked workers on Linux only")
@@ -35,8 +34,7 @@ def settled(condition, seconds: float = 120) -> None:
         time.sleep(0.01)
 
 
-def test_findings_checked_in_worker_processes_are_the_serial_ones(three_tenants, tmp_path, monkeypatch):
-    oracles = Oracles(locate_upstream_dir())
+def test_findings_checked_in_worker_processes_are_the_serial_ones(three_tenants, oracles, tmp_path, monkeypatch):
     rendered = broken(three_tenants[2])
     monkeypatch.setattr(parallel, "workers_for", lambda parts: 1)
     serial = run_checks(rendered, oracles, cache=tmp_path / "serial")
