@@ -143,9 +143,10 @@ def test_tenant_stacks_built_from_narrowed_hooks_are_those_built_from_the_whole_
     "value, other",
     [
         ({"a": 1, "b": [1, 2]}, {"b": [1, 2], "a": 1}),
+        ({2: "b", (1, "x"): "a"}, {(1, "x"): "a", 2: "b"}),
         (frozenset({"x", "y", "z"}), frozenset({"z", "y", "x"})),
     ],
-    ids=["mappings-in-any-order", "sets-in-any-order"],
+    ids=["mappings-in-any-order", "mappings-of-other-keys-in-any-order", "sets-in-any-order"],
 )
 def test_equal_values_have_one_digest(value, other):
     assert render_cache.digest(value) == render_cache.digest(other)
@@ -153,8 +154,17 @@ def test_equal_values_have_one_digest(value, other):
 
 @pytest.mark.parametrize(
     "value, other",
-    [((1, 2), (2, 1)), ({"a": 1}, {"a": 1.5}), ([1], [[1]]), ([float("nan")], [None]), ([float("inf")], [float("-inf")]), (1, 1.0), (True, 1)],
-    ids=["order", "value", "shape", "nan-is-not-null", "infinities", "int-and-float", "bool-and-int"],
+    [
+        ((1, 2), (2, 1)),
+        ({"a": 1}, {"a": 1.5}),
+        ({"1": "a"}, {1: "a"}),
+        ([1], [[1]]),
+        ([float("nan")], [None]),
+        ([float("inf")], [float("-inf")]),
+        (1, 1.0),
+        (True, 1),
+    ],
+    ids=["order", "value", "key-type", "shape", "nan-is-not-null", "infinities", "int-and-float", "bool-and-int"],
 )
 def test_different_values_have_different_digests(value, other):
     assert render_cache.digest(value) != render_cache.digest(other)
