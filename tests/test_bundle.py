@@ -275,6 +275,23 @@ def test_writing_over_an_earlier_render_touches_only_what_differs(dev, tmp_path)
     assert kept.stat().st_mtime_ns == 10**9
 
 
+def test_links_in_an_earlier_output_are_removed_and_never_followed(dev, tmp_path):
+    dev.write(tmp_path / "fresh")
+    out, outside = tmp_path / "out", tmp_path / "outside"
+    dev.write(out)
+    (outside / "dir").mkdir(parents=True)
+    (outside / "dir" / "kept.yaml").write_text("{}")
+    (outside / "file.yaml").write_text("{}")
+    (out / "manifests" / "linked").symlink_to(outside / "dir", target_is_directory=True)
+    rendered = out / "inventory.json"
+    rendered.unlink()
+    rendered.symlink_to(outside / "file.yaml")
+    dev.write(out)
+    tree = lambda root: {str(p.relative_to(root)): p.read_bytes() if p.is_file() else None for p in root.rglob("*")}
+    assert tree(out) == tree(tmp_path / "fresh") and not rendered.is_symlink()
+    assert (outside / "dir" / "kept.yaml").read_text() == "{}" and (outside / "file.yaml").read_text() == "{}"
+
+
 def _reads(monkeypatch) -> list[str]:
     """The files `Rendered.write` reads back from here on."""
     read: list[str] = []

@@ -222,22 +222,36 @@ class Rendered:
         started = time.time_ns()
         known = WriteRecord.read(record, out) if record is not None else WriteRecord.empty(out)
         present: dict[str, os.stat_result] = {}
-        for root, directories, names in os.walk(out, topdown=False):
-            relative_root = os.path.relpath(root, out)
+        top = str(out)
+        walked: set[str] = set()
+        holding: set[str] = set()
+        """The directories walked, and those of them still holding something: bottom-up, a
+        directory's own are done before it (asking each directory again cost a stat and a
+        listing each, thousands in a large tree)."""
+        for root, directories, names in os.walk(top, topdown=False):
+            walked.add(root)
+            relative_root = root[len(top) + 1 :]  # os.walk joins each directory's name to `top`
             for name in names:
                 path = f"{root}/{name}"
-                relative = name if relative_root == "." else f"{relative_root}/{name}"
+                relative = f"{relative_root}/{name}" if relative_root else name
                 status = os.lstat(path)
                 if relative in files and not stat.S_ISLNK(status.st_mode):
                     present[relative] = status
+                    holding.add(root)
                 else:
                     os.unlink(path)
             for name in directories:
                 path = os.path.join(root, name)
-                if os.path.islink(path):
+                if path in holding:
+                    holding.add(root)
+                elif path in walked:
+                    os.rmdir(path)
+                elif os.path.islink(path):  # os.walk does not follow a link to a directory
                     os.unlink(path)
                 elif not os.listdir(path):
                     os.rmdir(path)
+                else:
+                    holding.add(root)
         written = WriteRecord.empty(out, started)
         for relative, text in sorted(files.items()):
             target = f"{out}/{relative}"
