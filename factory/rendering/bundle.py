@@ -870,12 +870,16 @@ class Staging:
         self._resource_objects: dict[str, tuple[int, ...]] = {}
         self._dependency_objects: dict[tuple[str, ...], tuple[int, ...]] = {}
         self._resource_floor: dict[str, int] = {}
-        for i in range(len(manifests)):
-            m = manifests[i]
-            rank = self.rank(i)
-            if m.tenant is None and rank == len(STAGES) - 1 and not _is_patch(m.origin):
-                raise ValueError(f"{m.ref} of layer {m.layer} would wait for a tenant; only tenants' objects may")
-            m.stage = PATCHES if _is_patch(m.origin) else STAGES[rank]
+        last = len(STAGES) - 1
+        for i, m in enumerate(manifests):
+            patch = _is_patch(m.origin)
+            if m.tenant:
+                rank = self._ranks[i] = last  # a tenant's stage is the last: nothing lifts it (`rule`)
+            else:
+                rank = self.rank(i)
+                if m.tenant is None and rank == last and not patch:
+                    raise ValueError(f"{m.ref} of layer {m.layer} would wait for a tenant; only tenants' objects may")
+            m.stage = PATCHES if patch else STAGES[rank]
 
     # ---- what an object needs
 
@@ -969,7 +973,12 @@ class Staging:
         lineages: dict[str, set[str]] = {unit: set() for unit in units}
         for i, unit in enumerate(of):
             units[unit].update(of[j] for j in self.needs(i))
-            lineages[unit].update(resource.key for resource in self.lineage(i))
+            # A unit's objects share most of their ancestors (a tenant's component): each is walked
+            # up to the first ancestor already there, whose own ancestors are there with it.
+            lineage, node = lineages[unit], self.resources.get(self.manifests[i].origin)
+            while node is not None and node.key not in lineage:
+                lineage.add(node.key)
+                node = node.parent
         by_objects: dict[tuple[int, ...], set[str]] = {}
         for unit, keys in lineages.items():
             for key in keys:
