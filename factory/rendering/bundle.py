@@ -498,6 +498,11 @@ def render_env(env: str, on_resource: Callable[[], None] | None = None, cache: P
     raw, secret_sections = read_stack_file(path)
     # The program adds the registered tenants itself, as under `pulumi up`; validated with them here.
     cfg = validate(environment_raw(raw, stack_name(path), path.resolve().parent), source=str(path))
+    return _render_stack(path, raw, secret_sections, cfg, on_resource, cache)
+
+
+def _render_stack(path: Path, raw: dict[str, Any], secret_sections: set[str], cfg: FactoryConfig, on_resource: Callable[[], None] | None, cache: Path | None) -> Rendered:
+    """`render_env` of a stack file already read (`raw`) and validated (`cfg`)."""
     refuse_whole_fleet(cfg, str(path))
     plan_for(cfg)  # demands that do not fit are reported here, before anything is registered
     return render_raw(raw, secret_sections, cfg, stack=stack_name(path), project=stack_project(path), on_resource=on_resource, cache=cache)
@@ -531,7 +536,7 @@ def render_clusters(env: str, on_resource: Callable[[], None] | None = None, cac
     raw, secret_sections = read_stack_file(path)
     cfg = validate(environment_raw(raw, stack_name(path), path.resolve().parent), source=str(path))
     if not clusters(cfg):
-        return {stack_name(path): render_env(env, on_resource, cache)}
+        return {stack_name(path): _render_stack(path, raw, secret_sections, cfg, on_resource, cache)}
     renders = {}
     for placed in clusters(cfg):
         cluster_raw = {**raw, "kubernetes": {**(raw.get("kubernetes") or {}), "cluster": placed.name}}
