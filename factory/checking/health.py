@@ -16,8 +16,9 @@ from typing import Any, Iterable
 
 from ai_factory.factory.checking.findings import Finding, tenant_local
 from ai_factory.factory.checking.isolation import ESCALATION_VERBS, SERVICE_ACCOUNTS_GROUP, View, bound_rules, rule_text
+from ai_factory.factory.checking.label_index import selects
 from ai_factory.factory.checking.oracles import Oracles
-from ai_factory.factory.checking.scheduling import selects, tolerates
+from ai_factory.factory.checking.scheduling import tolerates
 from ai_factory.factory.model.config import FactoryConfig
 from ai_factory.factory.model.tenancy import LABEL_PREFIX
 from ai_factory.factory.rendering.bundle import Manifest, Rendered

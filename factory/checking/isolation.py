@@ -39,9 +39,8 @@ from ai_factory.components.tenant_stack import (
 )
 from ai_factory.factory.model.catalog import CHARTS
 from ai_factory.factory.checking.findings import Finding, tenant_local
-from ai_factory.factory.checking.label_index import LabelIndex
+from ai_factory.factory.checking.label_index import LabelIndex, selects
 from ai_factory.factory.checking.oracles import Oracles
-from ai_factory.factory.checking.scheduling import selects
 from ai_factory.factory.planning.placement import (
     DEDICATED_LABEL,
     DEVICE_PLUGIN_CONFIG_LABEL,
