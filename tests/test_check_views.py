@@ -84,11 +84,28 @@ def peers(name: str, namespace: str, tenant: str, labels: dict) -> dict:
     }
 
 
+def binding(kind: str, name: str, namespace: str | None, tenant: str | None, role: str, *subjects: dict) -> dict:
+    """A (Cluster)RoleBinding of `tenant` (the platform's when None) granting `role` to `subjects`."""
+    metadata = {"name": name, "labels": {"ai-factory.io/tenant": tenant} if tenant else {}, **({"namespace": namespace} if namespace else {})}
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": kind,
+        "metadata": metadata,
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+        "subjects": list(subjects),
+    }
+
+
+def account(namespace: str) -> dict:
+    return {"kind": "ServiceAccount", "name": "default", "namespace": namespace}
+
+
 def broken(r: Rendered) -> Rendered:
     """`r` with violations: in CHANGED's namespace and UNCHANGED's, one tenant's pods in another's
     namespace and its network policy admitting that namespace, unlabelled objects, a queue missing,
-    a trust domain's flavors oversubscribed by one of its two tenants, and a privileged platform
-    agent nobody declared."""
+    a trust domain's flavors oversubscribed by one of its two tenants, a privileged platform
+    agent nobody declared, and bindings of another tenant's account, of cluster-admin and of a
+    system group (the platform's)."""
     r = copy.deepcopy(r)
     for tenant in (CHANGED, UNCHANGED):
         added(r, tenant, pods("miner", f"tenant-{tenant}", tenant))
@@ -98,6 +115,10 @@ def broken(r: Rendered) -> Rendered:
     added(r, None, pods("agent", "default", None))
     added(r, "team-02", peers("neighbours", "tenant-team-02", "team-02", {"kubernetes.io/metadata.name": "tenant-team-04"}))
     added(r, CHANGED, peers("everyone", f"tenant-{CHANGED}", CHANGED, {}))
+    # RBAC: CHANGED binds UNCHANGED's account, UNCHANGED binds cluster-admin, the platform a system group.
+    added(r, CHANGED, binding("RoleBinding", "borrowed", f"tenant-{CHANGED}", CHANGED, "view", account(f"tenant-{UNCHANGED}")))
+    added(r, UNCHANGED, binding("RoleBinding", "root", f"tenant-{UNCHANGED}", UNCHANGED, "cluster-admin", account(f"tenant-{UNCHANGED}")))
+    added(r, None, binding("ClusterRoleBinding", "masters", None, None, "view", {"kind": "Group", "name": "system:masters", "apiGroup": "rbac.authorization.k8s.io"}))
     for m in r.manifests:
         if m.tenant == "team-02" and m.kind == "ClusterQueue":  # its trust domain's flavors oversubscribed, team-05's queue with it
             for spec in (m.obj["spec"], next(x for x in r.graph.resources if x.key == m.origin).inputs["spec"]):
@@ -149,6 +170,7 @@ def test_the_injected_violations_are_found_by_tenant_local_checks(before, units)
         "tenant-pod-security-context",
         "tenant-objects-labelled",
         "gpu-namespaces-queued",
+        "rbac-subjects",
     } <= found
 
 

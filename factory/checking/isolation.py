@@ -271,6 +271,7 @@ def tenant_labels(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
             yield _finding("tenant-labels", m, f"tenant {labelled}'s object lives in platform namespace {m.namespace}", labelled)
 
 
+@tenant_local
 def rbac_subjects(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
     """A2, A3, A10, A12: bindings in a tenant's namespace name only that tenant's subjects (or
     platform service accounts); no tenant subject is bound outside its namespace or cluster-wide;
