@@ -266,11 +266,11 @@ def _values(release: Manifest) -> Mapping[str, Any]:
 
 
 def _nodes(rendered: Rendered) -> list[Manifest]:
-    return sorted((m for m in rendered.manifests if m.kind == "Node"), key=lambda m: m.name)
+    return sorted(View.of(rendered).of_kind("Node"), key=lambda m: m.name)
 
 
 def _of(rendered: Rendered, api_prefix: str, kind: str) -> list[Manifest]:
-    return [m for m in rendered.manifests if m.kind == kind and str(m.obj.get("apiVersion", "")).startswith(api_prefix)]
+    return [m for m in View.of(rendered).of_kind(kind) if str(m.obj.get("apiVersion", "")).startswith(api_prefix)]
 
 
 def _labels(obj: Mapping[str, Any]) -> dict[str, str]:

@@ -153,8 +153,9 @@ class View:
         self._by_kind: dict[str, list[int]] = {}
         self._by_namespace: dict[tuple[str, str | None], list[Manifest]] = {}
         for i, m in enumerate(self.manifests):
-            self._by_kind.setdefault(m.kind, []).append(i)
-            self._by_namespace.setdefault((m.kind, m.namespace), []).append(m)
+            kind = m.kind
+            self._by_kind.setdefault(kind, []).append(i)
+            self._by_namespace.setdefault((kind, m.namespace), []).append(m)
         self._pod_rules: dict[str, list[Mapping[str, Any]]] | None = None
         self.namespace_labels: dict[str, dict[str, str]] = {}
         self.tenant_namespaces: dict[str, TenantNamespace] = {}
