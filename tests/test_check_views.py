@@ -259,3 +259,15 @@ def test_the_pack_builds_the_renders_resources_once(before, oracles, tmp_path, m
     monkeypatch.setattr(policy_check, "resources_from_graph", lambda graph: built.append(graph) or real(graph))
     run_checks(r, oracles, cache=tmp_path if cached else None)
     assert sum(graph is r.graph for graph in built) == 1
+
+
+def test_a_view_holds_what_the_platform_made_for_its_tenants_and_not_for_others(before):
+    r = before[0]
+    tenants = views.tenants_of(r)
+    key, served = next((x.key, r.scopes[x.key]) for x in r.graph.resources if x.key in r.scopes and not tenants <= set(r.scopes[x.key]))
+    other = min(tenants - set(served))
+
+    def holds(seen: Rendered) -> bool:
+        return any(x.key == key for x in seen.graph.resources)
+
+    assert holds(views.view(r, {served[0]})) and not holds(views.view(r, {other}))
