@@ -123,6 +123,31 @@ def test_bundle_order_flags(dev, oracles, break_it, expected):
     assert expected in findings(bundle_order, break_it(dev), oracles)
 
 
+def _applied_also_by(rendered: Rendered, name: str, directory: str, without: str | None = None) -> Rendered:
+    """`rendered` with a Kustomization `name` (waiting for nothing) applying `directory` (a
+    directory of the driver's file: its own, or `manifests`), and without Kustomization `without`."""
+    clone = _without_kustomization(rendered, without or "")
+    driver = next(m for m in clone.manifests if m.ref == "NVIDIADriver/driver-h100-train")
+    path = driver.path.rpartition("/")[0] if directory == "its own" else directory
+    clone.kustomizations.append({"metadata": {"name": name}, "spec": {"path": f"./{path}"}})
+    return clone
+
+
+@pytest.mark.parametrize(
+    "break_it, applier",
+    [
+        (lambda r: _applied_also_by(r, "deepest", "its own"), "deepest"),
+        (lambda r: _applied_also_by(r, "everything", "manifests", without="ai-factory-resources"), "everything"),
+    ],
+    ids=["its-own-directory-the-deepest", "the-bundle-root-when-no-stage-applies"],
+)
+def test_an_object_is_applied_by_the_deepest_kustomization_holding_its_file(dev, oracles, break_it, applier):
+    assert (
+        f"bundle-order: NVIDIADriver/driver-h100-train: applied by Kustomization {applier}, which does not wait for "
+        "ai-factory-crds applying HelmRelease/gpu-operator/gpu-operator (it installs the CRDs of nvidia.com)"
+    ) in findings(bundle_order, break_it(dev), oracles)
+
+
 def test_what_a_chart_installs_is_ordered_by_its_release_not_by_a_stage(dev, oracles):
     clone = copy.deepcopy(dev)
     release = next(m for m in clone.manifests if m.kind == "HelmRelease" and m.name == "kueue")

@@ -84,11 +84,28 @@ def peers(name: str, namespace: str, tenant: str, labels: dict) -> dict:
     }
 
 
+def binding(kind: str, name: str, namespace: str | None, tenant: str | None, role: str, *subjects: dict) -> dict:
+    """A (Cluster)RoleBinding of `tenant` (the platform's when None) granting `role` to `subjects`."""
+    metadata = {"name": name, "labels": {"ai-factory.io/tenant": tenant} if tenant else {}, **({"namespace": namespace} if namespace else {})}
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": kind,
+        "metadata": metadata,
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+        "subjects": list(subjects),
+    }
+
+
+def account(namespace: str) -> dict:
+    return {"kind": "ServiceAccount", "name": "default", "namespace": namespace}
+
+
 def broken(r: Rendered) -> Rendered:
     """`r` with violations: in CHANGED's namespace and UNCHANGED's, one tenant's pods in another's
     namespace and its network policy admitting that namespace, unlabelled objects, a queue missing,
-    a trust domain's flavors oversubscribed by one of its two tenants, and a privileged platform
-    agent nobody declared."""
+    a trust domain's flavors oversubscribed by one of its two tenants, a privileged platform
+    agent nobody declared, and bindings of another tenant's account, of cluster-admin and of a
+    system group (the platform's)."""
     r = copy.deepcopy(r)
     for tenant in (CHANGED, UNCHANGED):
         added(r, tenant, pods("miner", f"tenant-{tenant}", tenant))
@@ -98,6 +115,10 @@ def broken(r: Rendered) -> Rendered:
     added(r, None, pods("agent", "default", None))
     added(r, "team-02", peers("neighbours", "tenant-team-02", "team-02", {"kubernetes.io/metadata.name": "tenant-team-04"}))
     added(r, CHANGED, peers("everyone", f"tenant-{CHANGED}", CHANGED, {}))
+    # RBAC: CHANGED binds UNCHANGED's account, UNCHANGED binds cluster-admin, the platform a system group.
+    added(r, CHANGED, binding("RoleBinding", "borrowed", f"tenant-{CHANGED}", CHANGED, "view", account(f"tenant-{UNCHANGED}")))
+    added(r, UNCHANGED, binding("RoleBinding", "root", f"tenant-{UNCHANGED}", UNCHANGED, "cluster-admin", account(f"tenant-{UNCHANGED}")))
+    added(r, None, binding("ClusterRoleBinding", "masters", None, None, "view", {"kind": "Group", "name": "system:masters", "apiGroup": "rbac.authorization.k8s.io"}))
     for m in r.manifests:
         if m.tenant == "team-02" and m.kind == "ClusterQueue":  # its trust domain's flavors oversubscribed, team-05's queue with it
             for spec in (m.obj["spec"], next(x for x in r.graph.resources if x.key == m.origin).inputs["spec"]):
@@ -149,6 +170,7 @@ def test_the_injected_violations_are_found_by_tenant_local_checks(before, units)
         "tenant-pod-security-context",
         "tenant-objects-labelled",
         "gpu-namespaces-queued",
+        "rbac-subjects",
     } <= found
 
 
@@ -237,3 +259,15 @@ def test_the_pack_builds_the_renders_resources_once(before, oracles, tmp_path, m
     monkeypatch.setattr(policy_check, "resources_from_graph", lambda graph: built.append(graph) or real(graph))
     run_checks(r, oracles, cache=tmp_path if cached else None)
     assert sum(graph is r.graph for graph in built) == 1
+
+
+def test_a_view_holds_what_the_platform_made_for_its_tenants_and_not_for_others(before):
+    r = before[0]
+    tenants = views.tenants_of(r)
+    key, served = next((x.key, r.scopes[x.key]) for x in r.graph.resources if x.key in r.scopes and not tenants <= set(r.scopes[x.key]))
+    other = min(tenants - set(served))
+
+    def holds(seen: Rendered) -> bool:
+        return any(x.key == key for x in seen.graph.resources)
+
+    assert holds(views.view(r, {served[0]})) and not holds(views.view(r, {other}))

@@ -12,7 +12,7 @@ import pytest
 
 from ai_factory.factory.checking import scheduling as checks_scheduling
 from ai_factory.factory.checking.findings import Finding
-from ai_factory.factory.checking.scheduling import selects
+from ai_factory.factory.checking.label_index import selects
 from ai_factory.factory.model.loading import ConfigError, validate
 from ai_factory.factory.rendering.bundle import Manifest, Rendered, dump_yaml
 from tests.conftest import objects, one, render

@@ -16,8 +16,9 @@ from typing import Any, Iterable
 
 from ai_factory.factory.checking.findings import Finding, tenant_local
 from ai_factory.factory.checking.isolation import ESCALATION_VERBS, SERVICE_ACCOUNTS_GROUP, View, bound_rules, rule_text
+from ai_factory.factory.checking.label_index import selects
 from ai_factory.factory.checking.oracles import Oracles
-from ai_factory.factory.checking.scheduling import selects, tolerates
+from ai_factory.factory.checking.scheduling import tolerates
 from ai_factory.factory.model.config import FactoryConfig
 from ai_factory.factory.model.tenancy import LABEL_PREFIX
 from ai_factory.factory.rendering.bundle import Manifest, Rendered
@@ -265,11 +266,11 @@ def _values(release: Manifest) -> Mapping[str, Any]:
 
 
 def _nodes(rendered: Rendered) -> list[Manifest]:
-    return sorted((m for m in rendered.manifests if m.kind == "Node"), key=lambda m: m.name)
+    return sorted(View.of(rendered).of_kind("Node"), key=lambda m: m.name)
 
 
 def _of(rendered: Rendered, api_prefix: str, kind: str) -> list[Manifest]:
-    return [m for m in rendered.manifests if m.kind == kind and str(m.obj.get("apiVersion", "")).startswith(api_prefix)]
+    return [m for m in View.of(rendered).of_kind(kind) if str(m.obj.get("apiVersion", "")).startswith(api_prefix)]
 
 
 def _labels(obj: Mapping[str, Any]) -> dict[str, str]:

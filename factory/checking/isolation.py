@@ -39,9 +39,8 @@ from ai_factory.components.tenant_stack import (
 )
 from ai_factory.factory.model.catalog import CHARTS
 from ai_factory.factory.checking.findings import Finding, tenant_local
-from ai_factory.factory.checking.label_index import LabelIndex
+from ai_factory.factory.checking.label_index import LabelIndex, selects
 from ai_factory.factory.checking.oracles import Oracles
-from ai_factory.factory.checking.scheduling import selects
 from ai_factory.factory.planning.placement import (
     DEDICATED_LABEL,
     DEVICE_PLUGIN_CONFIG_LABEL,
@@ -154,8 +153,9 @@ class View:
         self._by_kind: dict[str, list[int]] = {}
         self._by_namespace: dict[tuple[str, str | None], list[Manifest]] = {}
         for i, m in enumerate(self.manifests):
-            self._by_kind.setdefault(m.kind, []).append(i)
-            self._by_namespace.setdefault((m.kind, m.namespace), []).append(m)
+            kind = m.kind
+            self._by_kind.setdefault(kind, []).append(i)
+            self._by_namespace.setdefault((kind, m.namespace), []).append(m)
         self._pod_rules: dict[str, list[Mapping[str, Any]]] | None = None
         self.namespace_labels: dict[str, dict[str, str]] = {}
         self.tenant_namespaces: dict[str, TenantNamespace] = {}
@@ -272,6 +272,7 @@ def tenant_labels(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
             yield _finding("tenant-labels", m, f"tenant {labelled}'s object lives in platform namespace {m.namespace}", labelled)
 
 
+@tenant_local
 def rbac_subjects(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
     """A2, A3, A10, A12: bindings in a tenant's namespace name only that tenant's subjects (or
     platform service accounts); no tenant subject is bound outside its namespace or cluster-wide;

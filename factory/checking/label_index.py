@@ -1,5 +1,5 @@
-"""Objects by label, for the checks and the pack's policies that ask which nodes or namespaces a
-flavor or selector picks."""
+"""Objects by label, and label-selector semantics, for the checks and the pack's policies that ask
+which nodes or namespaces a flavor or selector picks."""
 
 from __future__ import annotations
 
@@ -68,4 +68,23 @@ def _hashable(value: Any) -> bool:
         hash(value)
     except TypeError:
         return False
+    return True
+
+
+def selects(selector: Mapping[str, Any] | None, labels: Mapping[str, str]) -> bool:
+    """Kubernetes label-selector semantics (a null selector selects nothing, `{}` everything)."""
+    if selector is None:
+        return False
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for expression in selector.get("matchExpressions") or []:
+        key, operator, values = expression.get("key"), expression.get("operator"), expression.get("values") or []
+        if operator == "In" and labels.get(key) not in values:
+            return False
+        if operator == "NotIn" and key in labels and labels[key] in values:
+            return False
+        if operator == "Exists" and key not in labels:
+            return False
+        if operator == "DoesNotExist" and key in labels:
+            return False
     return True

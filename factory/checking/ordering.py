@@ -33,25 +33,32 @@ class _Bundle:
     def __init__(self, rendered: Rendered):
         self.by_path = {k["spec"].get("path", "").removeprefix("./").rstrip("/"): k for k in rendered.kustomizations}
         self.needs = {k["metadata"]["name"]: {d["name"] for d in k["spec"].get("dependsOn") or []} for k in rendered.kustomizations}
+        # By directory and by Kustomization: a fleet's objects share a few hundred directories and
+        # a few Kustomizations' waits, looked up again for each of tens of thousands of objects.
+        self._appliers: dict[tuple[str, ...], Mapping[str, Any] | None] = {}
+        self._after: dict[str, set[str]] = {}
 
     def applier(self, m: Manifest) -> Mapping[str, Any] | None:
         """The Kustomization whose path holds the object's file (the deepest one)."""
-        parts = m.path.split("/")
-        for depth in range(len(parts) - 1, 0, -1):
-            if (found := self.by_path.get("/".join(parts[:depth]))) is not None:
-                return found
-        return None
+        directory = tuple(m.path.split("/")[:-1])
+        if directory not in self._appliers:
+            self._appliers[directory] = next(
+                (found for depth in range(len(directory), 0, -1) if (found := self.by_path.get("/".join(directory[:depth]))) is not None), None
+            )
+        return self._appliers[directory]
 
     def after(self, name: str) -> set[str]:
         """Every Kustomization `name` waits for, directly or not."""
-        seen: set[str] = set()
-        pending = list(self.needs.get(name, ()))
-        while pending:
-            current = pending.pop()
-            if current not in seen:
-                seen.add(current)
-                pending.extend(self.needs.get(current, ()))
-        return seen
+        if name not in self._after:
+            seen: set[str] = set()
+            pending = list(self.needs.get(name, ()))
+            while pending:
+                current = pending.pop()
+                if current not in seen:
+                    seen.add(current)
+                    pending.extend(self.needs.get(current, ()))
+            self._after[name] = seen
+        return self._after[name]
 
 
 def _crd_owners(rendered: Rendered) -> dict[str, list[Manifest]]:
@@ -70,6 +77,7 @@ def bundle_order(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
     bundle = _Bundle(rendered)
     owners = _crd_owners(rendered)
     prerequisites = external_crds({m.layer for m in rendered.manifests})
+    installers: dict[int, str | None] = {}
     for m in rendered.manifests:
         if not m.stage:  # what a chart installs: its release's stage applies it
             continue
@@ -90,8 +98,10 @@ def bundle_order(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
         if not owners.get(group) and group not in prerequisites:
             yield Finding("bundle-order", m.ref, f"no release of the bundle installs the CRDs of {group} (catalog crd_groups)", _tenants(m))
         for release in owners.get(group, []):
-            installer = bundle.applier(release)
-            installer_name = installer["metadata"]["name"] if installer else None
+            if id(release) not in installers:  # a release installs the CRDs of many objects
+                installer = bundle.applier(release)
+                installers[id(release)] = installer["metadata"]["name"] if installer else None
+            installer_name = installers[id(release)]
             if installer_name is None or installer_name not in bundle.after(name):
                 yield Finding(
                     "bundle-order",

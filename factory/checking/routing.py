@@ -21,8 +21,8 @@ from urllib.parse import urlsplit
 
 from ai_factory.factory.checking.findings import Finding
 from ai_factory.factory.checking.isolation import View, _endpoint_scope, _policy_specs, guarded
+from ai_factory.factory.checking.label_index import selects
 from ai_factory.factory.checking.oracles import Oracles
-from ai_factory.factory.checking.scheduling import selects
 from ai_factory.factory.model.serving import MODEL_LABEL
 from ai_factory.factory.model.catalog import CHARTS
 from ai_factory.factory.rendering.bundle import Manifest, Rendered

@@ -79,9 +79,11 @@ def view(rendered: Rendered, tenants: frozenset[str] | set[str]) -> Rendered:
     made for no tenant in particular), in the render's order. Without the config: a tenant-local
     check reads the objects only."""
 
-    def seen(tenant: str | None, key: str) -> bool:
-        served = _scope(rendered, tenant, key)
-        return served is None or not served.isdisjoint(tenants)
+    def seen(tenant: str | None, key: str) -> bool:  # `_scope`, without a set made for each object
+        if tenant:
+            return tenant in tenants
+        served = rendered.scopes.get(key)
+        return served is None or not tenants.isdisjoint(served)
 
     resources = [r for r in rendered.graph.resources if r.type == NAMESPACE or seen(r.tenant, r.key)]
     return Rendered(
@@ -106,7 +108,9 @@ def content_digest(manifests: Iterable[Manifest], resources: Iterable[Resource])
 
 def view_keys(rendered: Rendered, platform_parts: Iterable[Rendered], tenant_digests: Mapping[str, str], context: str) -> tuple[str, dict[str, str]]:
     """The platform's key (the context and the unscoped platform) and each tenant's (that, its own
-    part's digest, `tenant_digests`, and the platform made for it)."""
+    part's digest, `tenant_digests`, and the platform made for it). `tenant_digests` holds every
+    tenant with objects or resources (`check.parts`): with the tenants the platform made some for,
+    those are the tenants with a view (`tenants_of`, not walked again)."""
     unscoped: tuple[list[Manifest], list[Resource]] = ([], [])
     scoped: dict[str, tuple[list[Manifest], list[Resource]]] = {}
     for part in platform_parts:
@@ -121,7 +125,8 @@ def view_keys(rendered: Rendered, platform_parts: Iterable[Rendered], tenant_dig
         made = _sha(key, content_digest(manifests, resources))
         for tenant in rendered.scopes[key]:
             serving.setdefault(tenant, []).append(made)
-    keys = {t: _sha(platform, tenant_digests.get(t, ""), *serving.get(t, ())) for t in tenants_of(rendered)}
+    tenants = {*tenant_digests, *(t for served in rendered.scopes.values() for t in served)}
+    keys = {t: _sha(platform, tenant_digests.get(t, ""), *serving.get(t, ())) for t in tenants}
     return platform, keys
 
 
