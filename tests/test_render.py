@@ -192,6 +192,37 @@ def test_the_harness_resolves_depends_on_as_the_sdk_does(monkeypatch):
     assert ours == dependencies() and ours["listed"] == sorted({*ours["single"], *ours["output"]})
 
 
+def test_the_harness_refuses_a_dependency_cycle_as_the_sdk_does(monkeypatch):
+    def program():
+        box = pulumi.ComponentResource("test:index:Box", "box")
+        waiting = k8s.core.v1.Namespace("waiting", metadata={"name": "waiting"}, opts=pulumi.ResourceOptions(depends_on=[box]))
+        # A child of the box made after, waiting for what waits for the box: a cycle.
+        k8s.core.v1.ConfigMap("inner", metadata={"name": "inner", "namespace": "waiting"}, opts=pulumi.ResourceOptions(parent=box, depends_on=[waiting]))
+
+    def error() -> str:
+        with pytest.raises(RuntimeError, match="circular dependency") as raised:
+            run_program(program, project="p", stack="s")
+        return str(raised.value)
+
+    ours = error()
+    monkeypatch.setattr(harness, "_depends_on_urns", harness._SDK_DEPENDS_ON_URNS)
+    assert ours == error()
+
+
+def test_the_harness_makes_a_childs_alias_urn_as_the_sdk_does():
+    seen = {}
+
+    def program():
+        parent = pulumi.ComponentResource("test:index:Box", "box")
+        pulumi.Output.all(harness._create_urn("box-a", "kubernetes:core/v1:Namespace", parent), harness._SDK_CREATE_URN("box-a", "kubernetes:core/v1:Namespace", parent)).apply(
+            lambda urns: seen.update(urns=urns)
+        )
+
+    run_program(program, project="p", stack="s")
+    ours, sdks = seen["urns"]
+    assert ours == sdks == "urn:pulumi:s::p::pulumi:pulumi:Stack$test:index:Box$kubernetes:core/v1:Namespace::box-a"
+
+
 def test_outputs_read_back_are_the_inputs_with_the_providers_defaults():
     seen = {}
 

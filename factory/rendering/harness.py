@@ -333,7 +333,19 @@ async def _depends_on_urns(depends_on: Any, from_resource: pulumi.Resource | Non
     render's outputs (every tenant object waits for its namespace). The same URNs, through the
     SDK's own expansion of components; anything else (an output, an awaitable) takes its path."""
     if type(depends_on) is list and all(isinstance(d, pulumi.Resource) for d in depends_on):
-        return set(await rpc._expand_dependencies(depends_on, from_resource))
+        urns: set[str] = set()
+        for d in depends_on:
+            if (isinstance(d, pulumi.ComponentResource) and not d._remote) or (from_resource is not None and not rpc.declare_dependency(from_resource, d)):
+                # A local component stands for its children; a cycle fails or is skipped as the
+                # SDK decides (declaring a refused edge records nothing, so it is refused again).
+                urns.update(await rpc._expand_dependencies([d], from_resource))
+                continue
+            # A custom resource: what the SDK's walk does for it (the edge declared above, then its
+            # URN), without its coroutine per dependency and `Output.future`'s around the URN.
+            urn = (await d.urn._data).value
+            if urn and not _contains_unknowns(urn):
+                urns.add(urn)
+        return urns
     return await _SDK_DEPENDS_ON_URNS(depends_on, from_resource)
 
 
@@ -349,6 +361,10 @@ def _create_urn(name: Any, type_: Any, parent: Any = None, project: str | None =
         else:
             prefix = f"urn:pulumi:{pulumi.get_stack() if stack is None else stack}::{pulumi.get_project() if project is None else project}::"
         return pulumi.Output.from_input(f"{prefix}{type_}::{name}")
+    if type(name) is str and type(type_) is str and isinstance(parent, pulumi.Resource):
+        # The alias a typed class declares for a child (`collapse_alias_to_urn`, its parent the
+        # resource): one apply on the parent's URN instead of the SDK's apply, `all` and apply.
+        return parent.urn.apply(lambda urn: f"{urn[0 : urn.rfind('::')]}${type_}::{name}")
     return _SDK_CREATE_URN(name, type_, parent, project, stack)
 
 
