@@ -556,7 +556,8 @@ def render_raw(
     `project`: the Pulumi project the program runs in, whose name is the config namespace.
     `workers`: processes to render in (default: one per core, at most one per
     `PARALLEL_MIN_TENANTS` tenants). Each runs the whole program for its share of the tenants
-    (every share builds the same platform; `_shares`); the shares' tenant resources are merged by
+    (without a cache every share builds the same platform; with one, this process alone:
+    `_ShareUnits`, `_shares`); the shares' tenant resources are merged by
     URN, so the render is the serial one byte for byte. `on_resource` counts this process's share.
     `offboarded`: registered tenants the program leaves out (see `program.main`).
     `cache`: the render cache directory (`cache.UnitCache`): layers and tenant stacks found there
