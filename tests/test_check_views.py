@@ -223,6 +223,13 @@ def test_a_cold_check_runs_the_tenant_local_checks_over_the_whole_once_beside_th
     assert ran == [r, "parts"]
 
 
+def test_most_tenants_changed_checks_the_whole_render_again_with_the_platforms_findings_cached(before, units, tmp_path):
+    r, run = before[0], units["tenant_pods"]
+    views.write_findings(tmp_path, "platform", [])
+    keys = {t: f"view-{t}" for t in views.tenants_of(r)}
+    assert views.local_findings(r, run, tmp_path, "platform", keys) == set(run(r))
+
+
 def test_a_change_of_the_platform_or_oracles_checks_every_view_again(before, oracles, tmp_path):
     r = before[0]
     run_checks(r, oracles, cache=tmp_path, oracle_state="one")
