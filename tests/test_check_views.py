@@ -11,7 +11,7 @@ import pytest
 from pulumi_policy import StackValidationPolicy
 
 from ai_factory.components import registry
-from ai_factory.factory.checking import check, views
+from ai_factory.factory.checking import check, parallel, views
 from ai_factory.factory.checking import policies as policy_check
 from ai_factory.factory.checking.check import run_checks
 from ai_factory.factory.checking.findings import is_tenant_local
@@ -233,6 +233,23 @@ def test_an_unchanged_render_is_read_back_without_checking(before, oracles, tmp_
     cold = run_checks(r, oracles, cache=tmp_path)
     monkeypatch.setattr(check, "_run_all", lambda *args: pytest.fail("a tenant-local check ran again"))
     assert run_checks(r, oracles, cache=tmp_path) == cold
+
+
+def test_a_cold_check_runs_the_tenant_local_checks_over_the_whole_once_beside_the_per_part_checks(before, oracles, tmp_path, monkeypatch):
+    """Before this process joins the part workers (`parallel.Shared.finish`), not after them alone."""
+    r, ran = before[0], []
+    real_run, real_finish = check._run_all, parallel.Shared.finish
+    monkeypatch.setattr(check, "_run_all", lambda checks, checked, oracles: ran.append(checked) or real_run(checks, checked, oracles))
+    monkeypatch.setattr(parallel.Shared, "finish", lambda shared: ran.append("parts") or real_finish(shared))
+    assert run_checks(r, oracles, cache=tmp_path) == run_checks(r, oracles)
+    assert ran == [r, "parts"]
+
+
+def test_most_tenants_changed_checks_the_whole_render_again_with_the_platforms_findings_cached(before, units, tmp_path):
+    r, run = before[0], units["tenant_pods"]
+    views.write_findings(tmp_path, "platform", [])
+    keys = {t: f"view-{t}" for t in views.tenants_of(r)}
+    assert views.local_findings(r, run, tmp_path, "platform", keys) == set(run(r))
 
 
 def test_a_change_of_the_platform_or_oracles_checks_every_view_again(before, oracles, tmp_path):

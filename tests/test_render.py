@@ -62,6 +62,25 @@ def test_the_main_process_takes_as_many_more_tenants_as_a_workers_start_costs():
     assert sorted(n for share in shares for n in share) == names
 
 
+def test_the_main_process_takes_as_many_fewer_tenants_as_the_platform_it_alone_builds_costs():
+    """With a cache the workers leave the layers to it: its share is lighter by `platform` tenant stacks."""
+    names = [f"t{i:03}" for i in range(100)]
+    shares = bundle._shares(names, 2, platform=70)
+    assert [len(s) for s in shares] == [(100 - 70 + bundle.WORKER_START) // 2, (100 + 70 - bundle.WORKER_START) // 2]
+    assert sorted(n for share in shares for n in share) == names
+
+
+def test_a_render_worker_with_a_cache_registers_no_layer(dev_raw, tmp_path):
+    """The main process builds the platform; a worker its tenants' stacks only (merged and linked
+    to the layers by `UnitCache.complete`, byte for byte the serial render: test_render_cache.py)."""
+    raw = many_tenants(copy.deepcopy(dev_raw[0]), 2)
+    cfg = validate(raw)
+    config, secret_keys = bundle.program_config(raw, dev_raw[1], "ai-factory")
+    share = frozenset(t.name for t in cfg.tenants[:1])
+    graph = bundle._run_share("ai-factory", "dev", config, secret_keys, None, frozenset(), share, units=bundle._ShareUnits(tmp_path, ""))
+    assert {r.tenant for r in graph.resources if r.custom} == set(share)
+
+
 def test_every_helm_release_becomes_a_flux_release_with_its_source(dev):
     releases = objects(dev, "HelmRelease")
     assert releases, "the dev environment installs charts"

@@ -144,15 +144,19 @@ def run_checks(
             if on_check is not None:
                 on_check()
         if by_part:
+            layers = (part for (kind, _), part in cut.items() if kind == "layer")
+            platform, serving = views.platform_keys(rendered, layers, digest(context, [c.__name__ for c in local]))
+            # The platform's findings not cached (a cold check, a platform change): every view is
+            # checked, as the whole render; here, while the workers still check parts, not after.
+            whole = set(_run_all(local, rendered, oracles)) if views.read_findings(cache, platform) is None else None
             keys, contents = [], {}
             for name, (key, found, content) in zip(order, per_part.finish()):
                 contents[name] = content
                 keys.append(key)
                 findings.update(found)
             own = {name: content for (kind, name), content in contents.items() if kind == "tenant"}
-            layers = (part for (kind, _), part in cut.items() if kind == "layer")
-            platform, tenant_keys = views.view_keys(rendered, layers, own, digest(context, [c.__name__ for c in local]))
-            findings.update(views.local_findings(rendered, lambda checked: _run_all(local, checked, oracles), cache, platform, tenant_keys))
+            tenant_keys = views.tenant_keys(rendered, platform, serving, own)
+            findings.update(views.local_findings(rendered, lambda checked: _run_all(local, checked, oracles), cache, platform, tenant_keys, whole))
             keys += [platform, *tenant_keys.values()]
             write_entry(cache / "check-runs" / f"{_stack_name(rendered.graph)}.json", {"parts": keys})
             evict(cache)

@@ -106,11 +106,10 @@ def content_digest(manifests: Iterable[Manifest], resources: Iterable[Resource])
     return hashlib.sha256(msgspec.json.encode(content)).hexdigest()
 
 
-def view_keys(rendered: Rendered, platform_parts: Iterable[Rendered], tenant_digests: Mapping[str, str], context: str) -> tuple[str, dict[str, str]]:
-    """The platform's key (the context and the unscoped platform) and each tenant's (that, its own
-    part's digest, `tenant_digests`, and the platform made for it). `tenant_digests` holds every
-    tenant with objects or resources (`check.parts`): with the tenants the platform made some for,
-    those are the tenants with a view (`tenants_of`, not walked again)."""
+def platform_keys(rendered: Rendered, platform_parts: Iterable[Rendered], context: str) -> tuple[str, dict[str, list[str]]]:
+    """The platform's key (the context and the unscoped platform, every namespace), and by tenant
+    the digests of what the platform made for it (`tenant_keys`): the layers' parts only, known
+    before the tenants' parts are digested."""
     unscoped: tuple[list[Manifest], list[Resource]] = ([], [])
     scoped: dict[str, tuple[list[Manifest], list[Resource]]] = {}
     for part in platform_parts:
@@ -125,18 +124,29 @@ def view_keys(rendered: Rendered, platform_parts: Iterable[Rendered], tenant_dig
         made = _sha(key, content_digest(manifests, resources))
         for tenant in rendered.scopes[key]:
             serving.setdefault(tenant, []).append(made)
+    return platform, serving
+
+
+def tenant_keys(rendered: Rendered, platform: str, serving: Mapping[str, list[str]], tenant_digests: Mapping[str, str]) -> dict[str, str]:
+    """Each tenant's key: the platform's, its own part's digest (`tenant_digests`) and the
+    platform made for it (`platform_keys`). `tenant_digests` holds every tenant with objects or
+    resources (`check.parts`): with the tenants the platform made some for, those are the tenants
+    with a view (`tenants_of`, not walked again)."""
     tenants = {*tenant_digests, *(t for served in rendered.scopes.values() for t in served)}
-    keys = {t: _sha(platform, tenant_digests.get(t, ""), *serving.get(t, ())) for t in tenants}
-    return platform, keys
+    return {t: _sha(platform, tenant_digests.get(t, ""), *serving.get(t, ())) for t in tenants}
 
 
 def _sha(*parts: str) -> str:
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
-def local_findings(rendered: Rendered, run: Run, cache: Path, platform_key: str, keys: Mapping[str, str]) -> set[Finding]:
+def local_findings(
+    rendered: Rendered, run: Run, cache: Path, platform_key: str, keys: Mapping[str, str], whole: set[Finding] | None = None
+) -> set[Finding]:
     """The tenant-local checks' findings over the render: read back per tenant, the changed
-    tenants' views checked again; the whole render checked when the platform changed or most tenants did."""
+    tenants' views checked again; the whole render checked when the platform changed or most
+    tenants did. `whole`: their findings over the whole render, run already (when the platform's
+    findings were not cached, `run_checks` runs them beside the per-part checks)."""
     platform = read_findings(cache, platform_key)
     cached = {t: found for t, key in keys.items() if (found := read_findings(cache, key)) is not None}
     changed = frozenset(keys) - frozenset(cached)
@@ -146,7 +156,7 @@ def local_findings(rendered: Rendered, run: Run, cache: Path, platform_key: str,
         checked = view(rendered, changed)
     else:
         return {f for found in (platform, *cached.values()) for f in found}
-    found = set(run(checked))
+    found = whole if whole is not None and checked is rendered else set(run(checked))
     owned = owners(checked)
     by_tenant: dict[str, list[Finding]] = {t: [] for t in changed}
     ours: list[Finding] = []
