@@ -1341,6 +1341,8 @@ BY_LABEL = {"resources": {"namespaceSelector": {"matchExpressions": [{"key": TEN
         pytest.param({"any": [{"resources": {"namespaceSelector": {"matchLabels": {TENANT_LABEL: "a"}}}}]}, ["tenant-b"], id="flags-one-tenants-label"),
         pytest.param({"any": [{"resources": {"namespaces": ["tenant-a"]}}]}, ["tenant-b"], id="flags-a-name-list"),
         pytest.param({"any": [{"resources": {"namespaces": ["tenant-*"]}}]}, [], id="accepts-a-name-pattern"),
+        pytest.param({"any": [{"resources": {"namespaces": ["tenant-a", "tenant-b"]}}]}, [], id="accepts-any-listed-name"),
+        pytest.param({"all": [{"resources": {"namespaces": ["tenant-a"]}}]}, ["tenant-b"], id="flags-an-all-block"),
         pytest.param({"any": [{"resources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "tenant-b"}}}}]}, ["tenant-a"], id="flags-a-name-label"),
         pytest.param({"any": [{"resources": {"namespaces": ["tenant-a"]}}, {"resources": {"namespaces": ["tenant-b"]}}]}, [], id="accepts-blocks-together"),
         pytest.param({"any": [{"resources": {"namespaces": ["tenant-a"], "namespaceSelector": {"matchLabels": {TENANT_LABEL: "b"}}}}]}, ["tenant-a", "tenant-b"], id="flags-name-and-label-disagreeing"),
@@ -1369,6 +1371,13 @@ def test_admission_rule_match_fails_where_crossguard_reads_an_unknown(match, pro
         admission_policies.unmatched_namespaces(rule, protected)
 
 
+def test_admission_rule_match_with_an_unknown_value_is_read_as_crossguard_reads_it():
+    # tenant-a's labels fail the selector's matchLabels before its unknown matchExpressions are read
+    selector = {"matchLabels": {TENANT_LABEL: "b"}, "matchExpressions": [UNKNOWN_STRING_VALUE]}
+    rule = unknown_checking_proxy({"match": {"any": [{"resources": {"namespaceSelector": selector}}]}})
+    assert admission_policies.unmatched_namespaces(rule, {"tenant-a": PROTECTED["tenant-a"]}) == ["tenant-a"]
+
+
 def test_admission_tenant_labels_unknown_during_preview_fail_the_policy_where_a_rule_reads_them():
     resources = [
         res("Namespace", "tenant-a", labels={TENANT_LABEL: "a"}),
@@ -1377,6 +1386,9 @@ def test_admission_tenant_labels_unknown_during_preview_fail_the_policy_where_a_
     ]
     proxied = [PolicyResource(r.resource_type, unknown_checking_proxy(r.props), r.urn, r.name, None, None, None, [], {}) for r in resources]
     assert [m for _, m in admission_policies.check_admission_policies_enforced(proxied, {}) if "does not match" in m] == []
+    resources[2].props["spec"]["rules"][0]["match"] = {"any": [{"resources": {"namespaces": ["tenant-b"]}}]}
+    proxied = [PolicyResource(r.resource_type, unknown_checking_proxy(r.props), r.urn, r.name, None, None, None, [], {}) for r in resources]
+    assert [m for _, m in admission_policies.check_admission_policies_enforced(proxied, {}) if "rule r does not match the tenant namespace(s) tenant-a" in m] != []
     resources[2].props["spec"]["rules"][0]["match"] = {"any": [BY_LABEL]}
     resources[2].props["metadata"]["name"] = "tenant-b-admission"
     proxied = [PolicyResource(r.resource_type, unknown_checking_proxy(r.props), r.urn, r.name, None, None, None, [], {}) for r in resources]
