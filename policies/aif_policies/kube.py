@@ -43,8 +43,8 @@ def known(value: Any) -> Any:
     """`value` read whole into plain dicts and lists; raises `UnknownValueError` where a read of
     it would (a value unknown during preview). Once read, it answers any number of questions
     without the proxies, and no read of it can raise."""
-    if isinstance(value, (str, bytes, int, float)) or value is None:
-        return value  # tested first: an ABC check of a string missed the ABC cache every time
+    if isinstance(value, (str, bytes)):
+        return value  # a Sequence, but one value; tested first: its ABC check missed the ABC cache every time
     if isinstance(value, Mapping):
         return {key: known(item) for key, item in value.items()}
     if isinstance(value, Sequence):
