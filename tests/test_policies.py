@@ -11,6 +11,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 import pytest
 from pulumi_policy import PolicyResource
+from pulumi_policy.proxy import UNKNOWN_STRING_VALUE, UnknownValueError, unknown_checking_proxy
 
 import ai_factory.components.fleet
 import ai_factory.components.gpu_operator
@@ -22,6 +23,7 @@ from ai_factory.factory.planning.placement import DEDICATED_LABEL, DEVICE_PLUGIN
 from ai_factory.factory.planning.quotas import SUPPLY_ANNOTATION
 from ai_factory.factory.model.tenancy import TENANT_LABEL, TRUST_DOMAIN_LABEL
 from ai_factory.policies.aif_policies import POLICIES
+from ai_factory.policies.aif_policies import admission as admission_policies
 from ai_factory.policies.aif_policies import gpu as gpu_policies
 from ai_factory.policies.aif_policies import security as security_policies
 from ai_factory.policies.aif_policies.kube import Cluster
@@ -1321,3 +1323,74 @@ def test_the_remediation_steps_bounds_are_checked(pools, problem):
 
     messages = [m for ms in violations(stack(program), "remediation-bounded").values() for m in ms]
     assert (len(messages) == 1 and problem in messages[0]) if problem else messages == [], messages
+
+
+# --------------------------------------------------------------------------- admission-policies-enforced: rule matches
+
+
+PROTECTED = {"tenant-a": {TENANT_LABEL: "a"}, "tenant-b": {TENANT_LABEL: "b"}}
+BY_LABEL = {"resources": {"namespaceSelector": {"matchExpressions": [{"key": TENANT_LABEL, "operator": "Exists"}]}}}
+
+
+@pytest.mark.parametrize(
+    "match, missed",
+    [
+        pytest.param({"any": [BY_LABEL]}, [], id="accepts-the-tenant-label"),
+        pytest.param({"all": [BY_LABEL]}, [], id="accepts-all-blocks"),
+        pytest.param(BY_LABEL, [], id="accepts-a-bare-block"),
+        pytest.param({"any": [{"resources": {"namespaceSelector": {"matchLabels": {TENANT_LABEL: "a"}}}}]}, ["tenant-b"], id="flags-one-tenants-label"),
+        pytest.param({"any": [{"resources": {"namespaces": ["tenant-a"]}}]}, ["tenant-b"], id="flags-a-name-list"),
+        pytest.param({"any": [{"resources": {"namespaces": ["tenant-*"]}}]}, [], id="accepts-a-name-pattern"),
+        pytest.param({"any": [{"resources": {"namespaces": ["tenant-a", "tenant-b"]}}]}, [], id="accepts-any-listed-name"),
+        pytest.param({"all": [{"resources": {"namespaces": ["tenant-a"]}}]}, ["tenant-b"], id="flags-an-all-block"),
+        pytest.param({"any": [{"resources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "tenant-b"}}}}]}, ["tenant-a"], id="flags-a-name-label"),
+        pytest.param({"any": [{"resources": {"namespaces": ["tenant-a"]}}, {"resources": {"namespaces": ["tenant-b"]}}]}, [], id="accepts-blocks-together"),
+        pytest.param({"any": [{"resources": {"namespaces": ["tenant-a"], "namespaceSelector": {"matchLabels": {TENANT_LABEL: "b"}}}}]}, ["tenant-a", "tenant-b"], id="flags-name-and-label-disagreeing"),
+    ],
+)
+def test_admission_rule_match_covers_the_tenant_namespaces(match, missed):
+    assert admission_policies.unmatched_namespaces(unknown_checking_proxy({"match": match}), PROTECTED) == missed
+
+
+@pytest.mark.parametrize(
+    "match, protected, raises",
+    [
+        pytest.param({"any": [{"resources": {"namespaces": [UNKNOWN_STRING_VALUE]}}]}, PROTECTED, True, id="flags-an-unknown-name"),
+        pytest.param(UNKNOWN_STRING_VALUE, PROTECTED, True, id="flags-an-unknown-match"),
+        pytest.param(UNKNOWN_STRING_VALUE, {}, False, id="accepts-an-unknown-match-asked-about-nothing"),
+        pytest.param({"any": [BY_LABEL, {"resources": {"namespaces": [UNKNOWN_STRING_VALUE]}}]}, PROTECTED, False, id="accepts-an-unknown-block-never-reached"),
+        pytest.param({"any": [{"resources": {"namespaces": ["tenant-a"]}}, {"resources": {"namespaces": [UNKNOWN_STRING_VALUE]}}]}, PROTECTED, True, id="flags-an-unknown-block-reached"),
+    ],
+)
+def test_admission_rule_match_fails_where_crossguard_reads_an_unknown(match, protected, raises):
+    rule = unknown_checking_proxy({"match": match})
+    if raises:
+        with pytest.raises(UnknownValueError):
+            admission_policies.unmatched_namespaces(rule, protected)
+    else:
+        admission_policies.unmatched_namespaces(rule, protected)
+
+
+def test_admission_rule_match_with_an_unknown_value_is_read_as_crossguard_reads_it():
+    # tenant-a's labels fail the selector's matchLabels before its unknown matchExpressions are read
+    selector = {"matchLabels": {TENANT_LABEL: "b"}, "matchExpressions": [UNKNOWN_STRING_VALUE]}
+    rule = unknown_checking_proxy({"match": {"any": [{"resources": {"namespaceSelector": selector}}]}})
+    assert admission_policies.unmatched_namespaces(rule, {"tenant-a": PROTECTED["tenant-a"]}) == ["tenant-a"]
+
+
+def test_admission_tenant_labels_unknown_during_preview_fail_the_policy_where_a_rule_reads_them():
+    resources = [
+        res("Namespace", "tenant-a", labels={TENANT_LABEL: "a"}),
+        res("Namespace", "tenant-b", labels={TENANT_LABEL: "b", "zone": UNKNOWN_STRING_VALUE}),
+        res("ClusterPolicy", "tenant-a-admission", "kyverno.io/v1", spec={"rules": [{"name": "r", "match": {"any": [{"resources": {"namespaces": ["tenant-a"]}}]}}]}),
+    ]
+    proxied = [PolicyResource(r.resource_type, unknown_checking_proxy(r.props), r.urn, r.name, None, None, None, [], {}) for r in resources]
+    assert [m for _, m in admission_policies.check_admission_policies_enforced(proxied, {}) if "does not match" in m] == []
+    resources[2].props["spec"]["rules"][0]["match"] = {"any": [{"resources": {"namespaces": ["tenant-b"]}}]}
+    proxied = [PolicyResource(r.resource_type, unknown_checking_proxy(r.props), r.urn, r.name, None, None, None, [], {}) for r in resources]
+    assert [m for _, m in admission_policies.check_admission_policies_enforced(proxied, {}) if "rule r does not match the tenant namespace(s) tenant-a" in m] != []
+    resources[2].props["spec"]["rules"][0]["match"] = {"any": [BY_LABEL]}
+    resources[2].props["metadata"]["name"] = "tenant-b-admission"
+    proxied = [PolicyResource(r.resource_type, unknown_checking_proxy(r.props), r.urn, r.name, None, None, None, [], {}) for r in resources]
+    with pytest.raises(UnknownValueError):
+        list(admission_policies.check_admission_policies_enforced(proxied, {}))

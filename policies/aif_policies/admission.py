@@ -19,6 +19,7 @@ from fnmatch import fnmatchcase
 from typing import Any, Iterator
 
 from pulumi_policy import PolicyResource
+from pulumi_policy.proxy import UnknownValueError
 
 from ai_factory.components.kyverno import (
     DEDICATED_NODES_RULE,
@@ -34,7 +35,7 @@ from ai_factory.components.kyverno import (
 )
 from ai_factory.factory.model.tenancy import TRUST_LABEL
 from ai_factory.policies.aif_policies.core import Violation, stack_policy
-from ai_factory.policies.aif_policies.kube import Obj, as_list, as_map, chart_named, selects, cluster_of
+from ai_factory.policies.aif_policies.kube import Obj, as_list, as_map, chart_named, cluster_of, known, selects
 from ai_factory.policies.aif_policies.workloads import allowed_registries
 
 
@@ -43,9 +44,9 @@ def _filters(match: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return [as_map(b.get("resources")) for b in blocks]
 
 
-def matches_namespace(rule: Mapping[str, Any], namespace: str, namespace_labels: Mapping[str, Any]) -> bool:
+def matches_namespace(match: Mapping[str, Any], namespace: str, namespace_labels: Mapping[str, Any]) -> bool:
     """Whether a rule's `match` can select objects of a namespace (by name or by label)."""
-    for resources in _filters(as_map(rule.get("match"))):
+    for resources in _filters(match):
         names = [str(n) for n in as_list(resources.get("namespaces"))]
         selector = resources.get("namespaceSelector")
         by_name = not names or any(fnmatchcase(namespace, n) for n in names)
@@ -121,9 +122,21 @@ def policy_problems(policy: Obj, protected: Mapping[str, Mapping[str, Any]], exp
             yield f"rule {name} overrides its action to audit for some namespaces"
         if rule.get("exclude"):
             yield f"rule {name} excludes some requests"
-        missed = sorted(ns for ns, labels in protected.items() if not matches_namespace(rule, ns, labels))
+        missed = unmatched_namespaces(rule, protected)
         if missed:
             yield f"rule {name} does not match the tenant namespace(s) {', '.join(missed)}"
+
+
+def unmatched_namespaces(rule: Mapping[str, Any], protected: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The namespaces of `protected` (their labels by name) a rule's `match` cannot select, sorted.
+    A platform rule is asked about every tenant namespace: its match is read once for all of them
+    when no value of it is unknown during preview, else again for each, raising where the
+    engine's proxies do (and only if there is a namespace to ask about)."""
+    try:
+        match = as_map(known(rule.get("match")))
+    except UnknownValueError:
+        return sorted(ns for ns, labels in protected.items() if not matches_namespace(as_map(rule.get("match")), ns, labels))
+    return sorted(ns for ns, labels in protected.items() if not matches_namespace(match, ns, labels))
 
 
 def check_admission_policies_enforced(resources: Sequence[PolicyResource], config: Mapping[str, Any]) -> Iterator[Violation]:
@@ -131,6 +144,10 @@ def check_admission_policies_enforced(resources: Sequence[PolicyResource], confi
     tenant_namespaces = {ns: cluster.namespace_labels.get(ns, {}) for ns in cluster.namespace_tenant}
     if not tenant_namespaces:
         return
+    try:  # read once for every rule that matches them by label, unless one is unknown during preview
+        tenant_namespaces = {ns: known(labels) for ns, labels in tenant_namespaces.items()}
+    except UnknownValueError:
+        pass  # read where each rule asks, raising where the engine's proxies do
     policies = {p.name: p for p in cluster.of("ClusterPolicy")}
     releases = chart_named(resources, "kyverno")
     # A tenant's own stack (self-service) holds its namespace and its policy only; the platform's

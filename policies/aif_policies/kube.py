@@ -39,6 +39,19 @@ def as_list(value: Any) -> Sequence[Any]:
     return value if isinstance(value, Sequence) and not isinstance(value, (str, bytes)) else ()
 
 
+def known(value: Any) -> Any:
+    """`value` read whole into plain dicts and lists; raises `UnknownValueError` where a read of
+    it would (a value unknown during preview). Once read, it answers any number of questions
+    without the proxies, and no read of it can raise."""
+    if isinstance(value, (str, bytes)):
+        return value  # a Sequence, but one value; tested first: its ABC check missed the ABC cache every time
+    if isinstance(value, Mapping):
+        return {key: known(item) for key, item in value.items()}
+    if isinstance(value, Sequence):
+        return [known(item) for item in value]
+    return value
+
+
 def kind_of(resource_type: str) -> str | None:
     """The Kubernetes kind a resource type registers (`NodePatch` for a patch), None for anything
     that is not one object (Helm, YAML groups, providers, components)."""
