@@ -58,6 +58,20 @@ def test_results_come_back_in_the_parts_order_whoever_took_them(tmp_path):
     assert len({pid for _, pid in results} - {os.getpid()}) == 1
 
 
+def test_each_result_is_reported_once_as_it_comes_back(tmp_path):
+    def work(i: int) -> int:
+        (tmp_path / str(i)).write_text("")
+        return i
+
+    shared = parallel.Shared(range(20), work, workers=2)
+    settled(lambda: len(list(tmp_path.iterdir())) == 20)  # the worker took every part
+    reported: list[int] = []
+    assert shared.finish(on_done=reported.append) == list(range(20))
+    assert sorted(reported) == list(range(20))
+    reported.clear()
+    assert parallel.Shared(range(20), lambda i: i, workers=1).finish(on_done=reported.append) == reported == list(range(20))
+
+
 def test_a_failing_worker_fails_the_caller_with_its_traceback(tmp_path):
     caller = os.getpid()
 

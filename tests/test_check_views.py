@@ -235,14 +235,33 @@ def test_an_unchanged_render_is_read_back_without_checking(before, oracles, tmp_
     assert run_checks(r, oracles, cache=tmp_path) == cold
 
 
-def test_a_cold_check_runs_the_tenant_local_checks_over_the_whole_once_beside_the_per_part_checks(before, oracles, tmp_path, monkeypatch):
-    """Before this process joins the part workers (`parallel.Shared.finish`), not after them alone."""
-    r, ran = before[0], []
-    real_run, real_finish = check._run_all, parallel.Shared.finish
+def test_a_cold_check_runs_the_tenant_local_checks_over_the_whole_once_as_work_shared_with_the_parts(before, oracles, tmp_path, monkeypatch):
+    """Units of the work the part workers share (`parallel.Shared`), not after them alone."""
+    r, shared, ran = before[0], [], []
+    real_init, real_run = parallel.Shared.__init__, check._run_all
+    monkeypatch.setattr(parallel.Shared, "__init__", lambda self, parts, work, workers=None: shared.append(list(parts)) or real_init(self, parts, work, workers))
     monkeypatch.setattr(check, "_run_all", lambda checks, checked, oracles: ran.append(checked) or real_run(checks, checked, oracles))
-    monkeypatch.setattr(parallel.Shared, "finish", lambda shared: ran.append("parts") or real_finish(shared))
     assert run_checks(r, oracles, cache=tmp_path) == run_checks(r, oracles)
-    assert ran == [r, "parts"]
+    shared_checks = [c for unit in shared[0] if isinstance(unit, tuple) for c in unit]
+    local = [c for c in check.checks(r) if is_tenant_local(c)]
+    assert ran == [] and [shared_checks.count(c) for c in local] == [1] * len(local)
+
+
+@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
+def test_a_check_through_the_cache_reports_each_check_once(before, oracles, tmp_path, warm):
+    r, done = before[0], []
+    if warm:
+        run_checks(r, oracles, cache=tmp_path)
+    run_checks(r, oracles, on_check=lambda: done.append(1), cache=tmp_path)
+    assert len(done) == len(check.checks(r))
+
+
+def test_the_packs_fleet_wide_checks_are_one_unit_of_work_taken_first(before):
+    """They share the resources built for them: apart, each process taking one would build them again."""
+    fleet = [c for c in check.checks(before[0]) if c not in check.PER_PART]
+    groups = check.check_groups(fleet)
+    assert groups[0] == tuple(c for c in fleet if c in check.PACK) and len(groups[0]) == 2
+    assert [c for group in groups[1:] for c in group] == [c for c in fleet if c not in check.PACK]
 
 
 def test_most_tenants_changed_checks_the_whole_render_again_with_the_platforms_findings_cached(before, units, tmp_path):

@@ -106,6 +106,9 @@ CHECKS: list[Check] = [
 PER_PART: tuple[Check, ...] = (schema, helm_values, policy_check.resource_policies)
 """Checks whose findings over a render are the union of their findings over its `parts`
 (tests/test_check_cache.py holds them to it)."""
+PACK: tuple[Check, ...] = (policy_check.resource_policies, policy_check.stack_policies, policy_check.tenant_stack_policies)
+"""The pack's checks: each builds the render's resources as CrossGuard sees them, unless another
+did in the same process (`policies.shared`)."""
 
 
 def checks(rendered: Rendered) -> list[Check]:
@@ -119,50 +122,85 @@ def run_checks(
     """`on_check`: called once each check has run (progress). `cache`: the check cache directory,
     for the `PER_PART` checks and the tenant-local ones (`views`) of a render with its resource
     graph (a rendered directory's resources are matched to their inventory across the whole, so
-    it is checked whole); `oracle_state`: a digest of what the oracles know (`oracle_digest`)."""
-    findings: set[Finding] = set()
-    by_part = cache is not None and rendered.graph is not None
+    it is checked whole); `oracle_state`: a digest of what the oracles know (`oracle_digest`).
+
+    With a cache the fleet-wide checks and the parts are one list of work shared with forked
+    workers (`parallel.Shared`): after a one-tenant change the parts are mostly read back, and
+    the fleet-wide checks are most of the time, which one process alone spent while the other
+    core waited."""
     every = checks(rendered)
-    local = [c for c in every if is_tenant_local(c)] if by_part else []
     # One block for the tenant-local checks too: run over the whole render, they reuse its view and
     # the stack policies' resources.
     with settled_heap(), isolation.View.shared(), policy_check.shared(rendered):  # the per-part checks too: digesting and checking parts allocate as much
-        if by_part:
-            assert cache is not None
-            # What every part's key holds besides its content, digested once for all of them.
-            context = digest(library_digest(), oracle_state, rendered.kubernetes_version, sorted(rendered.layers()), policy_check.pack_config(rendered))
-            cut = parts(rendered)
-            order = by_size(cut)
-            # Started first: forked workers check parts beside the fleet-wide checks below.
-            per_part = parallel.Shared(
-                [cut[name] for name in order], functools.partial(_part_findings, oracles=oracles, cache=cache, context=digest(context, [c.__name__ for c in PER_PART]))
-            )
+        if cache is not None and rendered.graph is not None:
+            return sorted(_run_by_part(rendered, oracles, every, cache, oracle_state, on_check))
+        findings: set[Finding] = set()
         for check in every:
-            if by_part and (check in PER_PART or check in local):
-                continue
             findings.update(_guarded(check)(rendered, oracles))
             if on_check is not None:
                 on_check()
-        if by_part:
-            layers = (part for (kind, _), part in cut.items() if kind == "layer")
-            platform, serving = views.platform_keys(rendered, layers, digest(context, [c.__name__ for c in local]))
-            # The platform's findings not cached (a cold check, a platform change): every view is
-            # checked, as the whole render; here, while the workers still check parts, not after.
-            whole = set(_run_all(local, rendered, oracles)) if views.read_findings(cache, platform) is None else None
-            keys, contents = [], {}
-            for name, (key, found, content) in zip(order, per_part.finish()):
-                contents[name] = content
-                keys.append(key)
-                findings.update(found)
-            own = {name: content for (kind, name), content in contents.items() if kind == "tenant"}
-            tenant_keys = views.tenant_keys(rendered, platform, serving, own)
-            findings.update(views.local_findings(rendered, lambda checked: _run_all(local, checked, oracles), cache, platform, tenant_keys, whole))
-            keys += [platform, *tenant_keys.values()]
-            write_entry(cache / "check-runs" / f"{_stack_name(rendered.graph)}.json", {"parts": keys})
-            evict(cache)
-            for _ in [*PER_PART, *local] if on_check is not None else ():
-                on_check()
     return sorted(findings)
+
+
+def _run_by_part(
+    rendered: Rendered, oracles: Oracles, every: list[Check], cache: Path, oracle_state: str, on_check: Callable[[], None] | None
+) -> set[Finding]:
+    local = [c for c in every if is_tenant_local(c)]
+    # What every part's key holds besides its content, digested once for all of them.
+    context = digest(library_digest(), oracle_state, rendered.kubernetes_version, sorted(rendered.layers()), policy_check.pack_config(rendered))
+    cut = parts(rendered)
+    layers = (part for (kind, _), part in cut.items() if kind == "layer")
+    platform, serving = views.platform_keys(rendered, layers, digest(context, [c.__name__ for c in local]))
+    # The platform's findings not cached (a cold check, a platform change): every view is checked,
+    # as the whole render, beside the other checks.
+    whole = views.read_findings(cache, platform) is None
+    fleet = [c for c in every if c not in PER_PART and c not in local]
+    groups = check_groups([*fleet, *(local if whole else [])])
+    order = by_size(cut)
+    work: list[tuple[Check, ...] | Rendered] = [*groups, *(cut[name] for name in order)]
+
+    def done(i: int) -> None:  # progress: a group's checks have run; the parts are counted at the end
+        for _ in groups[i] if on_check is not None and i < len(groups) else ():
+            on_check()
+
+    results = parallel.Shared(
+        work, functools.partial(_work, rendered=rendered, oracles=oracles, cache=cache, context=digest(context, [c.__name__ for c in PER_PART]))
+    ).finish(on_done=done)
+    findings: set[Finding] = set()
+    over_whole: set[Finding] = set()
+    for group, found in zip(groups, results):
+        for check, of_check in zip(group, found):
+            (over_whole if check in local else findings).update(of_check)
+    keys, own = [], {}
+    for (kind, name), (key, found, content) in zip(order, results[len(groups) :]):
+        keys.append(key)
+        findings.update(found)
+        if kind == "tenant":
+            own[name] = content
+    tenant_keys = views.tenant_keys(rendered, platform, serving, own)
+    findings.update(views.local_findings(rendered, lambda checked: _run_all(local, checked, oracles), cache, platform, tenant_keys, over_whole if whole else None))
+    keys += [platform, *tenant_keys.values()]
+    write_entry(cache / "check-runs" / f"{_stack_name(rendered.graph)}.json", {"parts": keys})
+    evict(cache)
+    for _ in [*PER_PART, *([] if whole else local)] if on_check is not None else ():
+        on_check()
+    return findings
+
+
+def check_groups(fleet: list[Check]) -> list[tuple[Check, ...]]:
+    """The fleet-wide checks as units of shared work, the pack's first and together (they share
+    the resources built for it, most of their time; they are the longest unit, taken first so no
+    process is left running it alone), then each other check on its own."""
+    pack = tuple(c for c in fleet if c in PACK)
+    return [*([pack] if pack else []), *((c,) for c in fleet if c not in PACK)]
+
+
+def _work(unit: tuple[Check, ...] | Rendered, rendered: Rendered, oracles: Oracles, cache: Path, context: str) -> list[list[Finding]] | tuple[str, list[Finding], str]:
+    """A unit of `_run_by_part`'s work: a group of fleet-wide checks over the render (each one's
+    findings), or a part's (`_part_findings`)."""
+    if isinstance(unit, Rendered):
+        return _part_findings(unit, oracles, cache, context)
+    return [list(_guarded(check)(rendered, oracles)) for check in unit]
 
 
 def _run_all(checks: Iterable[Check], rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:

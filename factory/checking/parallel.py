@@ -94,15 +94,19 @@ class Shared(Generic[Part, Result]):
             os.write(self._lock_write, b".")
         return i if i < len(self.parts) else None
 
-    def _take_all(self) -> dict[int, Result]:
+    def _take_all(self, on_done: Callable[[int], None] | None = None) -> dict[int, Result]:
         done = {}
         while (i := self._take()) is not None:
             done[i] = self.work(self.parts[i])
+            if on_done is not None:
+                on_done(i)
         return done
 
-    def finish(self) -> list[Result]:
+    def finish(self, on_done: Callable[[int], None] | None = None) -> list[Result]:
+        """`on_done`: called with each part's index once its result is here (progress): as this
+        process does its own, then for each worker's when it has joined."""
         try:
-            self.results.update(self._take_all())
+            self.results.update(self._take_all(on_done))
             while self._workers:
                 pid, read = self._workers[0]
                 with os.fdopen(read, "rb") as result:
@@ -113,6 +117,8 @@ class Shared(Generic[Part, Result]):
                 if not ok:
                     raise RuntimeError(f"a check worker failed:\n{value}")
                 self.results.update(value)  # type: ignore[arg-type]
+                for i in value if on_done is not None else ():  # type: ignore[union-attr]
+                    on_done(i)
         finally:
             self._stop()
         return [self.results[i] for i in range(len(self.parts))]
