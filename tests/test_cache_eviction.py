@@ -76,7 +76,7 @@ def test_a_one_tenant_change_leaves_the_entries_of_a_fresh_cache_of_the_change(d
     changed["tenants"][1]["quota"] = {"cpu": "77"}
     findings = review(changed, dev_raw[1], oracles, tmp_path / "cache")
     assert findings == review(changed, dev_raw[1], oracles, tmp_path / "fresh")
-    for kind in ("units", "checks"):
+    for kind in ("units", "plans", "checks"):
         assert entries(tmp_path / "cache", kind) == entries(tmp_path / "fresh", kind)
     listed = json.loads((tmp_path / "cache" / "check-runs" / "ai-factory.dev.json").read_text())["parts"]
     assert sorted(listed) == sorted(entries(tmp_path / "cache", "checks"))

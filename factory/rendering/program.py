@@ -29,11 +29,14 @@ def main(
     `only_tenants`: build these tenants' stacks only (a parallel render's share; the platform
     itself is built whole, from every tenant's configuration).
     `offboarded`: registered tenants to leave out, as if their registry files were gone.
-    `units`: a render's cache; the layers and tenant stacks it holds are not built again."""
+    `units`: a render's cache; the layers and tenant stacks it holds are not built again, nor the
+    plan it holds."""
     try:
         cfg = load_pulumi_config(offboarded)
         refuse_whole_fleet(cfg, f"stack {pulumi.get_stack()}")
-        plan = plan if plan is not None else plan_for(cfg, previous_plan(pulumi.get_stack()))
+        if plan is None:
+            previous = previous_plan(pulumi.get_stack())
+            plan = units.plan(cfg, previous, plan_for) if units is not None else plan_for(cfg, previous)
     except ConfigError as err:
         # A user mistake: a message, not a traceback, and nothing registered.
         raise pulumi.RunError(err.render()) from None
