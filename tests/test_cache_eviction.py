@@ -46,6 +46,14 @@ def test_entries_another_stack_refers_to_are_kept(tmp_path):
     assert entries(tmp_path, "checks") == {"cc1", "dd2"}
 
 
+def test_a_plan_no_stack_refers_to_is_evicted(tmp_path):
+    write_entry(tmp_path / "stacks" / "p.one.json", {"units": {}, "plan": "pp1"})
+    write_entry(tmp_path / "stacks" / "p.two.json", {"units": {}, "plan": None})  # a render given its plan
+    for key in ("pp1", "pp2"):
+        write_entry(tmp_path / "plans" / key[:2] / f"{key}.json", {"key": key})
+    assert evict(tmp_path) == 1 and entries(tmp_path, "plans") == {"pp1"}
+
+
 @pytest.mark.parametrize("index", ["stacks", "check-runs"])
 def test_an_unreadable_index_keeps_every_entry_of_its_kind(tmp_path, index):
     stack(tmp_path, "p.one", ["aa1"], ["cc1"])

@@ -15,7 +15,7 @@ import pytest
 from ai_factory.components import _common
 from ai_factory.factory import heap
 from ai_factory.factory.model.loading import validate
-from ai_factory.factory.planning.from_config import plan_for
+from ai_factory.factory.planning.from_config import plan_for, plan_inputs
 from ai_factory.factory.rendering import cache as render_cache
 from ai_factory.factory.rendering.bundle import Rendered, render_raw
 from ai_factory.factory.rendering.harness import run_program
@@ -124,34 +124,37 @@ def test_the_units_of_a_render_by_another_library_are_not_read_ahead(seeded, tmp
     assert units._prefetched == {}
 
 
-def planning(directory, cfg, previous=None):
-    """The plan the cache in `directory` gives for `cfg` after `previous`, and whether it planned."""
-    planned = []
+def planning(directory, raw, previous=None):
+    """The plan the cache in `directory` gives for the config `raw` after `previous`, and whether it planned."""
+    cfg, planned = validate(raw), []
 
-    def planner(cfg, previous):
+    def planner():
         planned.append(cfg)
         return plan_for(cfg, previous)
 
-    return render_cache.UnitCache(directory, "ai-factory.dev").plan(cfg, previous, planner), bool(planned)
+    plan = render_cache.UnitCache(directory, "ai-factory.dev").plan((plan_inputs(cfg), previous), planner)
+    return plan, bool(planned)
 
 
 def test_a_plan_read_back_from_the_cache_is_the_plan_made_again(three_tenants, seeded, tmp_path):
-    cfg = validate(three_tenants[0])
-    plan, planned = planning(seeded_copy(seeded, tmp_path), cfg)
-    assert not planned and plan == plan_for(cfg)
+    raw = copy.deepcopy(three_tenants[0])
+    raw["tenants"][1]["quota"] = {"cpu": "77"}  # what the planner does not read
+    plan, planned = planning(seeded_copy(seeded, tmp_path), raw)
+    assert not planned and plan == plan_for(validate(raw))
 
 
-@pytest.mark.parametrize("change", ["config", "previous plan", "library"])
+@pytest.mark.parametrize("change", ["a tenant's GPUs", "the fleet", "previous plan", "library"])
 def test_a_plan_is_made_again_when_what_it_is_made_of_changes(three_tenants, seeded, tmp_path, monkeypatch, change):
     raw = copy.deepcopy(three_tenants[0])
-    if change == "config":
-        raw["tenants"][1]["quota"] = {"cpu": "77"}
+    if change == "a tenant's GPUs":
+        next(t for t in raw["tenants"] if t["gpus"] == [{"pool": "h100", "count": 8}])["gpus"][0]["count"] = 4
+    if change == "the fleet":
+        raw["fleet"]["pools"][0]["nodes"] += 1
     if change == "library":
         monkeypatch.setattr(render_cache, "library_digest", lambda: "another library")
-    cfg = validate(raw)
-    previous = plan_for(cfg) if change == "previous plan" else None
-    plan, planned = planning(seeded_copy(seeded, tmp_path), cfg, previous)
-    assert planned and plan == plan_for(cfg, previous)
+    previous = plan_for(validate(raw)) if change == "previous plan" else None
+    plan, planned = planning(seeded_copy(seeded, tmp_path), raw, previous)
+    assert planned and plan == plan_for(validate(raw), previous)
 
 
 @pytest.mark.parametrize("settled", [True, False], ids=["within-a-settled-heap", "outside"])

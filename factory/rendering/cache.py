@@ -280,19 +280,19 @@ class UnitCache:
     def _path(self, key: str, kind: str = "units") -> Path:
         return self.directory / kind / key[:2] / f"{key}.json"
 
-    def plan(self, cfg: Any, previous: Plan | None, planner: Callable[[Any, Plan | None], Plan]) -> Plan:
-        """The capacity plan `planner` (`plan_for`) makes of `cfg` after `previous`, read back when
-        this library planned the same configuration after the same plan before: at 1,000 tenants
-        planning was 0.2 s of a one-tenant re-render, re-planning after a plan lock 0.8 s. `store`
-        stores one planned this time. A plan `planner` refuses is never stored, so refused again."""
-        key = self._plan_key = self.key("plan", cfg, previous)
+    def plan(self, inputs: Any, planner: Callable[[], Plan]) -> Plan:
+        """The capacity plan `planner` makes from `inputs` (what it reads: `plan_inputs` and the
+        previous plan), read back when this library planned from the same inputs before: at 1,000
+        tenants planning was 0.2 s of a one-tenant re-render, re-planning after a plan lock 0.8 s.
+        `store` stores one planned this time; a plan `planner` refuses is never stored."""
+        key = self._plan_key = self.key("plan", inputs)
         try:
             entry = _PLAN_ENTRY.decode(self._path(key, "plans").read_bytes())
         except (OSError, msgspec.DecodeError):  # absent, not JSON, or not a plan's shape
             entry = None
         if entry is not None and entry.key == key and entry.format == FORMAT:
             return entry.plan
-        planned = self._planned = planner(cfg, previous)
+        planned = self._planned = planner()
         return planned
 
     def serves(self, unit: str, scopes: Mapping[str, tuple[str, ...]]) -> None:
