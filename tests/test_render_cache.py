@@ -18,7 +18,6 @@ from ai_factory.factory.model.loading import validate
 from ai_factory.factory.planning.from_config import plan_for, plan_inputs
 from ai_factory.factory.rendering import cache as render_cache
 from ai_factory.factory.rendering.bundle import Rendered, render_raw
-from ai_factory.factory.rendering.harness import run_program
 from tests.conftest import REPO, run_main
 
 
@@ -164,15 +163,6 @@ def test_what_a_settling_pause_builds_is_settled_only_within_a_settled_heap(sett
         with heap.no_cycle_collection(settle=True):
             built = [[] for _ in range(1000)]
         assert (gc.get_freeze_count() >= before + len(built)) == settled
-    assert gc.get_freeze_count() == 0
-
-
-@pytest.mark.parametrize("settled", [True, False], ids=["within-a-settled-heap", "outside"])
-def test_what_a_program_run_leaves_is_settled_only_within_a_settled_heap(settled):
-    with heap.settled_heap() if settled else contextlib.nullcontext():
-        before = gc.get_freeze_count()
-        run_program(lambda: None, project="p", stack="s")
-        assert (gc.get_freeze_count() > before) == settled
     assert gc.get_freeze_count() == 0
 
 

@@ -379,15 +379,12 @@ def _lean_sdk() -> Iterator[None]:
     futures, inputs and state) and almost no garbage cycles (a few thousand objects in a
     200-tenant render); collections during the run scanned the survivors once as young and once
     more in the middle generation, about a fifth of a render's CPU. Paused, they are scanned
-    once, by the collection of the young generations that ends the run; within a `settled_heap`
-    (a render) not at all: they join the settled objects, and the few garbage cycles a run leaves
-    wait for the heap's end (that collection walked every tenant's arguments and unit key again
-    in a one-tenant re-render at 1,000 tenants)."""
+    once, by the collection of the young generations that ends the run."""
     saved = rpc.contains_unknowns, sdk_resource._get_stack_trace, sdk_resource._resolve_depends_on_urns, sdk_resource.create_urn
     rpc.contains_unknowns, sdk_resource._get_stack_trace = _contains_unknowns, _no_stack_trace
     sdk_resource._resolve_depends_on_urns, sdk_resource.create_urn = _depends_on_urns, _create_urn
     try:
-        with no_cycle_collection(settle=True):
+        with no_cycle_collection():
             yield
     finally:
         rpc.contains_unknowns, sdk_resource._get_stack_trace, sdk_resource._resolve_depends_on_urns, sdk_resource.create_urn = saved
