@@ -17,6 +17,10 @@ layers' resources less those a layer made for other tenants only: each layer uni
 of its resources are for which tenants (`FactoryComponent.tenant_scopes`), as the SDK path's
 `FactoryComponent.ordered_before` reads them.
 
+The capacity plan is stored as well (`plans/`), under a digest of what the planner reads of the
+config (`plan_inputs`), the previous plan and the library: a change the planner does not read (a
+tenant's quota) plans nothing again.
+
 Entries are JSON (never pickle: a cache directory someone else wrote must not run code), written
 atomically, one file per unit key.
 """
