@@ -54,6 +54,17 @@ def test_a_plan_no_stack_refers_to_is_evicted(tmp_path):
     assert evict(tmp_path) == 1 and entries(tmp_path, "plans") == {"pp1"}
 
 
+def test_a_render_keeps_the_plan_it_used_and_evicts_the_one_it_replaced(dev_raw, tmp_path):
+    raw = many_tenants(copy.deepcopy(dev_raw[0]), 2)
+    render_raw(raw, dev_raw[1], validate(raw), stack="dev", cache=tmp_path)
+    first = entries(tmp_path, "plans")
+    next(t for t in raw["tenants"] if t["gpus"] == [{"pool": "h100", "count": 8}])["gpus"][0]["count"] = 4
+    render_raw(raw, dev_raw[1], validate(raw), stack="dev", cache=tmp_path)
+    evict(tmp_path)
+    after = entries(tmp_path, "plans")
+    assert len(first) == len(after) == 1 and after != first
+
+
 @pytest.mark.parametrize("index", ["stacks", "check-runs"])
 def test_an_unreadable_index_keeps_every_entry_of_its_kind(tmp_path, index):
     stack(tmp_path, "p.one", ["aa1"], ["cc1"])
