@@ -46,6 +46,25 @@ def test_entries_another_stack_refers_to_are_kept(tmp_path):
     assert entries(tmp_path, "checks") == {"cc1", "dd2"}
 
 
+def test_a_plan_no_stack_refers_to_is_evicted(tmp_path):
+    write_entry(tmp_path / "stacks" / "p.one.json", {"units": {}, "plan": "pp1"})
+    write_entry(tmp_path / "stacks" / "p.two.json", {"units": {}, "plan": None})  # a render given its plan
+    for key in ("pp1", "pp2"):
+        write_entry(tmp_path / "plans" / key[:2] / f"{key}.json", {"key": key})
+    assert evict(tmp_path) == 1 and entries(tmp_path, "plans") == {"pp1"}
+
+
+def test_a_render_keeps_the_plan_it_used_and_evicts_the_one_it_replaced(dev_raw, tmp_path):
+    raw = many_tenants(copy.deepcopy(dev_raw[0]), 2)
+    render_raw(raw, dev_raw[1], validate(raw), stack="dev", cache=tmp_path)
+    first = entries(tmp_path, "plans")
+    next(t for t in raw["tenants"] if t["gpus"] == [{"pool": "h100", "count": 8}])["gpus"][0]["count"] = 4
+    render_raw(raw, dev_raw[1], validate(raw), stack="dev", cache=tmp_path)
+    evict(tmp_path)
+    after = entries(tmp_path, "plans")
+    assert len(first) == len(after) == 1 and after != first
+
+
 @pytest.mark.parametrize("index", ["stacks", "check-runs"])
 def test_an_unreadable_index_keeps_every_entry_of_its_kind(tmp_path, index):
     stack(tmp_path, "p.one", ["aa1"], ["cc1"])
@@ -76,7 +95,7 @@ def test_a_one_tenant_change_leaves_the_entries_of_a_fresh_cache_of_the_change(d
     changed["tenants"][1]["quota"] = {"cpu": "77"}
     findings = review(changed, dev_raw[1], oracles, tmp_path / "cache")
     assert findings == review(changed, dev_raw[1], oracles, tmp_path / "fresh")
-    for kind in ("units", "checks"):
+    for kind in ("units", "plans", "checks"):
         assert entries(tmp_path / "cache", kind) == entries(tmp_path / "fresh", kind)
     listed = json.loads((tmp_path / "cache" / "check-runs" / "ai-factory.dev.json").read_text())["parts"]
     assert sorted(listed) == sorted(entries(tmp_path / "cache", "checks"))

@@ -15,6 +15,7 @@ import pytest
 from ai_factory.components import _common
 from ai_factory.factory import heap
 from ai_factory.factory.model.loading import validate
+from ai_factory.factory.planning.from_config import plan_for, plan_inputs
 from ai_factory.factory.rendering import cache as render_cache
 from ai_factory.factory.rendering.bundle import Rendered, render_raw
 from tests.conftest import REPO, run_main
@@ -120,6 +121,39 @@ def test_the_units_of_a_render_by_another_library_are_not_read_ahead(seeded, tmp
     units = render_cache.UnitCache(directory, "ai-factory.dev")
     units.prefetch()
     assert units._prefetched == {}
+
+
+def planning(directory, raw, previous=None):
+    """The plan the cache in `directory` gives for the config `raw` after `previous`, and whether it planned."""
+    cfg, planned = validate(raw), []
+
+    def planner():
+        planned.append(cfg)
+        return plan_for(cfg, previous)
+
+    plan = render_cache.UnitCache(directory, "ai-factory.dev").plan((plan_inputs(cfg), previous), planner)
+    return plan, bool(planned)
+
+
+def test_a_plan_read_back_from_the_cache_is_the_plan_made_again(three_tenants, seeded, tmp_path):
+    raw = copy.deepcopy(three_tenants[0])
+    raw["tenants"][1]["quota"] = {"cpu": "77"}  # what the planner does not read
+    plan, planned = planning(seeded_copy(seeded, tmp_path), raw)
+    assert not planned and plan == plan_for(validate(raw))
+
+
+@pytest.mark.parametrize("change", ["a tenant's GPUs", "the fleet", "previous plan", "library"])
+def test_a_plan_is_made_again_when_what_it_is_made_of_changes(three_tenants, seeded, tmp_path, monkeypatch, change):
+    raw = copy.deepcopy(three_tenants[0])
+    if change == "a tenant's GPUs":
+        next(t for t in raw["tenants"] if t["gpus"] == [{"pool": "h100", "count": 8}])["gpus"][0]["count"] = 4
+    if change == "the fleet":
+        raw["fleet"]["pools"][0]["nodes"] += 1
+    if change == "library":
+        monkeypatch.setattr(render_cache, "library_digest", lambda: "another library")
+    previous = plan_for(validate(raw)) if change == "previous plan" else None
+    plan, planned = planning(seeded_copy(seeded, tmp_path), raw, previous)
+    assert planned and plan == plan_for(validate(raw), previous)
 
 
 @pytest.mark.parametrize("settled", [True, False], ids=["within-a-settled-heap", "outside"])

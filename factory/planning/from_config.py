@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -97,6 +98,14 @@ def previous_plan(env: str, directory: Path | None = None) -> Plan | None:
 
 
 _PLAN_LOCK = TypeAdapter(Plan)
+
+
+def plan_inputs(cfg: FactoryConfig) -> tuple[Any, ...]:
+    """Everything of `cfg` that `plan_for` reads (the fleet, the network and KubeVirt layers, each
+    tenant's name, trust, GPU demands and fabric keys, in order): what the render cache keys a plan
+    on, so that a change of a tenant's quota or of any other section plans nothing again. Whatever
+    `plan_for` or the functions it calls come to read of the config must be added here."""
+    return cfg.fleet, cfg.layers.network, cfg.layers.kubevirt, [(t.name, t.trust, t.trust_domain, t.gpus, t.network) for t in cfg.tenants]
 
 
 def plan_for(cfg: FactoryConfig, previous: Plan | None = None) -> Plan:

@@ -17,6 +17,10 @@ layers' resources less those a layer made for other tenants only: each layer uni
 of its resources are for which tenants (`FactoryComponent.tenant_scopes`), as the SDK path's
 `FactoryComponent.ordered_before` reads them.
 
+The capacity plan is stored as well (`plans/`), under a digest of what the planner reads of the
+config (`plan_inputs`), the previous plan and the library: a change the planner does not read (a
+tenant's quota) plans nothing again.
+
 Entries are JSON (never pickle: a cache directory someone else wrote must not run code), written
 atomically, one file per unit key.
 """
@@ -46,6 +50,7 @@ from pydantic import BaseModel
 
 from ai_factory.factory.heap import no_cycle_collection
 from ai_factory.factory.model.secrets import SecretValue
+from ai_factory.factory.planning.model import Plan
 from ai_factory.factory.rendering.harness import Resource
 
 CACHE_DIR = ".factory-cache"
@@ -247,6 +252,8 @@ class UnitCache:
         self._built: dict[str, list[Resource]] = {}
         self._memo: dict[int, tuple[Any, Any]] = {}
         self._prefetched: dict[str, _Entry] = {}
+        self._plan_key: str | None = None
+        self._planned: Plan | None = None
 
     @property
     def seen(self) -> bool:
@@ -274,8 +281,23 @@ class UnitCache:
         self.units[unit] = Unit(key, root_name, tuple(after), built=cached is None)
         return cached is None
 
-    def _path(self, key: str) -> Path:
-        return self.directory / "units" / key[:2] / f"{key}.json"
+    def _path(self, key: str, kind: str = "units") -> Path:
+        return self.directory / kind / key[:2] / f"{key}.json"
+
+    def plan(self, inputs: Any, planner: Callable[[], Plan]) -> Plan:
+        """The capacity plan `planner` makes from `inputs` (what it reads: `plan_inputs` and the
+        previous plan), read back when this library planned from the same inputs before: at 1,000
+        tenants planning was 0.2 s of a one-tenant re-render, re-planning after a plan lock 0.8 s.
+        `store` stores one planned this time; a plan `planner` refuses is never stored."""
+        key = self._plan_key = self.key("plan", inputs)
+        try:
+            entry = _PLAN_ENTRY.decode(self._path(key, "plans").read_bytes())
+        except (OSError, msgspec.DecodeError):  # absent, not JSON, or not a plan's shape
+            entry = None
+        if entry is not None and entry.key == key and entry.format == FORMAT:
+            return entry.plan
+        planned = self._planned = planner()
+        return planned
 
     def serves(self, unit: str, scopes: Mapping[str, tuple[str, ...]]) -> None:
         """What a layer unit built this time made for some tenants only (`tenant_scopes`)."""
@@ -360,8 +382,10 @@ class UnitCache:
             own = {r.key: objects[r.key] for r in resources if r.key in objects}
             scopes = dict(self._scopes.get(unit, {}))
             write_entry(self._path(key), {"format": FORMAT, "key": key, "resources": _fields(resources), "objects": own, "scopes": scopes})
+        if self._planned is not None:
+            write_entry(self._path(self._plan_key, "plans"), {"format": FORMAT, "key": self._plan_key, "plan": self._planned})
         units = {unit: u.key for unit, u in sorted(self.units.items())}
-        write_entry(self._index(), {"format": FORMAT, "library": library_digest(), "units": units})
+        write_entry(self._index(), {"format": FORMAT, "library": library_digest(), "units": units, "plan": self._plan_key})
 
 
 class _Entry(msgspec.Struct):
@@ -380,6 +404,17 @@ class _Entry(msgspec.Struct):
 _ENTRY = msgspec.json.Decoder(_Entry)
 """Decodes straight into resources, checking every field's type (an entry of another shape is
 unreadable: its unit is built again)."""
+
+
+class _PlanEntry(msgspec.Struct):
+    """A plan's entry as `store` writes it."""
+
+    format: int
+    key: str
+    plan: Plan
+
+
+_PLAN_ENTRY = msgspec.json.Decoder(_PlanEntry)
 
 
 def _decode_entry(data: bytes) -> _Entry:

@@ -1,7 +1,7 @@
 """Eviction of the render and check cache: what no stack's latest run refers to is removed.
 
-Each render of a stack lists the units it used (`stacks/<project>.<stack>.json`, written by
-`cache.UnitCache.store`) and each check of one lists the parts it used
+Each render of a stack lists the units and the plan it used (`stacks/<project>.<stack>.json`,
+written by `cache.UnitCache.store`) and each check of one lists the parts it used
 (`check-runs/<project>.<stack>.json`, `check.run_checks`). After either, every unit or check
 entry that no stack's list names is deleted: the cache holds one render and one check of each
 stack, so it grows with the stacks and their size, never with the number of runs. A stack's
@@ -26,7 +26,7 @@ ABANDONED_AFTER_S = 3600
 def evict(directory: Path) -> int:
     """Delete the cache entries no stack's latest render or check refers to; how many were deleted."""
     removed = 0
-    for entries, indexes, listed in (("units", "stacks", _units), ("checks", "check-runs", _parts)):
+    for entries, indexes, listed in (("units", "stacks", _units), ("plans", "stacks", _plan), ("checks", "check-runs", _parts)):
         keep = _referenced(directory / indexes, listed)
         if keep is not None:
             removed += _remove_unreferenced(directory / entries, keep)
@@ -35,6 +35,10 @@ def evict(directory: Path) -> int:
 
 def _units(index: Any) -> Iterable[str]:
     return index["units"].values()
+
+
+def _plan(index: Any) -> Iterable[str]:
+    return [index["plan"]] if index["plan"] is not None else []  # None: the render was given its plan
 
 
 def _parts(index: Any) -> Iterable[str]:

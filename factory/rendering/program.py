@@ -3,10 +3,12 @@ runs in-process under mocks."""
 
 from __future__ import annotations
 
+import functools
+
 import pulumi
 
 from ai_factory.factory.model.loading import ConfigError, load_pulumi_config
-from ai_factory.factory.planning.from_config import plan_for, previous_plan
+from ai_factory.factory.planning.from_config import plan_for, plan_inputs, previous_plan
 from ai_factory.factory.planning.model import Plan
 from ai_factory.factory.rendering.bundle import refuse_whole_fleet
 from ai_factory.factory.rendering.cache import UnitCache
@@ -29,11 +31,15 @@ def main(
     `only_tenants`: build these tenants' stacks only (a parallel render's share; the platform
     itself is built whole, from every tenant's configuration).
     `offboarded`: registered tenants to leave out, as if their registry files were gone.
-    `units`: a render's cache; the layers and tenant stacks it holds are not built again."""
+    `units`: a render's cache; the layers and tenant stacks it holds are not built again, nor the
+    plan it holds."""
     try:
         cfg = load_pulumi_config(offboarded)
         refuse_whole_fleet(cfg, f"stack {pulumi.get_stack()}")
-        plan = plan if plan is not None else plan_for(cfg, previous_plan(pulumi.get_stack()))
+        if plan is None:
+            previous = previous_plan(pulumi.get_stack())
+            planner = functools.partial(plan_for, cfg, previous)
+            plan = units.plan((plan_inputs(cfg), previous), planner) if units is not None else planner()
     except ConfigError as err:
         # A user mistake: a message, not a traceback, and nothing registered.
         raise pulumi.RunError(err.render()) from None
