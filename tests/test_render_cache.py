@@ -156,6 +156,30 @@ def test_a_plan_is_made_again_when_what_it_is_made_of_changes(three_tenants, see
     assert planned and plan == plan_for(validate(raw), previous)
 
 
+def test_the_planner_reads_nothing_of_the_config_but_the_plan_inputs(three_tenants, monkeypatch):
+    """The plan's cache key is `plan_inputs`: a field the planner came to read beside them would
+    read back a stale plan. The sections it names are keyed whole; of the config, its layers and
+    its tenants, only the named fields (and what reads them: `pool`, `domain`) may be read."""
+    from ai_factory.factory.model.config import FactoryConfig, Layers, Tenant
+
+    allowed = {FactoryConfig: {"fleet", "layers", "tenants", "pool"}, Layers: {"network", "kubevirt"}, Tenant: {"name", "trust", "trust_domain", "gpus", "network", "domain"}}
+    read: set[tuple[str, str]] = set()
+    for model in allowed:
+        plain = model.__getattribute__
+
+        def recording(self, name, model=model, plain=plain):
+            if not name.startswith("_") and type(self) is model:
+                read.add((model.__name__, name))
+            return plain(self, name)
+
+        monkeypatch.setattr(model, "__getattribute__", recording)
+    cfg = validate(three_tenants[0])
+    plan_inputs(cfg)
+    read.clear()
+    plan_for(cfg, plan_for(cfg))
+    assert read and read <= {(model.__name__, name) for model, names in allowed.items() for name in names}
+
+
 @pytest.mark.parametrize("settled", [True, False], ids=["within-a-settled-heap", "outside"])
 def test_what_a_settling_pause_builds_is_settled_only_within_a_settled_heap(settled):
     with heap.settled_heap() if settled else contextlib.nullcontext():
