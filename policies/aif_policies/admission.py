@@ -44,12 +44,18 @@ def _filters(match: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return [as_map(b.get("resources")) for b in blocks]
 
 
+def _name_matches(namespace: str, pattern: str) -> bool:
+    """`fnmatchcase`, without compiling a pattern that has no wildcard: each tenant's policy names
+    its own namespace, and compiling a thousand of them was a third of this policy's time."""
+    return fnmatchcase(namespace, pattern) if "*" in pattern or "?" in pattern or "[" in pattern else namespace == pattern
+
+
 def matches_namespace(match: Mapping[str, Any], namespace: str, namespace_labels: Mapping[str, Any]) -> bool:
     """Whether a rule's `match` can select objects of a namespace (by name or by label)."""
     for resources in _filters(match):
         names = [str(n) for n in as_list(resources.get("namespaces"))]
         selector = resources.get("namespaceSelector")
-        by_name = not names or any(fnmatchcase(namespace, n) for n in names)
+        by_name = not names or any(_name_matches(namespace, n) for n in names)
         by_label = selector is None or selects(selector, {**namespace_labels, "kubernetes.io/metadata.name": namespace})
         if by_name and by_label:
             return True
