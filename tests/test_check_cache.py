@@ -10,6 +10,7 @@ import pytest
 
 from ai_factory.factory import heap
 from ai_factory.factory.checking import check, views
+from ai_factory.factory.checking import policies as policy_check
 from ai_factory.factory.checking.check import PER_PART, parts, run_checks
 from ai_factory.factory.checking.oracles import Oracles, locate_upstream_dir
 from ai_factory.factory.model.loading import validate
@@ -80,3 +81,14 @@ def test_checks_run_with_the_heap_frozen_for_the_collector_and_release_it_after(
     monkeypatch.setattr(check, "checks", lambda rendered: [probe])
     assert run_checks(three_tenants[2], oracles) == []
     assert frozen_while_checking[0] > 0 and gc.get_freeze_count() == 0
+
+
+def test_the_pack_runs_without_the_collector_and_its_resources_join_the_settled_heap(three_tenants, oracles, monkeypatch):
+    rendered, collecting = three_tenants[2], []
+    real = policy_check.run_policies
+    monkeypatch.setattr(policy_check, "run_policies", lambda *args: collecting.append(gc.isenabled()) or real(*args))
+    with heap.settled_heap(), policy_check.shared(rendered):
+        list(policy_check.stack_policies(rendered, oracles))
+        assert collecting == [False] and gc.isenabled()
+        scanned = {id(o) for o in gc.get_objects()}  # the settled heap is in no generation the collector scans
+        assert not any(id(r) in scanned or id(r.opts) in scanned for r in policy_check._resources(rendered)[0])

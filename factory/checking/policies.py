@@ -44,6 +44,7 @@ from ai_factory.factory.rendering.harness import Graph, layers_and_tenants
 from ai_factory.factory.model.loading import project_dir
 from ai_factory.factory.checking.oracles import Oracles
 from ai_factory.factory.checking.unknowns import lazy_unknown_checking_proxy
+from ai_factory.factory.heap import no_cycle_collection
 from ai_factory.factory.rendering.bundle import Manifest, Rendered
 from ai_factory.policies.aif_policies import PACK_NAME, POLICIES
 from ai_factory.policies.aif_policies.kube import HELM_RELEASE, as_map
@@ -261,8 +262,13 @@ def policies(
 ) -> Iterable[Finding]:
     """The CrossGuard pack (`policies/`) over the rendered resource graph; a finding is named after
     the policy and says what the pack says."""
-    resources, tenants = _resources(rendered)
-    for policy_name, resource, message in run_policies(resources, policy_config(_stack_of(rendered.graph)), kinds, which):
+    # Reference counting frees the resources, their proxies and the stack's index (a proxy knows
+    # its path, not its parent); the collector's passes over them as they grew were a quarter of
+    # the stack policies' time at 1,000 tenants. They join the settled heap for the later checks.
+    with no_cycle_collection(settle=True):
+        resources, tenants = _resources(rendered)
+        violations = run_policies(resources, policy_config(_stack_of(rendered.graph)), kinds, which)
+    for policy_name, resource, message in violations:
         ref = f"{resource.resource_type}::{resource.name}" if resource is not None else STACK_REF
         tenant = tenants.get(resource.urn) if resource is not None else None
         yield Finding(policy_name, ref, message, (tenant,) if tenant else ())
