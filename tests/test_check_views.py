@@ -100,12 +100,33 @@ def account(namespace: str) -> dict:
     return {"kind": "ServiceAccount", "name": "default", "namespace": namespace}
 
 
+def external_secret(name: str, namespace: str, tenant: str, key: str) -> dict:
+    """An ExternalSecret of `tenant` reading OpenBao's `key` through its namespace's SecretStore."""
+    return {
+        "apiVersion": "external-secrets.io/v1",
+        "kind": "ExternalSecret",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"ai-factory.io/tenant": tenant}},
+        "spec": {"secretStoreRef": {"kind": "SecretStore", "name": "openbao"}, "data": [{"secretKey": "k", "remoteRef": {"key": key}}]},
+    }
+
+
+def secret_store(name: str, namespace: str, tenant: str, role: str, account_namespace: str) -> dict:
+    """A SecretStore of `tenant` logging in to OpenBao as `role` with a service account of `account_namespace`."""
+    auth = {"kubernetes": {"mountPath": "kubernetes", "role": role, "serviceAccountRef": {"name": "secrets", "namespace": account_namespace}}}
+    return {
+        "apiVersion": "external-secrets.io/v1",
+        "kind": "SecretStore",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"ai-factory.io/tenant": tenant}},
+        "spec": {"provider": {"vault": {"server": "https://openbao", "path": "secret", "auth": auth}}},
+    }
+
+
 def broken(r: Rendered) -> Rendered:
     """`r` with violations: in CHANGED's namespace and UNCHANGED's, one tenant's pods in another's
     namespace and its network policy admitting that namespace, unlabelled objects, a queue missing,
     a trust domain's flavors oversubscribed by one of its two tenants, a privileged platform
-    agent nobody declared, and bindings of another tenant's account, of cluster-admin and of a
-    system group (the platform's)."""
+    agent nobody declared, bindings of another tenant's account, of cluster-admin and of a
+    system group (the platform's), and secrets read, logged in for or copied across tenants."""
     r = copy.deepcopy(r)
     for tenant in (CHANGED, UNCHANGED):
         added(r, tenant, pods("miner", f"tenant-{tenant}", tenant))
@@ -119,6 +140,14 @@ def broken(r: Rendered) -> Rendered:
     added(r, CHANGED, binding("RoleBinding", "borrowed", f"tenant-{CHANGED}", CHANGED, "view", account(f"tenant-{UNCHANGED}")))
     added(r, UNCHANGED, binding("RoleBinding", "root", f"tenant-{UNCHANGED}", UNCHANGED, "cluster-admin", account(f"tenant-{UNCHANGED}")))
     added(r, None, binding("ClusterRoleBinding", "masters", None, None, "view", {"kind": "Group", "name": "system:masters", "apiGroup": "rbac.authorization.k8s.io"}))
+    # Secrets: CHANGED reads UNCHANGED's, UNCHANGED logs in as CHANGED, team-02 reads its own in
+    # team-04's namespace, the platform copies a secret into both and serves a cluster-wide store.
+    added(r, CHANGED, external_secret("borrowed", f"tenant-{CHANGED}", CHANGED, f"tenants/{UNCHANGED}/db"))
+    added(r, UNCHANGED, secret_store("impostor", f"tenant-{UNCHANGED}", UNCHANGED, f"tenant-{CHANGED}", f"tenant-{CHANGED}"))
+    added(r, "team-02", external_secret("stray", "tenant-team-04", "team-02", "tenants/team-02/db"))
+    copier = {"namespaces": [f"tenant-{CHANGED}", f"tenant-{UNCHANGED}"], "externalSecretSpec": {}}
+    added(r, None, {"apiVersion": "external-secrets.io/v1", "kind": "ClusterExternalSecret", "metadata": {"name": "everywhere"}, "spec": copier})
+    added(r, None, {"apiVersion": "external-secrets.io/v1", "kind": "ClusterSecretStore", "metadata": {"name": "shared"}, "spec": {}})
     for m in r.manifests:
         if m.tenant == "team-02" and m.kind == "ClusterQueue":  # its trust domain's flavors oversubscribed, team-05's queue with it
             for spec in (m.obj["spec"], next(x for x in r.graph.resources if x.key == m.origin).inputs["spec"]):
@@ -171,6 +200,7 @@ def test_the_injected_violations_are_found_by_tenant_local_checks(before, units)
         "tenant-objects-labelled",
         "gpu-namespaces-queued",
         "rbac-subjects",
+        "tenant-secret-stores-scoped",
     } <= found
 
 

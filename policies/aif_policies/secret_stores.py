@@ -101,6 +101,7 @@ POLICIES = [
         "Each tenant's SecretStore uses its own OpenBao role and service account; no ClusterExternalSecret spans "
         "tenants; the External Secrets Operator serves no cluster-wide kind.",
         check_tenant_secret_stores_scoped,
+        tenant_local=True,
     ),
     stack_policy(
         "openbao-roles-scoped",
