@@ -161,3 +161,10 @@ class _List(_Node, Sequence):
     def __iter__(self) -> Iterator[Any]:
         for i, value in enumerate(self._target):
             yield value if type(value) in _PLAIN or type(value) is str and value not in UNKNOWN_VALUES else self._read(i, value)
+
+
+MAPPINGS = frozenset({dict, _Dict})
+"""Types read as `Mapping`s (the offline proxy's and plain dicts) told by their type alone:
+`isinstance(value, Mapping)` goes through the ABC's check, hundreds of thousands of times a run."""
+SEQUENCES = frozenset({list, tuple, _List})
+"""Types read as (non-text) `Sequence`s, told by their type alone (see `MAPPINGS`)."""

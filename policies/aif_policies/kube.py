@@ -21,6 +21,7 @@ from pulumi_policy import PolicyResource
 
 from ai_factory.factory.checking.label_index import LabelIndex
 from ai_factory.factory.checking.tree import maps_within
+from ai_factory.factory.checking.unknowns import MAPPINGS, SEQUENCES
 from ai_factory.factory.model.tenancy import TENANT_LABEL, TRUST_DOMAIN_LABEL, TRUST_LABEL
 
 HELM_RELEASE = "kubernetes:helm.sh/v3:Release"
@@ -32,11 +33,11 @@ _NOT_OBJECTS = ("kubernetes:helm.sh/", "kubernetes:yaml", "kubernetes:kustomize"
 
 
 def as_map(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
+    return value if type(value) in MAPPINGS or isinstance(value, Mapping) else {}
 
 
 def as_list(value: Any) -> Sequence[Any]:
-    return value if isinstance(value, Sequence) and not isinstance(value, (str, bytes)) else ()
+    return value if type(value) in SEQUENCES or isinstance(value, Sequence) and not isinstance(value, (str, bytes)) else ()
 
 
 def known(value: Any) -> Any:
@@ -45,9 +46,9 @@ def known(value: Any) -> Any:
     without the proxies, and no read of it can raise."""
     if isinstance(value, (str, bytes)):
         return value  # a Sequence, but one value; tested first: its ABC check missed the ABC cache every time
-    if isinstance(value, Mapping):
+    if type(value) in MAPPINGS or isinstance(value, Mapping):
         return {key: known(item) for key, item in value.items()}
-    if isinstance(value, Sequence):
+    if type(value) in SEQUENCES or isinstance(value, Sequence):
         return [known(item) for item in value]
     return value
 
