@@ -1329,6 +1329,8 @@ def test_the_remediation_steps_bounds_are_checked(pools, problem):
 
 
 PROTECTED = {"tenant-a": {TENANT_LABEL: "a"}, "tenant-b": {TENANT_LABEL: "b"}}
+ONE = {"tenant-a": PROTECTED["tenant-a"]}
+"""A tenant's own policy protects its one namespace."""
 BY_LABEL = {"resources": {"namespaceSelector": {"matchExpressions": [{"key": TENANT_LABEL, "operator": "Exists"}]}}}
 
 
@@ -1363,6 +1365,9 @@ def test_admission_rule_match_covers_the_tenant_namespaces(match, missed):
         pytest.param(UNKNOWN_STRING_VALUE, {}, False, id="accepts-an-unknown-match-asked-about-nothing"),
         pytest.param({"any": [BY_LABEL, {"resources": {"namespaces": [UNKNOWN_STRING_VALUE]}}]}, PROTECTED, False, id="accepts-an-unknown-block-never-reached"),
         pytest.param({"any": [{"resources": {"namespaces": ["tenant-a"]}}, {"resources": {"namespaces": [UNKNOWN_STRING_VALUE]}}]}, PROTECTED, True, id="flags-an-unknown-block-reached"),
+        pytest.param({"any": [BY_LABEL, {"resources": {"namespaces": [UNKNOWN_STRING_VALUE]}}]}, ONE, False, id="accepts-an-unknown-block-one-namespace-never-reaches"),
+        pytest.param({"any": [{"resources": {"namespaces": ["tenant-b"]}}, {"resources": {"namespaces": [UNKNOWN_STRING_VALUE]}}]}, ONE, True, id="flags-an-unknown-block-one-namespace-reaches"),
+        pytest.param(UNKNOWN_STRING_VALUE, ONE, True, id="flags-an-unknown-match-asked-about-one-namespace"),
     ],
 )
 def test_admission_rule_match_fails_where_crossguard_reads_an_unknown(match, protected, raises):

@@ -137,12 +137,16 @@ def unmatched_namespaces(rule: Mapping[str, Any], protected: Mapping[str, Mappin
     """The namespaces of `protected` (their labels by name) a rule's `match` cannot select, sorted.
     A platform rule is asked about every tenant namespace: its match is read once for all of them
     when no value of it is unknown during preview, else again for each, raising where the
-    engine's proxies do (and only if there is a namespace to ask about)."""
-    try:
-        match = as_map(known(rule.get("match")))
-    except UnknownValueError:
-        return sorted(ns for ns, labels in protected.items() if not matches_namespace(as_map(rule.get("match")), ns, labels))
-    return sorted(ns for ns, labels in protected.items() if not matches_namespace(match, ns, labels))
+    engine's proxies do (and only if there is a namespace to ask about). A tenant's rule, asked
+    about its one namespace, is read where it is asked (reading it whole first was as much work again)."""
+    if len(protected) > 1:
+        try:
+            match = as_map(known(rule.get("match")))
+        except UnknownValueError:
+            pass
+        else:
+            return sorted(ns for ns, labels in protected.items() if not matches_namespace(match, ns, labels))
+    return sorted(ns for ns, labels in protected.items() if not matches_namespace(as_map(rule.get("match")), ns, labels))
 
 
 def check_admission_policies_enforced(resources: Sequence[PolicyResource], config: Mapping[str, Any]) -> Iterator[Violation]:
