@@ -168,13 +168,7 @@ def helm_chart(resource_type: str, props: Mapping[str, Any]) -> HelmChart:
 
 
 def chart_named(resources: Sequence[PolicyResource], chart_name: str) -> list[tuple[PolicyResource, HelmChart]]:
-    found = []
-    for r in resources:
-        if r.resource_type in HELM_TYPES:
-            chart = helm_chart(r.resource_type, r.props)
-            if chart.chart_name == chart_name:
-                found.append((r, chart))
-    return found
+    return [(r, chart) for r, chart in cluster_of(resources).charts if chart.chart_name == chart_name]
 
 
 # --------------------------------------------------------------------------- quantities
@@ -291,6 +285,12 @@ class Cluster:
         self._namespaces = LabelIndex(self.namespace_labels, self.namespace_labels.__getitem__)
         """A selector of one tenant's labels finds its namespaces without testing every namespace
         (one ClusterQueue per tenant made that quadratic)."""
+
+    @functools.cached_property
+    def charts(self) -> list[tuple[PolicyResource, HelmChart]]:
+        """Every Helm release and chart of the stack, read once for the policies of a run that look
+        one up by name (each scanned every resource)."""
+        return [(r, helm_chart(r.resource_type, r.props)) for r in self.resources if r.resource_type in HELM_TYPES]
 
     def of(self, *kinds: str) -> list[Obj]:
         return [o for kind in kinds for o in self._by_kind.get(kind, [])]
