@@ -26,7 +26,8 @@ from ai_factory.policies.aif_policies import POLICIES
 from ai_factory.policies.aif_policies import admission as admission_policies
 from ai_factory.policies.aif_policies import gpu as gpu_policies
 from ai_factory.policies.aif_policies import security as security_policies
-from ai_factory.policies.aif_policies.kube import Cluster
+from ai_factory.factory.checking.unknowns import lazy_unknown_checking_proxy
+from ai_factory.policies.aif_policies.kube import Cluster, known
 from tests.conftest import render, without_models
 from tests.policy_stacks import (
     all_violations,
@@ -1377,6 +1378,43 @@ def test_admission_rule_match_fails_where_crossguard_reads_an_unknown(match, pro
             admission_policies.unmatched_namespaces(rule, protected)
     else:
         admission_policies.unmatched_namespaces(rule, protected)
+
+
+def plain(value) -> bool:
+    """Whether `value` holds no proxy: dicts, lists and scalars all the way down."""
+    if isinstance(value, dict):
+        return all(plain(v) for v in value.values())
+    if isinstance(value, list):
+        return all(plain(v) for v in value)
+    return isinstance(value, (str, int, float, bool, type(None)))
+
+
+PROXIES = [pytest.param(unknown_checking_proxy, id="crossguard"), pytest.param(lazy_unknown_checking_proxy, id="offline")]
+
+
+@pytest.mark.parametrize("proxy", PROXIES)
+@pytest.mark.parametrize(
+    "value",
+    [
+        pytest.param("text", id="text"),
+        pytest.param([1, "a", {"b": [2, True]}], id="a-list-of-maps"),
+        pytest.param({"m": {"n": ["o"]}}, id="nested-maps"),
+        pytest.param([], id="an-empty-list"),
+    ],
+)
+def test_known_reads_a_proxied_value_whole_into_plain_containers(proxy, value):
+    read = known(proxy({"v": value}))
+    assert read == {"v": value} and plain(read)
+
+
+@pytest.mark.parametrize("proxy", PROXIES)
+@pytest.mark.parametrize(
+    "value",
+    [pytest.param([1, UNKNOWN_STRING_VALUE], id="in-a-list"), pytest.param({"n": {"o": UNKNOWN_STRING_VALUE}}, id="in-a-nested-map")],
+)
+def test_known_raises_where_a_read_of_the_value_would(proxy, value):
+    with pytest.raises(UnknownValueError):
+        known(proxy({"v": value}))
 
 
 def test_admission_rule_match_with_an_unknown_value_is_read_as_crossguard_reads_it():
