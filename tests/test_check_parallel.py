@@ -95,3 +95,43 @@ def test_a_failing_worker_fails_the_caller_with_its_traceback(tmp_path):
 def test_each_process_gets_at_least_the_minimum_parts_and_a_core(monkeypatch, cores, parts, workers):
     monkeypatch.setattr(os, "cpu_count", lambda: cores)
     assert parallel.workers_for(parts) == workers
+
+
+def test_a_call_beside_runs_in_another_process_while_this_one_goes_on(tmp_path):
+    def call() -> int:
+        settled((tmp_path / "went-on").exists)  # returns only once this process went on
+        return os.getpid()
+
+    with parallel.beside(call) as result:
+        (tmp_path / "went-on").write_text("")
+        pid = result()
+    assert pid not in (None, os.getpid())
+
+
+def test_a_call_beside_that_fails_gives_none_for_the_caller_to_run_it():
+    def call() -> int:
+        raise ValueError("malformed")
+
+    with parallel.beside(call) as result:
+        assert result() is None
+
+
+@pytest.mark.parametrize("platform, cores", [("darwin", 2), ("linux", 1)], ids=["fork-unsafe", "one-core"])
+def test_nothing_is_forked_beside_where_forking_is_unsafe_or_on_one_core(monkeypatch, platform, cores):
+    monkeypatch.setattr(sys, "platform", platform)
+    monkeypatch.setattr(os, "cpu_count", lambda: cores)
+    with parallel.beside(os.getpid) as result:
+        assert result() is None
+
+
+def test_a_call_beside_still_running_when_the_block_fails_is_killed(tmp_path):
+    def call() -> None:
+        (tmp_path / "pid.tmp").write_text(str(os.getpid()))
+        os.replace(tmp_path / "pid.tmp", tmp_path / "pid")  # whole when it appears
+        time.sleep(600)
+
+    with pytest.raises(KeyError), parallel.beside(call):
+        settled((tmp_path / "pid").exists)
+        raise KeyError("the block failed")
+    with pytest.raises(ProcessLookupError):  # killed and reaped
+        os.kill(int((tmp_path / "pid").read_text()), 0)

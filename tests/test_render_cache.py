@@ -7,6 +7,7 @@ import contextlib
 import copy
 import gc
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -14,8 +15,10 @@ import pytest
 
 from ai_factory.components import _common
 from ai_factory.factory import heap
+from ai_factory.factory.checking import parallel
 from ai_factory.factory.model.loading import validate
 from ai_factory.factory.planning.from_config import plan_for, plan_inputs
+from ai_factory.factory.rendering import bundle, program
 from ai_factory.factory.rendering import cache as render_cache
 from ai_factory.factory.rendering.bundle import Rendered, render_raw
 from tests.conftest import REPO, run_main
@@ -108,10 +111,53 @@ def test_an_unreadable_cache_entry_is_rendered_again(three_tenants, seeded, tmp_
     assert cached_render(raw, secret_sections, tmp_path).files() == cold.files()
 
 
+def test_a_cached_render_runs_its_program_in_another_process_while_this_one_reads_the_entries(three_tenants, seeded, tmp_path, monkeypatch):
+    raw, secret_sections, _ = three_tenants
+    changed = copy.deepcopy(raw)
+    changed["tenants"][1]["quota"] = {"cpu": "77"}
+    probed_run, ran = bundle._probed_run, tmp_path / "ran-in"
+
+    def recording(*args):
+        ran.write_text(str(os.getpid()))
+        return probed_run(*args)
+
+    monkeypatch.setattr(bundle, "_probed_run", recording)
+    counted: list[None] = []
+    rendered = render_raw(changed, secret_sections, validate(changed), stack="dev", cache=seeded_copy(seeded, tmp_path / "cache"), on_resource=lambda: counted.append(None))
+    assert int(ran.read_text()) != os.getpid()
+    assert rendered.files() == render_raw(changed, secret_sections, validate(changed), stack="dev").files()
+    # Its progress is what a run here reports: each resource the program registered.
+    monkeypatch.setattr(parallel, "_forking", lambda: False)
+    here: list[None] = []
+    render_raw(changed, secret_sections, validate(changed), stack="dev", cache=seeded_copy(seeded, tmp_path / "here"), on_resource=lambda: here.append(None))
+    assert len(counted) == len(here) > 0
+
+
+def test_a_cached_render_whose_forked_program_failed_runs_it_here(three_tenants, seeded, tmp_path, monkeypatch):
+    raw, secret_sections, cold = three_tenants
+
+    def failing(*args):
+        raise RuntimeError("the forked run failed")
+
+    monkeypatch.setattr(bundle, "_probed_run", failing)
+    assert cached_render(raw, secret_sections, seeded_copy(seeded, tmp_path)).files() == cold.files()
+
+
+def test_an_error_of_a_cached_renders_program_is_raised_as_a_serial_render_raises_it(three_tenants, seeded, tmp_path, monkeypatch):
+    raw, secret_sections, _ = three_tenants
+
+    def malformed(*args, **kwargs):
+        raise ValueError("tenant team-01 is malformed")
+
+    monkeypatch.setattr(program, "main", malformed)
+    with pytest.raises(ValueError, match="^tenant team-01 is malformed$"):
+        cached_render(raw, secret_sections, seeded_copy(seeded, tmp_path))
+
+
 def test_a_render_reads_the_units_of_its_stacks_last_render_at_once(seeded, tmp_path):
     directory = seeded_copy(seeded, tmp_path)
     units = render_cache.UnitCache(directory, "ai-factory.dev")
-    units.prefetch()
+    units.prefetch(units.last_keys())
     assert sorted(units._prefetched) == sorted(unit_keys(directory).values())
 
 
@@ -119,7 +165,7 @@ def test_the_units_of_a_render_by_another_library_are_not_read_ahead(seeded, tmp
     directory = seeded_copy(seeded, tmp_path)
     monkeypatch.setattr(render_cache, "library_digest", lambda: "another library")
     units = render_cache.UnitCache(directory, "ai-factory.dev")
-    units.prefetch()
+    units.prefetch(units.last_keys())
     assert units._prefetched == {}
 
 

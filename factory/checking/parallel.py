@@ -7,7 +7,7 @@ memory (shared until written), where a new process would import the library and 
 part pickled. What the workers run must need nothing of this process but memory: pure Python
 over the parts (the per-part checks), no thread, lock or open connection of the parent's. Where
 `os.fork` is missing, or unsafe (macOS: system libraries may not survive it), everything runs
-here.
+here. `beside` forks one call (a cached render's program) beside other work of this process.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import signal
 import sys
 import traceback
 import warnings
-from typing import Callable, Generic, Sequence, TypeVar
+from contextlib import contextmanager
+from typing import Callable, Generic, Iterator, Sequence, TypeVar
 
 Part = TypeVar("Part")
 Result = TypeVar("Result")
@@ -32,12 +33,63 @@ _INDEX = 8
 """Bytes of the shared next-part counter."""
 
 
+def _forking() -> bool:
+    return hasattr(os, "fork") and sys.platform.startswith("linux")
+
+
 def workers_for(parts: int) -> int:
     """Processes to share `parts` parts between, this one included: one per core, each with at
     least `PARALLEL_MIN_PARTS`; one where forking is not safe."""
-    if not hasattr(os, "fork") or not sys.platform.startswith("linux"):
+    if not _forking():
         return 1
     return max(1, min(os.cpu_count() or 1, parts // PARALLEL_MIN_PARTS))
+
+
+@contextmanager
+def beside(call: Callable[[], Result]) -> Iterator[Callable[[], Result | None]]:
+    """`call` run in a process forked for it while this one does other work in the block; the
+    function the block gets waits for its result. None when the forked call failed (the caller
+    does it itself: its error is then raised as a serial run raises it), and on one core or
+    where forking is not safe (then nothing is forked). A forked process still running when the
+    block ends (the block failed) is killed."""
+    if not _forking() or (os.cpu_count() or 1) < 2:
+        yield lambda: None
+        return
+    read, write = os.pipe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # as in `Shared._fork`
+        pid = os.fork()
+    if pid == 0:  # the forked process: never returns into the caller's code
+        try:
+            os.close(read)
+            try:
+                outcome = pickle.dumps(call(), protocol=pickle.HIGHEST_PROTOCOL)
+            except BaseException:
+                outcome = b""  # the caller runs it again and raises what it raises
+            with os.fdopen(write, "wb") as out:
+                out.write(outcome)
+        finally:
+            os._exit(0)
+    os.close(write)
+    joined = False
+
+    def result() -> Result | None:
+        nonlocal joined
+        joined = True
+        try:
+            with os.fdopen(read, "rb") as pipe:
+                data = pipe.read()
+        finally:
+            os.waitpid(pid, 0)
+        return pickle.loads(data) if data else None
+
+    try:
+        yield result
+    finally:
+        if not joined:
+            os.close(read)
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
 
 
 class Shared(Generic[Part, Result]):

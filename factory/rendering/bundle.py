@@ -37,6 +37,7 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
@@ -44,10 +45,11 @@ from typing import Any, Callable, Iterable, Mapping
 import msgspec
 import yaml
 
+from ai_factory.factory.checking import parallel
 from ai_factory.factory.heap import no_cycle_collection, settled_heap
 from ai_factory.factory.model.catalog import MANIFESTS, ManifestSource, crd_groups
 from ai_factory.factory.model.config import FactoryConfig
-from ai_factory.factory.rendering.cache import Unit, UnitCache, write_entry
+from ai_factory.factory.rendering.cache import Probe, Unit, UnitCache, write_entry
 from ai_factory.factory.rendering.harness import DuplicateResourceError, Graph, RecordingMocks, RecordingMonitor, Resource, layers_and_tenants, run_program
 from ai_factory.factory.model.tenancy import TENANT_LABEL
 from ai_factory.factory.planning.from_config import plan_for
@@ -594,12 +596,10 @@ def render_raw(
         # The cached units' resources are most of the heap and hold no cycle: left out of the
         # collector's passes while the program and the merge allocate around them.
         with settled_heap():
-            if units is not None:
-                units.prefetch()
-            graph = _run_share(project, stack, config, secret_keys, plan, offboarded, None, on_resource, units)
             if units is None:
-                return from_graph(graph, cfg)
-            return _cached(units, units.complete(graph.resources), cfg)
+                return from_graph(_run_share(project, stack, config, secret_keys, plan, offboarded, None, on_resource), cfg)
+            run = functools.partial(_run_share, project, stack, config, secret_keys, plan, offboarded, None)
+            return _cached(units, units.complete(_run_reading(units, run, on_resource)), cfg)
     # With a cache the workers leave the platform to this process (`_ShareUnits`): it costs as
     # much as `PLATFORM_PER_TENANT` of a tenant stack per tenant, here only.
     shares = _shares(names, workers, PLATFORM_PER_TENANT * len(names) if units is not None else 0.0)
@@ -693,6 +693,32 @@ def _cached(units: UnitCache, resources: list[Resource], cfg: FactoryConfig, fin
             made.setdefault(m.origin, []).append((m.obj, m.yaml()))
     units.store(made)
     return rendered
+
+
+def _run_reading(units: UnitCache, run: Callable[[Callable[[], None] | None, UnitCache], Graph], on_resource: Callable[[], None] | None) -> list[Resource]:
+    """The resources the program registers with the render cache `units` (`run`: `_run_share`
+    but for its progress and cache): run in a process forked for it (`parallel.beside`, with a
+    `probing` cache) while this one reads the entries of the stack's last render, which at 1,000
+    tenants took about as long as the program after a one-tenant change. Here, after reading,
+    where the stack has no last render, forking is not safe, the forked run failed (its error is
+    raised here as a serial render raises it) or an entry it counted as cached cannot be read."""
+    keys = units.last_keys()
+    with parallel.beside(functools.partial(_probed_run, units, run)) if keys else nullcontext(lambda: None) as forked:
+        units.prefetch(keys)
+        probed = forked()
+    if probed is not None and units.take(probed[1]):
+        for _ in probed[0] if on_resource is not None else ():
+            on_resource()
+        return probed[0]
+    return run(on_resource, units).resources
+
+
+def _probed_run(units: UnitCache, run: Callable[[Callable[[], None] | None, UnitCache], Graph]) -> tuple[list[Resource], Probe]:
+    probing = units.probing()
+    resources = run(None, probing).resources
+    for r in resources:  # the merge links them again (`UnitCache.complete`, `Graph`)
+        r.parent, r.dependencies = None, []
+    return resources, probing.probe()
 
 
 def _run_share(

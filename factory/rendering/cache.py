@@ -43,7 +43,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path, PurePath
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 from pydantic import BaseModel
@@ -275,11 +275,15 @@ class UnitCache:
 
     def build(self, unit: str, key: str, root_name: str, after: Iterable[str]) -> bool:
         """Whether the program must build this unit: its entry is missing or unreadable."""
+        built = not self._found(unit, key)
+        self.units[unit] = Unit(key, root_name, tuple(after), built=built)
+        return built
+
+    def _found(self, unit: str, key: str) -> bool:
         cached = self._load(key)
         if cached is not None:
             self._read[unit] = cached
-        self.units[unit] = Unit(key, root_name, tuple(after), built=cached is None)
-        return cached is None
+        return cached is not None
 
     def _path(self, key: str, kind: str = "units") -> Path:
         return self.directory / kind / key[:2] / f"{key}.json"
@@ -314,18 +318,36 @@ class UnitCache:
         found = self._prefetched.pop(key, None)
         return found if found is not None else self._read_entry(key)
 
-    def prefetch(self) -> None:
-        """Read the entries of the units of this stack's last render with this library at once,
-        with the collector held off (read one by one as the program asks for them, each read let
-        it walk the growing heap again: at 1,000 tenants a tenth of a one-tenant re-render)."""
+    def last_keys(self) -> list[str]:
+        """The entry keys of the units of this stack's last render with this library (none when
+        there was none, or with another library, whose entries no unit's key names)."""
         index = read_entry(self._index())
         units = index.get("units") if isinstance(index, dict) and index.get("library") == library_digest() else None
-        if not isinstance(units, dict):
-            return
+        return [key for key in units.values() if isinstance(key, str)] if isinstance(units, dict) else []
+
+    def prefetch(self, keys: Iterable[str]) -> None:
+        """Read these entries (`last_keys`) at once, with the collector held off (read one by one
+        as the program asks for them, each read let it walk the growing heap again: at 1,000
+        tenants a tenth of a one-tenant re-render)."""
         with no_cycle_collection(settle=True):
-            for key in units.values():
-                if isinstance(key, str) and (entry := self._read_entry(key)) is not None:
+            for key in keys:
+                if (entry := self._read_entry(key)) is not None:
                     self._prefetched[key] = entry
+
+    def probing(self) -> _ProbingUnits:
+        """A cache for the program run in a process forked beside this one's `prefetch`: it counts
+        a unit as cached when its entry exists, and this process reads it (`take`)."""
+        return _ProbingUnits(self.directory, self.stack)
+
+    def take(self, probe: Probe) -> bool:
+        """What a run with a `probing` cache found, as if this cache had run it: False, and nothing
+        taken, when an entry it counted as cached cannot be read here (the program runs again)."""
+        cached = [name for name, unit in probe.units.items() if not unit.built]
+        read = {name: entry for name in cached if (entry := self._load(probe.units[name].key)) is not None}
+        if len(read) < len(cached):
+            return False
+        self.units, self._read, self._scopes, self._plan_key, self._planned = probe.units, read, probe.scopes, probe.plan_key, probe.planned
+        return True
 
     def _read_entry(self, key: str) -> _Entry | None:
         try:
@@ -386,6 +408,26 @@ class UnitCache:
             write_entry(self._path(self._plan_key, "plans"), {"format": FORMAT, "key": self._plan_key, "plan": self._planned})
         units = {unit: u.key for unit, u in sorted(self.units.items())}
         write_entry(self._index(), {"format": FORMAT, "library": library_digest(), "units": units, "plan": self._plan_key})
+
+
+class Probe(NamedTuple):
+    """What a run with a probing cache found (`UnitCache.take`): the units it considered, the
+    scopes of the layers it built, its plan's key and the plan it made (None when read back)."""
+
+    units: dict[str, Unit]
+    scopes: dict[str, Mapping[str, tuple[str, ...]]]
+    plan_key: str | None
+    planned: Plan | None
+
+
+class _ProbingUnits(UnitCache):
+    """`UnitCache.probing`: an entry that exists counts as cached, unread."""
+
+    def _found(self, unit: str, key: str) -> bool:
+        return self._path(key).is_file()
+
+    def probe(self) -> Probe:
+        return Probe(self.units, self._scopes, self._plan_key, self._planned)
 
 
 class _Entry(msgspec.Struct):
