@@ -108,6 +108,13 @@ def test_a_call_beside_runs_in_another_process_while_this_one_goes_on(tmp_path):
     assert pid not in (None, os.getpid())
 
 
+def test_a_call_beside_is_reaped_once_its_result_is_read():
+    with parallel.beside(os.getpid) as result:
+        pid = result()
+    with pytest.raises(ProcessLookupError):  # no zombie left behind
+        os.kill(pid, 0)
+
+
 def test_a_call_beside_that_fails_gives_none_for_the_caller_to_run_it():
     def call() -> int:
         raise ValueError("malformed")
@@ -116,7 +123,7 @@ def test_a_call_beside_that_fails_gives_none_for_the_caller_to_run_it():
         assert result() is None
 
 
-@pytest.mark.parametrize("platform, cores", [("darwin", 2), ("linux", 1)], ids=["fork-unsafe", "one-core"])
+@pytest.mark.parametrize("platform, cores", [("darwin", 2), ("linux", 1), ("linux", None)], ids=["fork-unsafe", "one-core", "cores-unknown"])
 def test_nothing_is_forked_beside_where_forking_is_unsafe_or_on_one_core(monkeypatch, platform, cores):
     monkeypatch.setattr(sys, "platform", platform)
     monkeypatch.setattr(os, "cpu_count", lambda: cores)

@@ -111,20 +111,23 @@ def test_an_unreadable_cache_entry_is_rendered_again(three_tenants, seeded, tmp_
     assert cached_render(raw, secret_sections, tmp_path).files() == cold.files()
 
 
-def test_a_cached_render_runs_its_program_in_another_process_while_this_one_reads_the_entries(three_tenants, seeded, tmp_path, monkeypatch):
+def test_a_cached_render_runs_its_program_only_in_another_process_while_this_one_reads_the_entries(three_tenants, seeded, tmp_path, monkeypatch):
+    """What the forked run found is taken as it is: the program does not run here again."""
     raw, secret_sections, _ = three_tenants
     changed = copy.deepcopy(raw)
     changed["tenants"][1]["quota"] = {"cpu": "77"}
-    probed_run, ran = bundle._probed_run, tmp_path / "ran-in"
+    run_share, ran = bundle._run_share, tmp_path / "ran-in"
 
-    def recording(*args):
-        ran.write_text(str(os.getpid()))
-        return probed_run(*args)
+    def recording(*args, **kwargs):
+        with ran.open("a") as record:
+            record.write(f"{os.getpid()}\n")
+        return run_share(*args, **kwargs)
 
-    monkeypatch.setattr(bundle, "_probed_run", recording)
+    monkeypatch.setattr(bundle, "_run_share", recording)
     counted: list[None] = []
     rendered = render_raw(changed, secret_sections, validate(changed), stack="dev", cache=seeded_copy(seeded, tmp_path / "cache"), on_resource=lambda: counted.append(None))
-    assert int(ran.read_text()) != os.getpid()
+    runs = [int(pid) for pid in ran.read_text().split()]
+    assert len(runs) == 1 and runs[0] != os.getpid()
     assert rendered.files() == render_raw(changed, secret_sections, validate(changed), stack="dev").files()
     # Its progress is what a run here reports: each resource the program registered.
     monkeypatch.setattr(parallel, "_forking", lambda: False)
