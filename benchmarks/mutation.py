@@ -7,7 +7,8 @@ Each mutant is one small change to one module (a flipped comparison, `any` for `
 `or`, a name dropped from a literal list, a negated condition, an integer off by one, a `not`
 removed, a return value replaced, a finding no longer yielded, a compared string changed...). For
 each, only the test files that exercise the module run (`pytest -x`); a failing run kills the
-mutant, a passing one lets it survive. It prints the kill rate per module and every survivor
+mutant, a passing one lets it survive (passing means pytest finished its session: a mutant that
+ends the test process early, even with status 0, is killed). It prints the kill rate per module and every survivor
 (file:line, operator, before -> after); a survivor is a behaviour no test pins down, unless the
 change cannot alter any output (an equivalent mutant).
 
@@ -30,6 +31,7 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -38,6 +40,8 @@ from typing import Callable, Iterator
 
 REPO = Path(__file__).resolve().parent.parent
 ENV = "AIF_MUTANT"
+FINISHED = "AIF_MUTANT_FINISHED"
+"""Where the test process writes its exit status once pytest finished its session."""
 
 MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
     # short name: (source file, the test files that exercise it; fastest first, they run with -x)
@@ -302,6 +306,11 @@ if os.environ.get(ENV) and __name__ != "__main__":
     _install_hook()
 
 
+def pytest_sessionfinish(session, exitstatus) -> None:
+    if finished := os.environ.get(FINISHED):
+        Path(finished).write_text(str(int(exitstatus)))
+
+
 # --------------------------------------------------------------------------- the runner
 
 
@@ -317,7 +326,17 @@ RUNNING: set[subprocess.Popen] = set()
 
 
 def _pytest(short: str, index: int | None, timeout: float) -> tuple[str, float]:
+    with tempfile.TemporaryDirectory() as directory:
+        finished = Path(directory) / "finished"
+        outcome, seconds = _run_pytest(short, index, timeout, finished)
+        if outcome == "survived" and not (finished.is_file() and finished.read_text() == "0"):
+            outcome = "killed"  # the test process ended (os._exit, a signal) before pytest finished
+        return outcome, seconds
+
+
+def _run_pytest(short: str, index: int | None, timeout: float, finished: Path) -> tuple[str, float]:
     env = {k: v for k, v in os.environ.items() if k != ENV}
+    env[FINISHED] = str(finished)
     if index is not None:
         env[ENV] = f"{short}:{index}"
     command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-p", "benchmarks.mutation", *MODULES[short][1]]
