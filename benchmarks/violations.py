@@ -30,7 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from ai_factory.factory.checking.check import run_checks  # noqa: E402
 from ai_factory.factory.checking.findings import Finding  # noqa: E402
 from ai_factory.factory.checking.oracles import Oracles, locate_upstream_dir  # noqa: E402
-from ai_factory.factory.rendering.bundle import SAFE_LOADER, load_rendered, render_clusters  # noqa: E402
+from ai_factory.factory.model.bounded_yaml import LOADER  # noqa: E402
+from ai_factory.factory.rendering.bundle import load_rendered, render_clusters  # noqa: E402
 
 TENANT = "tenant-search"
 """A high-trust tenant namespace of dev (trust domain internal; Pod Security baseline under the
@@ -85,7 +86,7 @@ DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 def read_bundle(directory: Path) -> Bundle:
     files = sorted((directory / "manifests").rglob("*.yaml"))
-    objects = {str(p.relative_to(directory)): yaml.load(p.read_text(), Loader=SAFE_LOADER) for p in files if p.name != "kustomization.yaml"}
+    objects = {str(p.relative_to(directory)): yaml.load(p.read_text(), Loader=LOADER) for p in files if p.name != "kustomization.yaml"}
     raw = {str(p.relative_to(directory)): p.read_text() for p in [*files, *(directory / "flux").glob("*.yaml")] if str(p.relative_to(directory)) not in objects}
     return Bundle(objects, json.loads((directory / "inventory.json").read_text()), raw)
 

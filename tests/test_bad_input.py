@@ -127,6 +127,29 @@ def test_documents_past_the_nesting_bound_or_recursive_are_refused(tmp_path, mon
     assert len(found) == 1 and expected in found[0], found
 
 
+def _nested_mappings(depth: int) -> str:
+    """A block-style document whose deepest node is `depth` nodes down (a scalar under depth - 1 mappings)."""
+    return "".join(f"{' ' * i}k{i}:\n" for i in range(depth - 1)) + " " * (depth - 1) + "v\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "refused"),
+    [
+        (_nested_mappings(bounded_yaml.MAX_DEPTH), False),
+        (_nested_mappings(bounded_yaml.MAX_DEPTH + 1), True),
+        ("[" * bounded_yaml.MAX_DEPTH + "]" * bounded_yaml.MAX_DEPTH, False),
+        ("[" * (bounded_yaml.MAX_DEPTH + 1) + "]" * (bounded_yaml.MAX_DEPTH + 1), True),
+    ],
+    ids=["block-at-the-bound", "block-one-past", "flow-at-the-bound", "flow-one-past"],
+)
+def test_nesting_is_refused_one_level_past_the_bound_and_accepted_at_it(text, refused):
+    if refused:
+        with pytest.raises(bounded_yaml.YamlBoundError, match=f"nested deeper than {bounded_yaml.MAX_DEPTH} levels"):
+            bounded_yaml.load(text)
+    else:
+        assert bounded_yaml.load(text) is not None
+
+
 def test_a_stack_file_over_the_size_bound_is_refused_without_reading_it_all(tmp_path, monkeypatch):
     text = "config: {}\n# " + "x" * bounded_yaml.MAX_FILE_BYTES + "\n"
     assert stack_problems(tmp_path, text, monkeypatch) == [f"Pulumi.bad.yaml: refused: larger than {bounded_yaml.MAX_FILE_BYTES} bytes"]

@@ -38,6 +38,7 @@ from ai_factory.components.tenant_stack import (
     TOLERATIONS_WHITELIST_ANNOTATION,
 )
 from ai_factory.factory.model.catalog import CHARTS
+from ai_factory.factory.model.bounded_yaml import LOADER
 from ai_factory.factory.checking.findings import Finding, tenant_local
 from ai_factory.factory.checking.label_index import LabelIndex, selects
 from ai_factory.factory.checking.oracles import Oracles
@@ -49,7 +50,7 @@ from ai_factory.factory.planning.placement import (
     MIG_DISABLED_CONFIG,
     PLACEMENT_TAINT_KEYS,
 )
-from ai_factory.factory.rendering.bundle import SAFE_LOADER, Manifest, Rendered
+from ai_factory.factory.rendering.bundle import Manifest, Rendered
 from ai_factory.factory.rendering.charts import CHART_ORIGIN
 from ai_factory.factory.model.tenancy import OIDC_PREFIX, TENANT_LABEL, TRUST_DOMAIN_LABEL, TRUST_LABEL
 
@@ -983,7 +984,7 @@ def _embedded_manifests(release: Manifest) -> list[Mapping[str, Any]]:
     values = (release.obj.get("spec") or {}).get("values") or {}
     text = (((values.get("experimental") or {}).get("deploy") or {}).get("vcluster") or {}).get("manifests") or ""
     try:
-        return [d for d in yaml.load_all(text, Loader=SAFE_LOADER) if isinstance(d, Mapping)]
+        return [d for d in yaml.load_all(text, Loader=LOADER) if isinstance(d, Mapping)]
     except yaml.YAMLError:
         return []
 

@@ -47,6 +47,7 @@ import yaml
 
 from ai_factory.factory.checking import parallel
 from ai_factory.factory.heap import no_cycle_collection, settled_heap
+from ai_factory.factory.model.bounded_yaml import LOADER
 from ai_factory.factory.model.catalog import MANIFESTS, ManifestSource, crd_groups
 from ai_factory.factory.model.config import FactoryConfig
 from ai_factory.factory.rendering.cache import Probe, Unit, UnitCache, write_entry
@@ -1287,10 +1288,6 @@ def _dependency_keys(resource: Resource, seen: dict[tuple[int, ...], list[str]])
 # --------------------------------------------------------------------------- reading a rendered tree
 
 
-SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-"""libyaml's safe loader where PyYAML was built with it (ten times faster on a large bundle)."""
-
-
 def load_rendered(directory: Path) -> Rendered:
     """A rendered directory back into objects, for `factory check <dir>`. A file that is not YAML,
     or a document that is not an object with mapping metadata, is recorded in `unreadable` (and
@@ -1335,7 +1332,7 @@ def load_rendered(directory: Path) -> Rendered:
 def _objects_in(path: Path, relative: str, unreadable: list[tuple[str, str]]) -> list[dict[str, Any]]:
     """The objects of one rendered file; what cannot be read goes to `unreadable`."""
     try:
-        documents = list(yaml.load_all(path.read_text(), Loader=SAFE_LOADER))
+        documents = list(yaml.load_all(path.read_text(), Loader=LOADER))
     except (yaml.YAMLError, UnicodeDecodeError) as err:
         unreadable.append((relative, f"is not YAML ({str(err).splitlines()[0]})"))
         return []

@@ -39,6 +39,7 @@ import yaml
 
 from ai_factory.factory.checking.oracles import is_core_api
 from ai_factory.factory.model.catalog import CHARTS, ChartSource
+from ai_factory.factory.model.bounded_yaml import LOADER
 from ai_factory.factory.rendering.bundle import Manifest, Rendered
 
 HELM_ENV = "FACTORY_HELM"
@@ -56,7 +57,7 @@ HELM_SHA256 = "210d576a6dc04b7864af4b5d9a5af58860bbc03d19174ffeddbd29d01d1b59a9"
 HELM_VERSION = "v4.1.4"
 
 _MAX_ERROR = 800
-class _YAML_LOADER(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # noqa: N801
+class _YAML_LOADER(LOADER):  # noqa: N801
     """The safe loader, reading a plain `=` (YAML 1.1's value-key type, which the safe loader
     cannot construct) as the string it is to Kubernetes: kube-prometheus-stack's rules render one."""
 
