@@ -4,6 +4,7 @@ this process alone gives, in the parts' order."""
 from __future__ import annotations
 
 import copy
+import gc
 import os
 import sys
 import time
@@ -106,6 +107,13 @@ def test_a_call_beside_runs_in_another_process_while_this_one_goes_on(tmp_path):
         (tmp_path / "went-on").write_text("")
         pid = result()
     assert pid not in (None, os.getpid())
+
+
+def test_a_call_beside_runs_with_the_collector_off():
+    assert gc.isenabled()
+    with parallel.beside(gc.isenabled) as result:
+        assert result() is False
+    assert gc.isenabled()
 
 
 def test_a_call_beside_is_reaped_once_its_result_is_read():

@@ -12,6 +12,7 @@ here. `beside` forks one call (a cached render's program) beside other work of t
 
 from __future__ import annotations
 
+import gc
 import mmap
 import os
 import pickle
@@ -62,6 +63,7 @@ def beside(call: Callable[[], Result]) -> Iterator[Callable[[], Result | None]]:
     if pid == 0:  # the forked process: never returns into the caller's code
         try:
             os.close(read)
+            gc.disable()  # the process ends with the call: a collection would only delay its result
             try:
                 outcome = pickle.dumps(call(), protocol=pickle.HIGHEST_PROTOCOL)
             except BaseException:
