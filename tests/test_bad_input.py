@@ -135,19 +135,28 @@ def _nested_mappings(depth: int) -> str:
 @pytest.mark.parametrize(
     ("text", "refused"),
     [
-        (_nested_mappings(bounded_yaml.MAX_DEPTH), False),
-        (_nested_mappings(bounded_yaml.MAX_DEPTH + 1), True),
-        ("[" * bounded_yaml.MAX_DEPTH + "]" * bounded_yaml.MAX_DEPTH, False),
-        ("[" * (bounded_yaml.MAX_DEPTH + 1) + "]" * (bounded_yaml.MAX_DEPTH + 1), True),
+        (_nested_mappings(bounded_yaml.MAX_DEPTH), None),
+        # The key at the 65th level is on line 64.
+        (_nested_mappings(bounded_yaml.MAX_DEPTH + 1), f"nested deeper than {bounded_yaml.MAX_DEPTH} levels (line {bounded_yaml.MAX_DEPTH})"),
+        ("[" * bounded_yaml.MAX_DEPTH + "]" * bounded_yaml.MAX_DEPTH, None),
+        ("[" * (bounded_yaml.MAX_DEPTH + 1) + "]" * (bounded_yaml.MAX_DEPTH + 1), f"nested deeper than {bounded_yaml.MAX_DEPTH} levels (line 1)"),
+        ("a: [x]\nb: " + "[" * bounded_yaml.MAX_DEPTH + "]" * bounded_yaml.MAX_DEPTH, f"nested deeper than {bounded_yaml.MAX_DEPTH} levels (line 2)"),
+        ("[" * 1001 + "]" * 1001, f"nested deeper than {bounded_yaml.MAX_DEPTH} levels (line 1)"),
     ],
-    ids=["block-at-the-bound", "block-one-past", "flow-at-the-bound", "flow-one-past"],
+    ids=["block-at-the-bound", "block-one-past", "flow-at-the-bound", "flow-one-past", "one-past-after-a-closed-sibling", "past-libyamls-own-bound"],
 )
 def test_nesting_is_refused_one_level_past_the_bound_and_accepted_at_it(text, refused):
     if refused:
-        with pytest.raises(bounded_yaml.YamlBoundError, match=f"nested deeper than {bounded_yaml.MAX_DEPTH} levels"):
+        with pytest.raises(bounded_yaml.YamlBoundError) as err:
             bounded_yaml.load(text)
+        assert str(err.value) == refused
     else:
         assert bounded_yaml.load(text) is not None
+
+
+def test_a_document_that_is_not_yaml_is_a_yaml_error_not_a_bound():
+    with pytest.raises(yaml.YAMLError):
+        bounded_yaml.load("a: [b")
 
 
 def test_a_stack_file_over_the_size_bound_is_refused_without_reading_it_all(tmp_path, monkeypatch):
