@@ -169,20 +169,6 @@ def test_a_run_leaves_the_sdk_and_the_collector_as_it_found_them():
     assert state() == before and before[4]
 
 
-@pytest.mark.parametrize("collecting, collections", [(True, [1]), (False, [])], ids=["collector-on", "collector-held-off"])
-def test_a_run_ends_with_a_young_collection_only_where_the_collector_was_on(monkeypatch, collecting, collections):
-    ran: list[int] = []
-    monkeypatch.setattr(gc, "collect", lambda generation=2: ran.append(generation) or 0)
-    was = gc.isenabled()
-    (gc.enable if collecting else gc.disable)()
-    try:
-        run_program(lambda: None, project="p", stack="s")
-        assert gc.isenabled() is collecting
-    finally:
-        (gc.enable if was else gc.disable)()
-    assert ran == collections
-
-
 @pytest.mark.parametrize(
     "name, type_, parent",
     [

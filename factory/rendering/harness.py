@@ -379,11 +379,8 @@ def _lean_sdk() -> Iterator[None]:
     futures, inputs and state) and almost no garbage cycles (a few thousand objects in a
     200-tenant render); collections during the run scanned the survivors once as young and once
     more in the middle generation, about a fifth of a render's CPU. Paused, they are scanned
-    once, by the collection of the young generations that ends the run; not at all where the
-    caller holds the collector off (a process that ends with the run, a render worker or a program
-    forked beside other work: nothing it would free outlives the process)."""
+    once, by the collection of the young generations that ends the run."""
     saved = rpc.contains_unknowns, sdk_resource._get_stack_trace, sdk_resource._resolve_depends_on_urns, sdk_resource.create_urn
-    collecting = gc.isenabled()
     rpc.contains_unknowns, sdk_resource._get_stack_trace = _contains_unknowns, _no_stack_trace
     sdk_resource._resolve_depends_on_urns, sdk_resource.create_urn = _depends_on_urns, _create_urn
     try:
@@ -391,8 +388,7 @@ def _lean_sdk() -> Iterator[None]:
             yield
     finally:
         rpc.contains_unknowns, sdk_resource._get_stack_trace, sdk_resource._resolve_depends_on_urns, sdk_resource.create_urn = saved
-        if collecting:
-            gc.collect(1)
+        gc.collect(1)
 
 
 def run_program(
