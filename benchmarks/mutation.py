@@ -8,9 +8,9 @@ Each mutant is one small change to one module (a flipped comparison, `any` for `
 removed, a return value replaced, a finding no longer yielded, a compared string changed...). For
 each, only the test files that exercise the module run (`pytest -x`); a failing run kills the
 mutant, a passing one lets it survive (passing means pytest finished its session: a mutant that
-ends the test process early, even with status 0, is killed). It prints the kill rate per module and every survivor
-(file:line, operator, before -> after); a survivor is a behaviour no test pins down, unless the
-change cannot alter any output (an equivalent mutant).
+ends the test process early, even with status 0, is killed). It prints the kill rate per module
+and every survivor (file:line, operator, before -> after); a survivor is a behaviour no test pins
+down, unless the change cannot alter any output (an equivalent mutant).
 
 No file is ever rewritten: the test process imports the mutated module from memory (an import
 hook installed by this file as a pytest plugin, `-p benchmarks.mutation`, reading

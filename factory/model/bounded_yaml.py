@@ -10,8 +10,9 @@ size are bounded too, so no input reaches Python's recursion limit or fills memo
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import yaml
 
@@ -39,7 +40,9 @@ _COLLECTION_ENDS = (yaml.SequenceEndEvent, yaml.MappingEndEvent)
 
 def _check_nesting(text: str) -> None:
     """Refuse a document nested deeper than `MAX_DEPTH` nodes from its event stream, before
-    anything composes it: libyaml's composer recurses in C, where no recursion limit stops it."""
+    anything composes it: PyYAML's own composer (where libyaml is missing) recurses in Python and
+    would reach the recursion limit first, and libyaml stops only at its own 1,000 levels; the
+    bound is reported as itself, at the line of the first node past it."""
     depth = 0  # collections open around the next node
     try:
         for event in yaml.parse(text, Loader=LOADER):
@@ -104,11 +107,8 @@ def load(text: str) -> Any:
     """One YAML document, safely, within the bounds above (`YamlBoundError`), or `yaml.YAMLError`."""
     if len(text) > MAX_FILE_BYTES:
         raise YamlBoundError(f"larger than {MAX_FILE_BYTES} bytes")
-    node, loader = _composed(text)
-    try:
+    with _composed(text) as (node, loader):
         return None if node is None else loader.construct_document(node)
-    finally:
-        loader.dispose()
 
 
 def read(path: Path) -> Any:
@@ -118,24 +118,23 @@ def read(path: Path) -> Any:
 
 def compose(path: Path) -> yaml.Node | None:
     """The node graph of a file (positions included), within the same bounds as `load`."""
-    node, loader = _composed(_read_text(path))
-    loader.dispose()
-    return node
+    with _composed(_read_text(path)) as (node, _):
+        return node
 
 
-def _composed(text: str) -> tuple[yaml.Node | None, yaml.SafeLoader]:
+@contextmanager
+def _composed(text: str) -> Iterator[tuple[yaml.Node | None, yaml.SafeLoader]]:
     """The node graph of one document within the depth and size bounds, and its loader (to
-    construct it, then dispose of)."""
+    construct it with), disposed of when the block ends."""
     _check_nesting(text)
     loader = LOADER(text)
     try:
         node = loader.get_single_node()
         if node is not None:
             expanded_size(node)
-    except BaseException:
+        yield node, loader
+    finally:
         loader.dispose()
-        raise
-    return node, loader
 
 
 def _read_text(path: Path) -> str:
