@@ -16,6 +16,7 @@ import pytest
 from pulumi.runtime import resource as sdk_resource
 from pulumi.runtime import rpc
 
+from ai_factory.factory.checking import parallel
 from ai_factory.factory.rendering import bundle, harness
 from ai_factory.factory.rendering.harness import DuplicateResourceError, RecordingMocks, RecordingMonitor, run_program
 from ai_factory.factory.model.loading import validate
@@ -167,6 +168,22 @@ def test_a_run_leaves_the_sdk_and_the_collector_as_it_found_them():
     with pytest.raises(RuntimeError, match="the program failed"):
         run_program(program, project="p", stack="s")
     assert state() == before and before[4]
+
+
+@pytest.mark.parametrize("forked", [False, True], ids=["in-this-process", "in-a-process-ending-with-it"])
+def test_a_run_ends_with_a_young_collection_unless_its_process_ends_with_the_run(monkeypatch, forked):
+    collections: list[int] = []
+    monkeypatch.setattr(gc, "collect", lambda generation=2: collections.append(generation))
+
+    def run() -> list[int]:
+        run_program(lambda: None, project="p", stack="s")
+        return collections
+
+    if forked:
+        with parallel.beside(run) as result:
+            assert result() == []
+    else:
+        assert run() == [1]
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,6 @@ here. `beside` forks one call (a cached render's program) beside other work of t
 
 from __future__ import annotations
 
-import gc
 import mmap
 import os
 import pickle
@@ -22,6 +21,8 @@ import traceback
 import warnings
 from contextlib import contextmanager
 from typing import Callable, Generic, Iterator, Sequence, TypeVar
+
+from ai_factory.factory.heap import ending_process
 
 Part = TypeVar("Part")
 Result = TypeVar("Result")
@@ -63,7 +64,7 @@ def beside(call: Callable[[], Result]) -> Iterator[Callable[[], Result | None]]:
     if pid == 0:  # the forked process: never returns into the caller's code
         try:
             os.close(read)
-            gc.disable()  # the process ends with the call: a collection would only delay its result
+            ending_process()
             try:
                 outcome = pickle.dumps(call(), protocol=pickle.HIGHEST_PROTOCOL)
             except BaseException:

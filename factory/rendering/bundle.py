@@ -46,7 +46,7 @@ import msgspec
 import yaml
 
 from ai_factory.factory.checking import parallel
-from ai_factory.factory.heap import no_cycle_collection, settled_heap
+from ai_factory.factory.heap import ending_process, no_cycle_collection, settled_heap
 from ai_factory.factory.model.bounded_yaml import LOADER
 from ai_factory.factory.model.catalog import MANIFESTS, ManifestSource, crd_groups
 from ai_factory.factory.model.config import FactoryConfig
@@ -760,9 +760,9 @@ def _worker() -> None:
     """A render worker's body: its share's arguments pickled on stdin, its resources on stdout."""
     result = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # whatever the program prints goes to stderr, never into the result
-    with no_cycle_collection():  # the process ends with its share: nothing to collect for
-        share = _tenant_share(*pickle.loads(sys.stdin.buffer.read()))
-        result.write(pickle.dumps(share))
+    ending_process()
+    share = _tenant_share(*pickle.loads(sys.stdin.buffer.read()))
+    result.write(pickle.dumps(share))
     result.close()
 
 

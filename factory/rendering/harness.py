@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import gc
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -28,7 +27,7 @@ from pulumi.runtime import rpc
 from pulumi.runtime.proto import resource_pb2, source_pb2
 from pulumi.runtime.sync_await import _ensure_event_loop, _sync_await
 
-from ai_factory.factory.heap import no_cycle_collection
+from ai_factory.factory.heap import collect_young, no_cycle_collection
 from ai_factory.factory.model.secrets import REDACTED
 
 COMPONENT_LAYER_KEY = "aiFactoryLayer"
@@ -388,7 +387,7 @@ def _lean_sdk() -> Iterator[None]:
             yield
     finally:
         rpc.contains_unknowns, sdk_resource._get_stack_trace, sdk_resource._resolve_depends_on_urns, sdk_resource.create_urn = saved
-        gc.collect(1)
+        collect_young()
 
 
 def run_program(
