@@ -40,7 +40,7 @@ from pulumi_policy.proxy import UnknownValueError
 
 from ai_factory.factory.checking.findings import Finding, is_tenant_local, tenant_local
 from ai_factory.factory.rendering.charts import CHART_ORIGIN
-from ai_factory.factory.rendering.harness import Graph, layers_and_tenants
+from ai_factory.factory.rendering.harness import Graph
 from ai_factory.factory.model.loading import project_dir
 from ai_factory.factory.checking.oracles import Oracles
 from ai_factory.factory.checking.unknowns import lazy_unknown_checking_proxy
@@ -104,8 +104,7 @@ def resources_from_graph(graph: Graph) -> tuple[list[PolicyResource], dict[str, 
     ]
     parents = {r.urn: r.parent_urn or None for r in graph.resources}
     dependencies = {r.urn: list(r.dependency_urns) for r in graph.resources}
-    scopes = layers_and_tenants(graph.resources)  # each ancestor read once for all its descendants
-    return _link(resources, parents, dependencies), {r.urn: scopes[r.key][1] for r in graph.resources}
+    return _link(resources, parents, dependencies), {r.urn: r.tenant for r in graph.resources}
 
 
 def _resource_types(obj: Mapping[str, Any]) -> tuple[str, str]:

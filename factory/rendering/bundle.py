@@ -51,7 +51,7 @@ from ai_factory.factory.model.bounded_yaml import LOADER
 from ai_factory.factory.model.catalog import MANIFESTS, ManifestSource, crd_groups
 from ai_factory.factory.model.config import FactoryConfig
 from ai_factory.factory.rendering.cache import Probe, Unit, UnitCache, write_entry
-from ai_factory.factory.rendering.harness import DuplicateResourceError, Graph, RecordingMocks, RecordingMonitor, Resource, layers_and_tenants, run_program
+from ai_factory.factory.rendering.harness import DuplicateResourceError, Graph, RecordingMocks, RecordingMonitor, Resource, run_program
 from ai_factory.factory.model.tenancy import TENANT_LABEL
 from ai_factory.factory.planning.from_config import plan_for
 from ai_factory.factory.planning.model import Plan
@@ -812,18 +812,16 @@ def from_graph(graph: Graph, cfg: FactoryConfig, finished: Mapping[str, list[tup
     worker finished them, with their file texts, by resource key: taken as they are, not built again."""
     manifests: list[Manifest] = []
     owned: dict[str, tuple[str, ...]] = {}
-    scopes = layers_and_tenants(graph.resources)
     finished = finished or {}
     stack = stack_of(graph)
     for resource in graph.resources:
-        layer, tenant = scopes[resource.key]
         if (groups := installed_crd_groups(resource)) is not None:
             owned[resource.key] = groups
         known = finished.get(resource.key)
         if known is None:
-            manifests += resource_manifests(resource, (layer, tenant), stack)
+            manifests += resource_manifests(resource, stack)
         else:
-            manifests += [Manifest(obj, layer, tenant, resource.key, text=text) for obj, text in known]
+            manifests += [Manifest(obj, resource.layer, resource.tenant, resource.key, text=text) for obj, text in known]
     staging = Staging(manifests, graph, owned)
     by_path: dict[str, Manifest] = {}
     for m in manifests:
@@ -837,25 +835,24 @@ def from_graph(graph: Graph, cfg: FactoryConfig, finished: Mapping[str, list[tup
         files.setdefault(by_path[path].origin, []).append(path)
     depends_on: dict[tuple[int, ...], list[str]] = {}
     inventory = sorted(
-        (inventory_entry(r, files.get(r.key), depends_on, scopes[r.key]) for r in graph.resources), key=lambda e: (e["layer"], e["type"], e["name"])
+        (inventory_entry(r, files.get(r.key), depends_on) for r in graph.resources), key=lambda e: (e["layer"], e["type"], e["name"])
     )
     return Rendered(cfg, cfg.kubernetes.version, [by_path[path] for path in sorted(by_path)], inventory, graph, kustomizations=kustomizations)
 
 
-def resource_manifests(resource: Resource, scope: tuple[str, str | None], stack: str) -> list[Manifest]:
+def resource_manifests(resource: Resource, stack: str) -> list[Manifest]:
     """The objects one resource puts in the bundle, labelled, as they are written (each file's
-    text is theirs alone: their resource, its `layer` and `tenant` scope and the stack)."""
-    layer, tenant = scope
+    text is theirs alone: their resource, its layer and tenant and the stack)."""
     made: list[Manifest] = []
     if resource.type in HELM_RELEASE_TYPES:
         made = helm_release_manifests(resource)
     elif resource.type == CONFIG_FILE_TYPE and (pin := manifest_pin(resource.inputs.get("file"))) is not None:
-        made = [Manifest(remote_manifest(pin), layer, tenant, resource.key)]
+        made = [Manifest(remote_manifest(pin), resource.layer, resource.tenant, resource.key)]
     elif resource.type.startswith("kubernetes:") and not resource.type.startswith(NON_OBJECT_TYPES):
         obj = kubernetes_object(resource)
         if resource.secret_paths:
             _mark_redacted(obj)
-        made = [Manifest(obj, layer, tenant, resource.key)]
+        made = [Manifest(obj, resource.layer, resource.tenant, resource.key)]
     for m in made if resource.retain_on_delete else ():
         m.obj.setdefault("metadata", {}).setdefault("annotations", {}).update(KEEP_ANNOTATIONS)
     for m in made:
@@ -876,10 +873,9 @@ def finished_objects(resources: list[Resource], stack: str) -> dict[str, list[tu
     """The finished objects of `resources` (linked to their parents: a scope is found through
     them) with their file texts, by resource key, as `from_graph` takes them: what a render
     worker finishes of its share, and the main process of its own while it waits."""
-    scopes = layers_and_tenants(resources)
     finished: dict[str, list[tuple[dict[str, Any], str]]] = {}
     for resource in resources:
-        if made := resource_manifests(resource, scopes[resource.key], stack):
+        if made := resource_manifests(resource, stack):
             finished[resource.key] = [(m.obj, m.yaml()) for m in made]
     return finished
 
@@ -1246,14 +1242,12 @@ def inventory_entry(
     resource: Resource,
     files: list[str] | None = None,
     depends_on: dict[tuple[int, ...], list[str]] | None = None,
-    scope: tuple[str, str | None] | None = None,
 ) -> dict[str, Any]:
     """`bundle`: the files the resource is written to; for what the program configures live
     through a provider (Keycloak groups and clients, OpenBao policies and roles) `NOT_IN_BUNDLE`;
     null for components and providers, which deploy nothing themselves. `depends_on`: the sorted
     keys of dependency lists already seen (by the resources' identities), as every tenant stack
-    depends on the same layers. `scope`: its layer and tenant, when known (`harness.layers_and_tenants`)."""
-    layer, tenant = scope if scope is not None else (resource.layer, resource.tenant)
+    depends on the same layers."""
     if files:
         bundle: list[str] | str | None = sorted(files)
     elif resource.custom and not resource.type.startswith("pulumi:providers:"):
@@ -1265,8 +1259,8 @@ def inventory_entry(
         "type": resource.type,
         "name": resource.name,
         "parent": resource.parent.key if resource.parent else None,
-        "layer": layer,
-        "tenant": tenant,
+        "layer": resource.layer,
+        "tenant": resource.tenant,
         "custom": resource.custom,
         "protect": resource.protect,
         "retainOnDelete": resource.retain_on_delete,

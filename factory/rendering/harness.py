@@ -69,29 +69,22 @@ class Resource:
             yield node
             node = node.parent
 
-    @property
+    # The layer and tenant: the nearest one its component or an ancestor names. Read for every
+    # resource in most passes over a render (the bundle, the check's parts, views and digests):
+    # each made once, from its parent's, itself made once. Read once the graph is linked; linking
+    # again (a merge) gives each resource the parent it had.
+
+    @functools.cached_property
     def layer(self) -> str:
-        return next((a.inputs[COMPONENT_LAYER_KEY] for a in [self, *self.ancestors()] if COMPONENT_LAYER_KEY in a.inputs), "platform")
+        if COMPONENT_LAYER_KEY in self.inputs:
+            return self.inputs[COMPONENT_LAYER_KEY]
+        return self.parent.layer if self.parent is not None else "platform"
 
-    @property
+    @functools.cached_property
     def tenant(self) -> str | None:
-        return next((a.inputs[COMPONENT_TENANT_KEY] for a in [self, *self.ancestors()] if COMPONENT_TENANT_KEY in a.inputs), None)
-
-
-def layers_and_tenants(resources: list[Resource]) -> dict[str, tuple[str, str | None]]:
-    """Each resource's `layer` and `tenant` (`Resource.layer`, `Resource.tenant`) by key, each
-    component's found once (not again for each resource under it)."""
-    found: dict[str, tuple[str, str | None]] = {}
-    for resource in resources:
-        unknown, node = [], resource
-        while node is not None and node.key not in found:
-            unknown.append(node)
-            node = node.parent
-        layer, tenant = found[node.key] if node is not None else ("platform", None)
-        for node in reversed(unknown):
-            layer, tenant = node.inputs.get(COMPONENT_LAYER_KEY, layer), node.inputs.get(COMPONENT_TENANT_KEY, tenant)
-            found[node.key] = (layer, tenant)
-    return found
+        if COMPONENT_TENANT_KEY in self.inputs:
+            return self.inputs[COMPONENT_TENANT_KEY]
+        return self.parent.tenant if self.parent is not None else None
 
 
 class DuplicateResourceError(Exception):
