@@ -725,6 +725,13 @@ def test_gpu_placement_flags_nodes_that_mix_tenants(node, expected):
     assert findings(isolation.gpu_placement, *objs) == [f"gpu-placement: Node/n: {e}" for e in expected]
 
 
+def test_gpu_placement_compares_a_trust_domain_label_that_is_no_string_as_it_is():
+    # Malformed (the schema check reports it), yet still the same domain on the namespace and the node.
+    objs = (tenant_ns("c", trust="low", domain=["x"]), B_PLACED, gpu_node("n", {TD: ["x"], "ai-factory.io/hami": "enabled"}))
+    placed = [f for f in findings(isolation.gpu_placement, *objs) if f.startswith("gpu-placement: Node/n:")]
+    assert placed == ["gpu-placement: Node/n: untrusted tenant c is placed on a shared-GPU node (MIG, HAMi or time-slicing) [tenants: c]"]
+
+
 SUBJECTS = "rbac-subjects:"
 
 

@@ -23,7 +23,7 @@ import ipaddress
 import json
 from fnmatch import fnmatchcase
 from dataclasses import dataclass
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from typing import Any, Callable, Iterable, Iterator
 
 import yaml
@@ -169,6 +169,12 @@ class View:
                     tenant, m.name, labels.get(TRUST_LABEL, ""), labels.get(TRUST_DOMAIN_LABEL, tenant), m
                 )
         self._namespaces = LabelIndex(self.namespace_labels, self.namespace_labels.__getitem__)
+        # By trust domain once: `tenants_of_domain` is asked about every node's domain.
+        by_domain: dict[str, set[str]] = {}
+        for t in self.tenant_namespaces.values():
+            if isinstance(t.trust_domain, Hashable):
+                by_domain.setdefault(t.trust_domain, set()).add(t.tenant)
+        self._domain_tenants = {domain: sorted(tenants) for domain, tenants in by_domain.items()}
         self.owners: dict[Subject, set[str]] = {}
         self.unreadable_owners: list[TenantNamespace] = []
         for t in self.tenant_namespaces.values():
@@ -213,6 +219,9 @@ class View:
         return self.tenant_namespaces.get(namespace or "")
 
     def tenants_of_domain(self, domain: str) -> list[str]:
+        if isinstance(domain, Hashable):
+            return list(self._domain_tenants.get(domain, ()))
+        # A label value that is no string (malformed, as the schema check reports): compared with each.
         return sorted({t.tenant for t in self.tenant_namespaces.values() if t.trust_domain == domain})
 
     def subject_tenants(self, subject: Subject) -> set[str]:
