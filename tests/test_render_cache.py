@@ -69,6 +69,15 @@ def test_a_cached_render_in_worker_processes_stores_what_the_serial_one_stores(t
     assert stored == {p.relative_to(seeded[0]): p.read_bytes() for p in (seeded[0] / "units").rglob("*.json")}
 
 
+def test_finished_objects_are_every_resources_objects_as_the_bundle_writes_them(three_tenants):
+    _, _, cold = three_tenants
+    finished = bundle.finished_objects(cold.graph.resources, bundle.stack_of(cold.graph))
+    written: dict[str, list] = {}
+    for m in sorted(cold.manifests, key=lambda m: m.origin):
+        written.setdefault(m.origin, []).append((m.obj, m.yaml()))
+    assert {key: sorted(made, key=lambda o: o[1]) for key, made in finished.items()} == {key: sorted(made, key=lambda o: o[1]) for key, made in written.items()}
+
+
 def test_a_change_to_one_tenant_renders_that_tenant_again_only(three_tenants, seeded, tmp_path):
     raw, secret_sections, _ = three_tenants
     seeded_copy(seeded, tmp_path)
