@@ -13,6 +13,7 @@ import sys
 from typing import Any
 
 import jsonschema
+import pulumi
 import pulumi_kubernetes as k8s
 import pulumi_policy
 import pytest
@@ -28,6 +29,7 @@ from ai_factory.factory.checking import policies as policy_check
 from ai_factory.factory.checking.check import CHECKS
 from ai_factory.factory.checking.policies import OfflineOptions, policy_config, resources_from_graph, run_policies
 from ai_factory.factory.rendering.bundle import load_rendered, render_env
+from ai_factory.factory.rendering.harness import Graph
 from ai_factory.policies.aif_policies import PACK_NAME, POLICIES
 from tests.fleet_env import one_cluster
 from tests.conftest import REPO
@@ -124,6 +126,34 @@ def test_pack_and_offline_run_report_the_same_policies_and_messages():
         "no-gpu-escape-variables", "images-pinned", "no-plaintext-secrets", "charts-pinned", "stateful-resources-protected",
     }
     assert pack_diagnostics(graph) == offline
+
+
+def linked_stack():
+    platform = pulumi.ComponentResource("ai-factory:index:Platform", "platform")
+    ns = k8s.core.v1.Namespace("tenant-a", metadata={"name": "tenant-a"}, opts=pulumi.ResourceOptions(parent=platform))
+    k8s.core.v1.ConfigMap("settings", metadata={"name": "settings", "namespace": "tenant-a"}, opts=pulumi.ResourceOptions(parent=platform, depends_on=[ns]))
+    k8s.core.v1.ConfigMap("after-all", metadata={"name": "after-all", "namespace": "tenant-a"}, opts=pulumi.ResourceOptions(depends_on=[platform]))
+
+
+def links(resources) -> dict[str, tuple[str | None, list[str]]]:
+    return {r.urn: (r.parent.urn if r.parent else None, sorted(d.urn for d in r.dependencies)) for r in resources}
+
+
+@pytest.mark.parametrize("part", [False, True], ids=["whole", "a-part-without-the-namespace"])
+def test_the_offline_run_links_each_resource_to_its_parent_and_dependencies_as_the_engine_does(part):
+    graph = stack(linked_stack)
+    if part:  # as a check's part: links into the rest of the render, which the engine would not see, left out
+        graph = Graph.subset([r for r in graph.resources if r.type != "kubernetes:core/v1:Namespace"])
+    seen = []
+    policy = pulumi_policy.StackValidationPolicy(name="links", description="links", validate=lambda args, report: seen.append(links(args.resources)))
+    request = analyzer_pb2.AnalyzeStackRequest(resources=[
+        analyzer_pb2.AnalyzerResource(type=r.type, properties=_struct(r.inputs), urn=r.urn, name=r.name, parent=r.parent_urn, dependencies=r.dependency_urns)
+        for r in graph.resources
+    ])
+    _PolicyAnalyzerServicer(PACK_NAME, "0.1.0", [policy], EnforcementLevel.MANDATORY).AnalyzeStack(request, None)
+    offline = links(resources_from_graph(graph)[0])
+    assert offline == seen[0]
+    assert any(parent for parent, _ in offline.values()) and any(dependencies for _, dependencies in offline.values())
 
 
 def test_a_value_unknown_during_preview_is_not_guessed():
