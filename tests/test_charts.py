@@ -254,15 +254,24 @@ def test_charts_render_with_the_apis_the_bundles_crds_serve(dev, chart_env):
     """HAMi's device-plugin ServiceMonitor exists only where the cluster serves
     monitoring.coreos.com/v1/ServiceMonitor: the dev bundle installs that CRD (the metrics layer)."""
     releases = charts.releases_of(dev)[0]
-    template = lambda rs, api_versions=(): charts.template_all(rs, chart_env.charts_dir, chart_env.helm, dev.kubernetes_version, chart_env.store, api_versions=api_versions)
-    served = charts.served_api_versions(template(releases))
-    assert "monitoring.coreos.com/v1/ServiceMonitor" in served
     hami = next(r for r in releases if r.pin.name == "hami")
     spec = {**hami.manifest.obj["spec"], "values": {**hami.values, "prometheus": {"enabled": True}}}
     scraped = charts.Release(dataclasses.replace(hami.manifest, obj={**hami.manifest.obj, "spec": spec}), hami.pin)
 
-    def monitors(api_versions):
-        return [d for out in template([scraped], api_versions) for d in out.documents if d.get("kind") == "ServiceMonitor"]
+    def monitors(outputs):
+        return [d for out in outputs if out.release == scraped for d in out.documents if d.get("kind") == "ServiceMonitor"]
 
-    assert not monitors(())
-    assert monitors(served)
+    alone = charts.template_all([scraped], chart_env.charts_dir, chart_env.helm, dev.kubernetes_version, chart_env.store)
+    assert not monitors(alone)
+    in_cluster = charts.template_in_cluster([*releases, scraped], chart_env.charts_dir, chart_env.helm, dev.kubernetes_version, chart_env.store)
+    assert monitors(in_cluster)
+
+
+def test_charts_in_cluster_are_rendered_as_a_second_pass_with_the_served_apis_renders_them(dev, chart_env):
+    """Only the charts reading `.Capabilities.APIVersions` are rendered again: the others' first
+    render is the one a full second pass would give."""
+    releases = charts.releases_of(dev)[0]
+    template = lambda api_versions=(): charts.template_all(releases, chart_env.charts_dir, chart_env.helm, dev.kubernetes_version, chart_env.store, api_versions=api_versions)
+    assert charts.template_in_cluster(releases, chart_env.charts_dir, chart_env.helm, dev.kubernetes_version, chart_env.store) == template(
+        charts.served_api_versions(template())
+    )

@@ -320,6 +320,26 @@ def template_all(
         return list(pool.map(one, present))
 
 
+def template_in_cluster(
+    releases: list[Release],
+    charts_dir: Path,
+    helm: str,
+    kubernetes_version: str,
+    store: Path | None = None,
+    on_chart: Callable[[], None] | None = None,
+) -> list[ChartOutput]:
+    """`template_all` as helm-controller renders the releases once the bundle is applied: the
+    charts that read `.Capabilities.APIVersions` rendered again with the APIs the charts' CRDs serve
+    (`served_api_versions`). The others' first render is already theirs: a second pass only read
+    their stored outputs again (half a second at 1,000 tenants, a vCluster chart each)."""
+    first = template_all(releases, charts_dir, helm, kubernetes_version, store, on_chart=on_chart)
+    readers = {chart for chart in {out.chart for out in first} if reads_api_versions(chart.read_bytes())}
+    again = iter(
+        template_all([out.release for out in first if out.chart in readers], charts_dir, helm, kubernetes_version, store, api_versions=served_api_versions(first))
+    )
+    return [next(again) if out.chart in readers else out for out in first]
+
+
 def _template(helm: str, release: Release, chart: Path, kubernetes_version: str, api_versions: tuple[str, ...]) -> dict[str, Any]:
     with tempfile.NamedTemporaryFile("w", suffix=".json") as values:
         json.dump(release.values, values)
