@@ -181,6 +181,14 @@ def test_the_units_of_a_render_by_another_library_are_not_read_ahead(seeded, tmp
     assert units._prefetched == {}
 
 
+def test_a_stack_rendered_by_another_library_counts_as_never_rendered(seeded, tmp_path, monkeypatch):
+    """Its next render builds every unit: in the worker processes, as a first render."""
+    directory = seeded_copy(seeded, tmp_path)
+    assert render_cache.UnitCache(directory, "ai-factory.dev").seen
+    monkeypatch.setattr(render_cache, "library_digest", lambda: "another library")
+    assert not render_cache.UnitCache(directory, "ai-factory.dev").seen
+
+
 def planning(directory, raw, previous=None):
     """The plan the cache in `directory` gives for the config `raw` after `previous`, and whether it planned."""
     cfg, planned = validate(raw), []
