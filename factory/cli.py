@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from ai_factory.factory.model.loading import ConfigError, read_stack_file, stack_file, stack_name
+from ai_factory.factory.model.loading import ConfigError, StackEnvironment, read_environment, read_stack_file, stack_file, stack_name
 
 EXIT_FINDINGS = 1
 EXIT_CONFIG = 2
@@ -496,15 +496,14 @@ def _charts(args: argparse.Namespace) -> int:
     return EXIT_FINDINGS if any(": failed:" in line for line in lines) else 0
 
 
-def refuse_outside_matrix(env: str, stack: Path) -> None:
+def refuse_outside_matrix(environment: StackEnvironment) -> None:
     """`check` refuses an environment whose pins are outside its matrix version (see
     `ai_factory.factory.model.matrix`), with every such pin and its path."""
-    from ai_factory.factory.model.loading import load_stack_file
     from ai_factory.factory.model.matrix import matrix_problems
 
-    problems = matrix_problems(load_stack_file(env))
+    problems = matrix_problems(environment.cfg)
     if problems:
-        raise ConfigError(problems, source=str(stack))
+        raise ConfigError(problems, source=str(environment.path))
 
 
 def _check(target: str, upstream: Path | None, charts_dir: Path | None, quiet: bool, fmt: str = "text", cache: Path | None = None) -> int:
@@ -529,13 +528,13 @@ def _check(target: str, upstream: Path | None, charts_dir: Path | None, quiet: b
     stack = None if path.is_dir() else stack_file(target)
     with Steps(quiet) as steps:
         try:
-            if stack is not None:
-                refuse_outside_matrix(target, stack)
             if path.is_dir():
                 steps.step("reading the rendered directory")
                 renders = {"": load_rendered(path)}
             else:
-                renders = render_clusters(target, on_resource=steps.step("rendering: resources"), cache=cache)
+                environment = read_environment(target)
+                refuse_outside_matrix(environment)
+                renders = render_clusters(environment, on_resource=steps.step("rendering: resources"), cache=cache)
         except ConfigError as err:
             if fmt == "text":
                 raise
@@ -549,9 +548,8 @@ def _check(target: str, upstream: Path | None, charts_dir: Path | None, quiet: b
     per_cluster = {c: [replace(f, ref=f"{c}: {f.ref}") if multi else f for f in r.findings] for c, r in reports.items()}
     if multi:
         from ai_factory.factory.checking.fleet import fleet_findings
-        from ai_factory.factory.model.loading import load_stack_file
 
-        per_cluster[""] = fleet_findings(load_stack_file(target), renders)
+        per_cluster[""] = fleet_findings(environment.cfg, renders)
     report = Report(
         findings=[f for found in per_cluster.values() for f in found],
         objects=sum(r.objects for r in reports.values()),

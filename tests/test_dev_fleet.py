@@ -63,3 +63,16 @@ def test_dev_checks_clean_on_both_clusters(oracles, chart_env, capsys):
     out = capsys.readouterr().out
     assert status == 0, out
     assert "0 finding(s), 0 check families not run" in out
+
+
+def test_a_check_reads_and_validates_its_stack_file_once(oracles, chart_env, monkeypatch):
+    """The matrix refusal, both clusters' renders and the fleet findings share one read (a
+    1,000-tenant stack file costs a third of a second to read and validate)."""
+    from ai_factory.factory.model import loading
+
+    reads = []
+    read_stack_file = loading.read_stack_file
+    monkeypatch.setattr(loading, "read_stack_file", lambda path, *args, **kwargs: reads.append(path.name) or read_stack_file(path, *args, **kwargs))
+    args = ["--project-dir", str(REPO), "check", "dev", "-q", "--upstream", str(oracles.root), "--charts", str(chart_env.charts_dir)]
+    assert main(args) == 0
+    assert reads == ["Pulumi.dev.yaml"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import types
 import typing
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -286,10 +287,26 @@ def _check_secure_values(document: dict[str, Any], secure: dict[str, Any], decry
     return problems
 
 
-def load_stack_file(env: str, directory: Path | None = None) -> FactoryConfig:
+@dataclass(frozen=True)
+class StackEnvironment:
+    """A stack file read and validated once, for a tool that needs both its raw sections (a
+    render) and its configuration (a check's refusals and fleet findings)."""
+
+    path: Path
+    raw: dict[str, Any]
+    secret_sections: set[str]
+    """The sections holding a secret (`read_stack_file`)."""
+    cfg: FactoryConfig
+
+
+def read_environment(env: str, directory: Path | None = None) -> StackEnvironment:
     path = stack_file(env, directory)
-    raw, _ = read_stack_file(path)
-    return validate(environment_raw(raw, stack_name(path), path.resolve().parent), source=str(path))
+    raw, secret_sections = read_stack_file(path)
+    return StackEnvironment(path, raw, secret_sections, validate(environment_raw(raw, stack_name(path), path.resolve().parent), source=str(path)))
+
+
+def load_stack_file(env: str, directory: Path | None = None) -> FactoryConfig:
+    return read_environment(env, directory).cfg
 
 
 def load_pulumi_config(offboarded: frozenset[str] = frozenset()) -> FactoryConfig:

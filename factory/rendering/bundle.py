@@ -55,7 +55,7 @@ from ai_factory.factory.rendering.harness import DuplicateResourceError, Graph, 
 from ai_factory.factory.model.tenancy import TENANT_LABEL
 from ai_factory.factory.planning.from_config import plan_for
 from ai_factory.factory.planning.model import Plan
-from ai_factory.factory.model.loading import environment_raw, read_stack_file, stack_file, stack_name, stack_project, validate
+from ai_factory.factory.model.loading import StackEnvironment, environment_raw, read_environment, stack_name, stack_project, validate
 
 FLUX_INTERVAL = "1h"
 FLUX_RETRY_INTERVAL = "2m"
@@ -500,18 +500,23 @@ def render_env(env: str, on_resource: Callable[[], None] | None = None, cache: P
     `env` is an environment name (`Pulumi.<env>.yaml` of the project) or a stack file's path;
     `on_resource` is called once per resource the program registers (progress); `cache`: the
     render cache directory (see `render_raw`)."""
-    path = stack_file(env)
-    raw, secret_sections = read_stack_file(path)
     # The program adds the registered tenants itself, as under `pulumi up`; validated with them here.
-    cfg = validate(environment_raw(raw, stack_name(path), path.resolve().parent), source=str(path))
-    return _render_stack(path, raw, secret_sections, cfg, on_resource, cache)
+    return _render_stack(read_environment(env), on_resource, cache)
 
 
-def _render_stack(path: Path, raw: dict[str, Any], secret_sections: set[str], cfg: FactoryConfig, on_resource: Callable[[], None] | None, cache: Path | None) -> Rendered:
-    """`render_env` of a stack file already read (`raw`) and validated (`cfg`)."""
-    refuse_whole_fleet(cfg, str(path))
-    plan_for(cfg)  # demands that do not fit are reported here, before anything is registered
-    return render_raw(raw, secret_sections, cfg, stack=stack_name(path), project=stack_project(path), on_resource=on_resource, cache=cache)
+def _render_stack(environment: StackEnvironment, on_resource: Callable[[], None] | None, cache: Path | None) -> Rendered:
+    """`render_env` of a stack file already read and validated."""
+    refuse_whole_fleet(environment.cfg, str(environment.path))
+    plan_for(environment.cfg)  # demands that do not fit are reported here, before anything is registered
+    return render_raw(
+        environment.raw,
+        environment.secret_sections,
+        environment.cfg,
+        stack=stack_name(environment.path),
+        project=stack_project(environment.path),
+        on_resource=on_resource,
+        cache=cache,
+    )
 
 
 def refuse_whole_fleet(cfg: FactoryConfig, source: str) -> None:
@@ -532,17 +537,17 @@ def cluster_stack(env: str, cluster: str) -> str:
     return f"{env}-{cluster}"
 
 
-def render_clusters(env: str, on_resource: Callable[[], None] | None = None, cache: Path | None = None) -> dict[str, Rendered]:
+def render_clusters(env: str | StackEnvironment, on_resource: Callable[[], None] | None = None, cache: Path | None = None) -> dict[str, Rendered]:
     """Every cluster of the environment rendered as its own stack renders it (`kubernetes.cluster`
     set, the stack `<env>-<cluster>`), by cluster name in the sites' order. An environment that
-    declares no cluster is one render, keyed by its name."""
+    declares no cluster is one render, keyed by its name. `env`: its name or stack file's path, or
+    the environment already read (`read_environment`)."""
     from ai_factory.factory.model.clusters import clusters
 
-    path = stack_file(env)
-    raw, secret_sections = read_stack_file(path)
-    cfg = validate(environment_raw(raw, stack_name(path), path.resolve().parent), source=str(path))
+    environment = env if isinstance(env, StackEnvironment) else read_environment(env)
+    path, raw, cfg = environment.path, environment.raw, environment.cfg
     if not clusters(cfg):
-        return {stack_name(path): _render_stack(path, raw, secret_sections, cfg, on_resource, cache)}
+        return {stack_name(path): _render_stack(environment, on_resource, cache)}
     renders = {}
     for placed in clusters(cfg):
         cluster_raw = {**raw, "kubernetes": {**(raw.get("kubernetes") or {}), "cluster": placed.name}}
@@ -550,7 +555,7 @@ def render_clusters(env: str, on_resource: Callable[[], None] | None = None, cac
         plan_for(view)
         renders[placed.name] = render_raw(
             cluster_raw,
-            secret_sections,
+            environment.secret_sections,
             view,
             stack=cluster_stack(stack_name(path), placed.name),
             project=stack_project(path),
