@@ -1,6 +1,4 @@
-import sys
-
-from ai_factory.factory.cli import main
+from ai_factory.factory.cli import run
 
 if __name__ == "__main__":  # not when a render's worker process imports the parent's main module
-    sys.exit(main())
+    run()

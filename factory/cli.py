@@ -24,6 +24,20 @@ REPORT_WIDTH = 200
 """Columns of the printed plan when stdout is not a terminal (a terminal's own width otherwise)."""
 
 
+def run() -> None:
+    """The `ai-factory` command (and `python -m ai_factory.factory`): `main`, then the process ends
+    without the interpreter's teardown, as mypy's does. The teardown freed what the command built
+    one object at a time, with collections over it: 1.7 s after a 1,000-tenant check, a fifth of
+    the command. By then every file is written and closed; what it printed is flushed here."""
+    status = main()
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        status = reader_gone()
+    sys.stderr.flush()
+    os._exit(status)
+
+
 def main(argv: list[str] | None = None) -> int:
     from ai_factory.factory.planning.report import columns_help
 

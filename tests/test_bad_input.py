@@ -328,6 +328,15 @@ def _dev_plaintexts() -> list[str]:
 # --------------------------------------------------------------------------- output
 
 
+def test_the_command_ends_with_its_status_and_everything_it_printed():
+    """`ai-factory` ends its process without the interpreter's teardown (`cli.run`): what the command
+    printed to a pipe after its last flush still arrives, and its status is the process's."""
+    program = "from ai_factory.factory import cli; cli.main = lambda: print('findings', flush=False) or 3; cli.run()"
+    buffered = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    done = subprocess.run([sys.executable, "-c", program], cwd=REPO, capture_output=True, text=True, timeout=60, env=buffered)
+    assert (done.returncode, done.stdout) == (3, "findings\n"), done.stderr
+
+
 @pytest.mark.parametrize("command", ["plan", "render"])
 def test_a_reader_that_leaves_early_ends_no_command_in_a_traceback(tmp_path, command):
     out = tmp_path / ("plan.json" if command == "plan" else "out")
