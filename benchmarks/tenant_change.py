@@ -8,6 +8,12 @@ machine's load average.
     python benchmarks/tenant_change.py 200        # another size
     python benchmarks/tenant_change.py 200 --verify   # also a cold render of the changed
                                                       # environment, compared byte for byte
+    python benchmarks/tenant_change.py 1000 --cli     # also the review through the CLI
+
+With `--cli`, the same review as a user runs it: the environment written as a stack file of a
+scratch project, then `ai-factory render` and `ai-factory check` (charts rendered by helm when
+the chart cache and helm are there), cold and after the change, each command's wall seconds
+and peak RSS (its own process; render workers apart) printed.
 
 Each step runs in a fresh process (its peak RSS is its own; workers apart). The render's
 workers and the check's (forked, sharing the process's memory until they write it) show their CPU
@@ -23,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -85,6 +92,84 @@ def step(tenants: int, changed: bool, cache: str | None, out: str | None, tree: 
     }
 
 
+def stack_file_text(raw: dict) -> str:
+    """`raw` as a stack file of this project: dev's, its secrets (`secure:` ciphertexts of the dev
+    passphrase) kept where the generated environment keeps them."""
+    import yaml
+
+    from ai_factory.factory.model.secrets import SecretValue
+
+    document = yaml.safe_load((REPO / "Pulumi.dev.yaml").read_text())
+    ciphertexts: dict[str, str] = {}
+
+    def collect(value, path: str) -> None:
+        if isinstance(value, dict):
+            if set(value) == {"secure"}:
+                ciphertexts[path] = value["secure"]
+            for key, child in value.items():
+                collect(child, f"{path}.{key}")
+        elif isinstance(value, list):
+            for index, child in enumerate(value):
+                collect(child, f"{path}[{index}]")
+
+    def restore(value):
+        if isinstance(value, SecretValue):
+            return {"secure": ciphertexts[value.reveal().partition(":")[2]]}
+        if isinstance(value, dict):
+            return {key: restore(child) for key, child in value.items()}
+        if isinstance(value, list):
+            return [restore(child) for child in value]
+        return value
+
+    project = "ai-factory:"
+    for key, value in document["config"].items():
+        if key.startswith(project):
+            collect(value, key.removeprefix(project))
+    others = {key: value for key, value in document["config"].items() if not key.startswith(project)}
+    document["config"] = {**others, **{project + section: restore(value) for section, value in raw.items()}}
+    return yaml.dump(document, Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper), sort_keys=False)
+
+
+def command(project: Path, name: str, cache: Path) -> dict:
+    """`ai-factory <name> bench` in `project`: its wall seconds, peak RSS and exit status."""
+    from ai_factory.factory.checking.oracles import locate_upstream_dir
+    from ai_factory.factory.rendering.charts import locate_chart_dir
+
+    environment = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    environment["FACTORY_CACHE_DIR"] = str(cache)
+    for variable, found in (("FACTORY_UPSTREAM_DIR", locate_upstream_dir()), ("FACTORY_CHARTS_DIR", locate_chart_dir(None))):
+        if found is not None:
+            environment[variable] = str(found)  # as the repository's own checks find them
+    with tempfile.TemporaryFile() as errors:
+        started = time.perf_counter()
+        process = subprocess.Popen([sys.executable, "-m", "ai_factory.factory", name, "bench", "-q"], cwd=project, env=environment, stdout=subprocess.DEVNULL, stderr=errors)
+        _, status, usage = os.wait4(process.pid, 0)
+        wall = time.perf_counter() - started
+        errors.seek(0)
+        message = errors.read().decode(errors="replace")
+    status = os.waitstatus_to_exitcode(status)
+    if status not in (0, 3):  # 3: clean, but a check family could not run (no helm or chart cache)
+        raise RuntimeError(f"ai-factory {name} bench exited {status}:\n{message[-4000:]}")
+    return {"wall_s": round(wall, 2), "peak_rss_mib": round(usage.ru_maxrss / 1024), "complete": status == 0}
+
+
+def cli_review(tenants: int) -> None:
+    print("\nas a user runs it (`ai-factory render` then `check`, each its own process):")
+    print(f"{'step':<28} {'render s':>8} {'peak MiB':>8} {'check s':>7} {'peak MiB':>8} {'render+check s':>14}")
+    with tempfile.TemporaryDirectory() as scratch:
+        project, cache = Path(scratch) / "project", Path(scratch) / "cache"
+        project.mkdir()
+        shutil.copy(REPO / "Pulumi.yaml", project)
+        for label, changed in (("cold (empty cache)", False), ("one tenant changed (cached)", True)):
+            (project / "Pulumi.bench.yaml").write_text(stack_file_text(environment(tenants, changed)[0]))
+            render, check = command(project, "render", cache), command(project, "check", cache)
+            incomplete = "" if check["complete"] else "  (check incomplete: no helm or chart cache)"
+            print(
+                f"{label:<28} {render['wall_s']:>8} {render['peak_rss_mib']:>8} {check['wall_s']:>7} {check['peak_rss_mib']:>8} "
+                f"{round(render['wall_s'] + check['wall_s'], 2):>14}{incomplete}"
+            )
+
+
 def units_built(cache: Path, before: dict[str, str]) -> list[str]:
     after = json.loads((cache / "stacks" / "ai-factory.bench.json").read_text())["units"]
     return sorted(u for u, key in after.items() if before.get(u) != key)
@@ -132,6 +217,8 @@ def main(argv: list[str]) -> None:
         if "--verify" in argv:
             same = (Path(scratch) / "changed.json").read_text() == (Path(scratch) / "reference.json").read_text()
             print(f"cached render of the change is the cold one byte for byte: {same}")
+    if "--cli" in argv:
+        cli_review(tenants)
     print(f"load average after: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
 
 
