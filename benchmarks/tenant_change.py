@@ -97,34 +97,26 @@ def stack_file_text(raw: dict) -> str:
     passphrase) kept where the generated environment keeps them."""
     import yaml
 
-    from ai_factory.factory.model.secrets import SecretValue
+    from ai_factory.factory.model.loading import _replace_secure
+    from ai_factory.factory.model.secrets import SecretValue, offline_placeholder
 
     document = yaml.safe_load((REPO / "Pulumi.dev.yaml").read_text())
-    ciphertexts: dict[str, str] = {}
-
-    def collect(value, path: str) -> None:
-        if isinstance(value, dict):
-            if set(value) == {"secure"}:
-                ciphertexts[path] = value["secure"]
-            for key, child in value.items():
-                collect(child, f"{path}.{key}")
-        elif isinstance(value, list):
-            for index, child in enumerate(value):
-                collect(child, f"{path}[{index}]")
+    project = "ai-factory:"
+    ciphertexts: dict[str, str] = {}  # by config path, as the stack file reader finds them
+    for key, value in document["config"].items():
+        if key.startswith(project):
+            _replace_secure(value, key.removeprefix(project), ciphertexts)
+    secure = {offline_placeholder(path): {"secure": ciphertext} for path, ciphertext in ciphertexts.items()}
 
     def restore(value):
         if isinstance(value, SecretValue):
-            return {"secure": ciphertexts[value.reveal().partition(":")[2]]}
+            return secure[value]
         if isinstance(value, dict):
             return {key: restore(child) for key, child in value.items()}
         if isinstance(value, list):
             return [restore(child) for child in value]
         return value
 
-    project = "ai-factory:"
-    for key, value in document["config"].items():
-        if key.startswith(project):
-            collect(value, key.removeprefix(project))
     others = {key: value for key, value in document["config"].items() if not key.startswith(project)}
     document["config"] = {**others, **{project + section: restore(value) for section, value in raw.items()}}
     return yaml.dump(document, Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper), sort_keys=False)
