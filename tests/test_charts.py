@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 
 import pytest
 
-from ai_factory.factory.checking.charts import Report, check_environment
+from ai_factory.factory.checking.charts import Report, check_environment, oracle_digest
 from ai_factory.factory.cli import main
 from ai_factory.factory.model.catalog import CHARTS
 from ai_factory.factory.rendering import charts
@@ -275,3 +276,29 @@ def test_charts_in_cluster_are_rendered_as_a_second_pass_with_the_served_apis_re
     assert charts.template_in_cluster(releases, chart_env.charts_dir, chart_env.helm, dev.kubernetes_version, chart_env.store) == template(
         charts.served_api_versions(template())
     )
+
+
+def test_a_stored_chart_output_that_is_not_json_is_rendered_again(dev, chart_env, tmp_path):
+    kueue = [r for r in charts.releases_of(dev)[0] if r.pin.name == "kueue"]
+    first = charts.template_all(kueue, chart_env.charts_dir, chart_env.helm, dev.kubernetes_version, tmp_path)
+    (stored,) = tmp_path.glob("*.json")
+    stored.write_text('{"documents": [')
+    again = charts.template_all(kueue, chart_env.charts_dir, chart_env.helm, dev.kubernetes_version, tmp_path)
+    assert again == first and first[0].documents
+    assert json.loads(stored.read_text())["documents"] == list(first[0].documents)
+
+
+@pytest.mark.parametrize(
+    "output, changed",
+    [
+        pytest.param(lambda out: bool(out.crds), True, id="flags a release whose output ships CRDs rendering otherwise"),
+        pytest.param(lambda out: not out.crds, False, id="accepts a release without CRDs rendering other objects"),
+    ],
+)
+def test_the_oracles_digest_follows_the_crds_the_charts_render(dev, chart_env, oracles, output, changed):
+    """A release without CRDs adds no schema: its objects are in the checked parts' own digests, and
+    a tenant's values changing does not make every part's cached findings stale."""
+    outputs = charts.template_in_cluster(charts.releases_of(dev)[0], chart_env.charts_dir, chart_env.helm, dev.kubernetes_version, chart_env.store)
+    picked = next(i for i, out in enumerate(outputs) if output(out))
+    other = [dataclasses.replace(out, digest="0" * 64) if i == picked else out for i, out in enumerate(outputs)]
+    assert (oracle_digest(oracles.root, other) != oracle_digest(oracles.root, outputs)) is changed

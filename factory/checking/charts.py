@@ -121,11 +121,13 @@ def _check_environment(
 
 def oracle_digest(upstream: Path | None, outputs: list[ChartOutput]) -> str:
     """What the oracles of a check know, as a digest: every file of the oracle directory (names
-    and contents) and each chart's package and rendered CRDs."""
+    and contents), each chart's package, and the rendered output of each release whose output
+    ships CRDs or is an error (the others add no schema)."""
     sha = hashlib.sha256()
     for path in sorted(p for p in upstream.rglob("*") if p.is_file()) if upstream is not None else ():
         sha.update(f"{path.relative_to(upstream)}\0".encode() + path.read_bytes() + b"\0")
+    for chart in sorted({out.chart for out in outputs}):
+        sha.update(f"{chart.name}\0".encode() + hashlib.sha256(chart.read_bytes()).digest())
     for out in sorted(outputs, key=lambda o: o.origin):
-        sha.update(f"{out.origin}\0".encode() + hashlib.sha256(out.chart.read_bytes()).digest())
-        sha.update(json.dumps([out.crds, out.error], sort_keys=True).encode())
+        sha.update(f"{out.origin}\0{out.digest if out.crds or out.error is not None else ''}\0".encode())
     return sha.hexdigest()

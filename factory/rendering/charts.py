@@ -38,6 +38,7 @@ from typing import Any, Callable, Iterable
 import yaml
 
 from ai_factory.factory.checking.oracles import is_core_api
+from ai_factory.factory.heap import no_cycle_collection
 from ai_factory.factory.model.catalog import CHARTS, ChartSource
 from ai_factory.factory.model.bounded_yaml import LOADER
 from ai_factory.factory.rendering.bundle import Manifest, Rendered
@@ -219,6 +220,8 @@ def releases_of(rendered: Rendered) -> tuple[list[Release], list[Manifest]]:
 class ChartOutput:
     release: Release
     chart: Path
+    digest: str
+    """Of the output as stored (documents and error): what a check's cached findings were read from."""
     documents: tuple[dict[str, Any], ...] = ()
     error: str | None = None
     """helm's message when the chart refused to template."""
@@ -274,9 +277,9 @@ def template_all(
     on_chart: Callable[[], None] | None = None,
     api_versions: tuple[str, ...] = (),
 ) -> list[ChartOutput]:
-    """Render every release whose chart is in `charts_dir`, in parallel, reusing stored outputs.
-    Releases whose chart file is absent are left out (the caller reports them by name).
-    `on_chart`: called once per release rendered (progress; from the worker threads).
+    """Render every release whose chart is in `charts_dir`, reusing stored outputs, the others in
+    parallel. Releases whose chart file is absent are left out (the caller reports them by name).
+    `on_chart`: called once per release rendered (progress; from the worker threads too).
     `api_versions`: APIs the cluster serves beyond Kubernetes' own (`helm template --api-versions`),
     given only to the charts that read them, so the others' stored outputs stay valid."""
     store = store or render_cache_dir()
@@ -288,7 +291,7 @@ def template_all(
     helm_identity = f"{stat.st_size}:{stat.st_mtime_ns}"
     version = _semver(kubernetes_version)
 
-    def one(release: Release) -> ChartOutput:
+    def stored_at(release: Release) -> Path:
         chart = chart_file(charts_dir, release.pin)
         key = _sha256(
             json.dumps(
@@ -297,27 +300,48 @@ def template_all(
                 separators=(",", ":"),
             ).encode()
         )
-        stored = store / f"{key}.json"
-        try:
-            result = json.loads(stored.read_text())
-        except (OSError, ValueError):
-            # Through JSON even when fresh, so a stored and a fresh render read the same (YAML
-            # timestamps become strings, as the API server would hold them).
-            text = json.dumps(_template(helm, release, chart, version, capabilities[chart]), default=str)
-            result = json.loads(text)
-            store.mkdir(parents=True, exist_ok=True)
-            partial = stored.with_name(f".{stored.name}.{os.getpid()}.{threading.get_ident()}.partial")
-            partial.write_text(text)
-            partial.replace(stored)
+        return store / f"{key}.json"
+
+    def rendered(release: Release, path: Path) -> tuple[bytes, dict[str, Any]]:
+        chart = chart_file(charts_dir, release.pin)
+        # Through JSON even when fresh, so a stored and a fresh render read the same (YAML
+        # timestamps become strings, as the API server would hold them).
+        text = json.dumps(_template(helm, release, chart, version, capabilities[chart]), default=str)
+        store.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.partial")
+        partial.write_text(text)
+        partial.replace(path)
         if on_chart is not None:
             on_chart()
-        if result["error"] is not None:
-            return ChartOutput(release, chart, error=result["error"])
-        return ChartOutput(release, chart, tuple(result["documents"]))
+        return text.encode(), json.loads(text)
 
-    workers = max(1, min(len(present), os.cpu_count() or 2))
-    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(one, present))
+    paths = [stored_at(r) for r in present]
+    stored: list[tuple[bytes, dict[str, Any]] | None] = []
+    # Read and decoded in this thread with the collector paused: decoding is all interpreter
+    # work, which threads only contended for (0.6 s for 690 stored outputs against 0.2).
+    with no_cycle_collection(settle=True):
+        for path in paths:
+            try:
+                text = path.read_bytes()
+                stored.append((text, json.loads(text)))
+            except (OSError, ValueError):
+                stored.append(None)
+                continue
+            if on_chart is not None:
+                on_chart()
+    missing = [i for i, output in enumerate(stored) if output is None]
+    if missing:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(len(missing), os.cpu_count() or 2))) as pool:
+            for i, output in zip(missing, pool.map(lambda i: rendered(present[i], paths[i]), missing)):
+                stored[i] = output
+    outputs = []
+    for release, (text, result) in zip(present, stored):
+        chart = chart_file(charts_dir, release.pin)
+        if result["error"] is not None:
+            outputs.append(ChartOutput(release, chart, _sha256(text), error=result["error"]))
+        else:
+            outputs.append(ChartOutput(release, chart, _sha256(text), tuple(result["documents"])))
+    return outputs
 
 
 def template_in_cluster(
