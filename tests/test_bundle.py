@@ -604,3 +604,17 @@ def test_a_tenant_stack_depends_on_its_own_trust_domains_and_organisations_kai_q
     queues = {name for kind, name in ordered_before(many["team-02"]) if kind == "Queue"}
     assert queues == {trust_domain_queue("internal-0"), organisation_queue("acme")}
     assert ordered_before(many["team-00"]) == ordered_before(few["team-00"])
+
+
+def test_a_renders_objects_of_a_kind_include_those_added_or_removed_after_it_was_asked():
+    def obj(kind: str, name: str) -> Manifest:
+        return Manifest({"apiVersion": "v1", "kind": kind, "metadata": {"name": name}}, "platform", None, f"test::{name}")
+
+    rendered = Rendered(None, "1.34", [obj("Namespace", "a"), obj("ConfigMap", "b"), obj("Namespace", "c")], [])
+    assert [m.name for m in rendered.of_kind("Namespace")] == ["a", "c"]
+    assert [m.name for m in rendered.of_kind("Namespace", "ConfigMap")] == ["a", "b", "c"]
+    rendered.manifests.append(obj("Namespace", "d"))
+    assert [m.name for m in rendered.of_kind("Namespace")] == ["a", "c", "d"]
+    rendered.manifests = [m for m in rendered.manifests if m.name != "a"] + [obj("ConfigMap", "e")]
+    assert [m.name for m in rendered.of_kind("Namespace")] == ["c", "d"]
+    assert rendered.kinds() == ["ConfigMap", "Namespace"]

@@ -45,7 +45,7 @@ def _gpu_quota(queue: dict[str, Any]) -> Counter[str]:
 
 
 def _queue(rendered: Rendered, name: str) -> dict[str, Any] | None:
-    return next((m.obj for m in rendered.manifests if m.kind == "ClusterQueue" and m.name == name), None)
+    return next((m.obj for m in rendered.of_kind("ClusterQueue") if m.name == name), None)
 
 
 def fleet_findings(cfg: FactoryConfig, renders: Mapping[str, Rendered]) -> list[Finding]:

@@ -30,8 +30,8 @@ from ai_factory.factory.rendering.charts import CHART_ORIGIN
 
 
 def bundle_secrets(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
-    for m in rendered.manifests:
-        if m.kind != "Secret" or m.obj.get("apiVersion") != "v1":
+    for m in rendered.of_kind("Secret"):
+        if m.obj.get("apiVersion") != "v1":
             continue
         if m.origin.startswith(CHART_ORIGIN):
             continue  # made by the chart at install time (its own certificates), not written in the bundle
@@ -63,8 +63,8 @@ def _holds_private_key(value: object) -> bool:
 
 
 def chart_generated_keys(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
-    for m in rendered.manifests:
-        if m.kind != "Secret" or not m.origin.startswith(CHART_ORIGIN):
+    for m in rendered.of_kind("Secret"):
+        if not m.origin.startswith(CHART_ORIGIN):
             continue
         keys = sorted(
             str(k)

@@ -56,10 +56,10 @@ def detection_coverage(rendered: Rendered, oracles: Oracles | None) -> Iterable[
     Remediation agent (the SelfNodeRemediationConfig tolerates its taints)."""
     nodes = _nodes(rendered)
     sources = rendered.oci_sources()
-    releases = [m for m in rendered.manifests if m.kind == "HelmRelease" and rendered.release_chart(m, sources) == NPD_CHART]
+    releases = [m for m in rendered.of_kind("HelmRelease") if rendered.release_chart(m, sources) == NPD_CHART]
     checks = _of(rendered, *NHC)
     snr_configs = _of(rendered, *SNR_CONFIG)
-    stepped = {pool for m in rendered.manifests if m.kind == "ConfigMap" and m.name == STEP for pool in _step_settings(m)}
+    stepped = {pool for m in rendered.of_kind("ConfigMap") if m.name == STEP for pool in _step_settings(m)}
     for node in nodes:
         labels, taints = _labels(node.obj), _taints(node.obj)
         if not any(_schedules(_values(r), labels, taints) for r in releases):
@@ -112,7 +112,7 @@ def remediation_blast_radius(rendered: Rendered, oracles: Oracles | None) -> Ite
             in_site = sum(1 for n in selected if _labels(n.obj).get(SITE_LABEL) == site)
             per_site[site].append((check, min(allowed, in_site)))
     per_node = {p.name: p.gpu.per_node for p in cfg.fleet.pools} if cfg else {}
-    for config in (m for m in rendered.manifests if m.kind == "ConfigMap" and m.name == STEP):
+    for config in (m for m in rendered.of_kind("ConfigMap") if m.name == STEP):
         for pool, settings in sorted(_step_settings(config).items()):
             yield from _step_radius(config, pool, settings, (pools or {}).get(pool), per_node.get(pool))
     for node, names in sorted(selected_by.items()):
@@ -177,7 +177,7 @@ def remediation_rbac(rendered: Rendered, oracles: Oracles | None) -> Iterable[Fi
     wildcard and cannot escalate, bind or impersonate; a role that is not rendered cannot be
     judged and is a finding. The medik8s operators' own roles come with OLM, outside the render."""
     view = View.of(rendered)
-    homes = {m.name for m in rendered.manifests if m.kind == "Namespace" and m.layer == "health"}
+    homes = {m.name for m in rendered.of_kind("Namespace") if m.layer == "health"}
     for binding, subject, scope, role, rules in bound_rules(view):
         home = service_account_home(subject, homes)
         if home is None:

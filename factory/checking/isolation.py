@@ -148,15 +148,13 @@ class View:
             cls._shared = outer
 
     def __init__(self, rendered: Rendered):
-        self.manifests = rendered.manifests
-        # Indexed once by kind and by (kind, namespace): checks ask per tenant, and a rescan of
-        # every object per tenant made the checks quadratic in the environment's size.
-        self._by_kind: dict[str, list[int]] = {}
+        self.rendered, self.manifests = rendered, rendered.manifests
+        # Indexed once by (kind, namespace), as the render is by kind: checks ask per tenant, and a
+        # rescan of every object per tenant made the checks quadratic in the environment's size.
         self._by_namespace: dict[tuple[str, str | None], list[Manifest]] = {}
-        for i, m in enumerate(self.manifests):
-            kind = m.kind
-            self._by_kind.setdefault(kind, []).append(i)
-            self._by_namespace.setdefault((kind, m.namespace), []).append(m)
+        for kind in rendered.kinds():
+            for m in rendered.of_kind(kind):
+                self._by_namespace.setdefault((kind, m.namespace), []).append(m)
         self._pod_rules: dict[str, list[Mapping[str, Any]]] | None = None
         self.namespace_labels: dict[str, dict[str, str]] = {}
         self.tenant_namespaces: dict[str, TenantNamespace] = {}
@@ -193,8 +191,7 @@ class View:
 
     def of_kind(self, *kinds: str) -> list[Manifest]:
         """Objects of these kinds, in render order."""
-        positions = sorted(i for kind in set(kinds) for i in self._by_kind.get(kind, ()))
-        return [self.manifests[i] for i in positions]
+        return self.rendered.of_kind(*kinds)
 
     def in_namespace(self, kind: str, namespace: str | None) -> list[Manifest]:
         """Objects of one kind in one namespace, in render order."""

@@ -115,11 +115,10 @@ def openbao_role_scope(rendered, oracles) -> Iterable[Finding]:
     cfg: FactoryConfig | None = rendered.config
     graph = rendered.graph
     kv_mount = cfg.layers.openbao.kv_mount if cfg is not None else None
-    tenant_of_namespace = {m.name: m.tenant for m in rendered.manifests if m.kind == "Namespace" and m.tenant}
+    tenant_of_namespace = {m.name: m.tenant for m in rendered.of_kind("Namespace") if m.tenant}
     stores = [
         (m.ref, (((m.obj.get("spec") or {}).get("provider") or {}).get("vault") or {}).get("auth", {}).get("kubernetes", {}).get("mountPath"))
-        for m in rendered.manifests
-        if m.kind == "SecretStore"
+        for m in rendered.of_kind("SecretStore")
     ]
     resources = list(graph.resources) if graph is not None else []
     mounts = [str(r.inputs.get("path")) for r in resources if r.type == AUTH_BACKEND and r.inputs.get("type") == "kubernetes"]

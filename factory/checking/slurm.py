@@ -45,11 +45,9 @@ def _list(value: Any) -> Sequence[Any]:
 
 def slurm_releases(rendered: Rendered) -> list[Manifest]:
     """The HelmReleases of the `slurm` chart (by chart name or OCI reference)."""
-    sources = {(m.namespace, m.name): m.obj for m in rendered.manifests if m.kind in ("HelmRepository", "OCIRepository")}
+    sources = {(m.namespace, m.name): m.obj for m in rendered.of_kind("HelmRepository", "OCIRepository")}
     found = []
-    for m in rendered.manifests:
-        if m.kind != "HelmRelease":
-            continue
+    for m in rendered.of_kind("HelmRelease"):
         spec = _map(m.obj.get("spec"))
         if "chartRef" in spec:
             source = _map(sources.get((m.namespace, _map(spec["chartRef"]).get("name"))))
@@ -121,8 +119,8 @@ def planned(nodeset: Mapping[str, Any]) -> dict[str, dict[str, int]] | None:
 
 def _tenant(release: Manifest, rendered: Rendered) -> tuple[str | None, str | None]:
     """The tenant and trust domain of the release's namespace."""
-    for m in rendered.manifests:
-        if m.kind == "Namespace" and m.name == release.namespace:
+    for m in rendered.of_kind("Namespace"):
+        if m.name == release.namespace:
             labels = _map(_map(m.obj.get("metadata")).get("labels"))
             return labels.get(TENANT_LABEL), labels.get(TRUST_DOMAIN_LABEL)
     return None, None
@@ -188,7 +186,7 @@ def gres_matches_plan(rendered: Rendered, oracles: Oracles | None) -> Iterable[F
 
 
 def partitions_within_trust_domain(rendered: Rendered, oracles: Oracles | None) -> Iterable[Finding]:
-    nodes = {m.name: _map(_map(m.obj.get("metadata")).get("labels")) for m in rendered.manifests if m.kind == "Node"}
+    nodes = {m.name: _map(_map(m.obj.get("metadata")).get("labels")) for m in rendered.of_kind("Node")}
     for release in slurm_releases(rendered):
         tenant, domain = _tenant(release, rendered)
         for key, nodeset in nodesets(release_values(release)):

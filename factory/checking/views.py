@@ -117,7 +117,7 @@ def platform_keys(rendered: Rendered, platform_parts: Iterable[Rendered], contex
             (scoped.setdefault(m.origin, ([], [])) if m.origin in rendered.scopes else unscoped)[0].append(m)
         for r in part.graph.resources:
             (scoped.setdefault(r.key, ([], [])) if r.key in rendered.scopes else unscoped)[1].append(r)
-    namespaces = content_digest([m for m in rendered.manifests if m.kind == "Namespace"], [r for r in rendered.graph.resources if r.type == NAMESPACE])
+    namespaces = content_digest(rendered.of_kind("Namespace"), [r for r in rendered.graph.resources if r.type == NAMESPACE])
     platform = _sha(context, content_digest(*unscoped), namespaces, "platform")
     serving: dict[str, list[str]] = {}
     for key, (manifests, resources) in scoped.items():

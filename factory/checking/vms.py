@@ -114,35 +114,33 @@ def _spec(obj: Mapping[str, Any]) -> Mapping[str, Any]:
 
 def _instancetypes(rendered: Rendered) -> dict[str | None, dict[str, Mapping[str, Any]]]:
     found: dict[str | None, dict[str, Mapping[str, Any]]] = {}
-    for m in rendered.manifests:
-        if m.kind in INSTANCETYPE_KINDS:
-            found.setdefault(m.namespace, {})[m.name] = _spec(m.obj)
+    for m in rendered.of_kind(*INSTANCETYPE_KINDS):
+        found.setdefault(m.namespace, {})[m.name] = _spec(m.obj)
     return found
 
 
 def _tenant_of(rendered: Rendered) -> dict[str, str]:
-    return {m.name: str(_map(_map(m.obj.get("metadata")).get("labels")).get(TENANT_LABEL)) for m in rendered.manifests if m.kind == "Namespace" and _map(_map(m.obj.get("metadata")).get("labels")).get(TENANT_LABEL)}
+    return {m.name: str(_map(_map(m.obj.get("metadata")).get("labels")).get(TENANT_LABEL)) for m in rendered.of_kind("Namespace") if _map(_map(m.obj.get("metadata")).get("labels")).get(TENANT_LABEL)}
 
 
 def vm_devices_permitted(rendered: Rendered, oracles: Oracles | None) -> Iterable[Finding]:
-    permitted = permitted_devices(_spec(m.obj) for m in rendered.manifests if m.kind == "KubeVirt")
+    permitted = permitted_devices(_spec(m.obj) for m in rendered.of_kind("KubeVirt"))
     types, tenants = _instancetypes(rendered), _tenant_of(rendered)
-    for m in rendered.manifests:
-        if m.kind == "VirtualMachine":
-            tenant = tenants.get(m.namespace or "")
-            for problem in vm_problems(_spec(m.obj), types.get(m.namespace, {}), permitted):
-                yield Finding("vm-devices", m.ref, problem, (tenant,) if tenant else ())
+    for m in rendered.of_kind("VirtualMachine"):
+        tenant = tenants.get(m.namespace or "")
+        for problem in vm_problems(_spec(m.obj), types.get(m.namespace, {}), permitted):
+            yield Finding("vm-devices", m.ref, problem, (tenant,) if tenant else ())
 
 
 def vm_resources_quotaed(rendered: Rendered, oracles: Oracles | None) -> Iterable[Finding]:
-    permitted = permitted_devices(_spec(m.obj) for m in rendered.manifests if m.kind == "KubeVirt")
-    capped = permitted | quotaed_claims(_spec(m.obj) for m in rendered.manifests if m.kind == "VirtualMachine")
+    permitted = permitted_devices(_spec(m.obj) for m in rendered.of_kind("KubeVirt"))
+    capped = permitted | quotaed_claims(_spec(m.obj) for m in rendered.of_kind("VirtualMachine"))
     if not capped:
         return
     tenants = _tenant_of(rendered)
     hard: dict[str, dict[str, Any]] = {ns: {} for ns in tenants}
-    for m in rendered.manifests:
-        if m.kind == "ResourceQuota" and m.namespace in hard:
+    for m in rendered.of_kind("ResourceQuota"):
+        if m.namespace in hard:
             hard[m.namespace].update(_map(_spec(m.obj).get("hard")))
     for ns, lines in sorted(hard.items()):
         for problem in quota_problems(lines, capped):
@@ -151,11 +149,9 @@ def vm_resources_quotaed(rendered: Rendered, oracles: Oracles | None) -> Iterabl
 
 
 def _queue_findings(rendered: Rendered, tenants: Mapping[str, str], permitted: set[str]) -> Iterator[Finding]:
-    queues = {str(_map(_map(m.obj.get("metadata")).get("labels")).get(TENANT_LABEL)): _spec(m.obj) for m in rendered.manifests if m.kind == "ClusterQueue"}
+    queues = {str(_map(_map(m.obj.get("metadata")).get("labels")).get(TENANT_LABEL)): _spec(m.obj) for m in rendered.of_kind("ClusterQueue")}
     types = _instancetypes(rendered)
-    for m in rendered.manifests:
-        if m.kind != "VirtualMachine" or not queues:
-            continue
+    for m in rendered.of_kind("VirtualMachine") if queues else ():
         tenant = tenants.get(m.namespace or "")
         names, _ = requested_devices(_spec(m.obj), types.get(m.namespace, {}))
         covered = covered_resources(queues.get(tenant or "", {}))
@@ -232,18 +228,16 @@ def driver_gate_problems(values: Mapping[str, Any], dra_vms: int) -> list[str]:
 def vm_dra_claims(rendered: Rendered, oracles: Oracles | None) -> Iterable[Finding]:
     tenants = _tenant_of(rendered)
     templates: dict[str | None, dict[str, Mapping[str, Any]]] = {}
-    for m in rendered.manifests:
-        if m.kind == "ResourceClaimTemplate":
-            templates.setdefault(m.namespace, {})[m.name] = _spec(m.obj)
+    for m in rendered.of_kind("ResourceClaimTemplate"):
+        templates.setdefault(m.namespace, {})[m.name] = _spec(m.obj)
     dra_vms = 0
-    for m in rendered.manifests:
-        if m.kind == "VirtualMachine":
-            dra_vms += bool(dra_gpus(_spec(m.obj)))
-            tenant = tenants.get(m.namespace or "")
-            for problem in claim_problems(_spec(m.obj), templates.get(m.namespace, {})):
-                yield Finding("vm-dra", m.ref, problem, (tenant,) if tenant else ())
+    for m in rendered.of_kind("VirtualMachine"):
+        dra_vms += bool(dra_gpus(_spec(m.obj)))
+        tenant = tenants.get(m.namespace or "")
+        for problem in claim_problems(_spec(m.obj), templates.get(m.namespace, {})):
+            yield Finding("vm-dra", m.ref, problem, (tenant,) if tenant else ())
     sources = rendered.oci_sources()
-    for m in rendered.manifests:
+    for m in rendered.of_kind("KubeVirt", "HelmRelease"):
         if m.kind == "KubeVirt":
             for problem in gate_problems(_spec(m.obj), _map(_map(m.obj.get("metadata")).get("annotations")), dra_vms):
                 yield Finding("vm-dra", m.ref, problem)

@@ -180,6 +180,30 @@ class Rendered:
     (`FactoryComponent.tenant_scopes`, as the render cache records them; empty without one): the
     check cache's tenant views (`checking.views`)."""
 
+    _kinds: tuple[list[Manifest], int, dict[str, list[int]]] | None = field(default=None, init=False, repr=False, compare=False)
+
+    def of_kind(self, *kinds: str) -> list[Manifest]:
+        """Objects of these kinds, in render order. Indexed by kind once, and again only when the
+        list of objects is another or changed length: each check scanning every object for its
+        kinds was dozens of passes over 30,000 objects at 1,000 tenants."""
+        manifests, index = self.manifests, self._kind_index()
+        if len(kinds) == 1:
+            return [manifests[i] for i in index.get(kinds[0], ())]
+        return [manifests[i] for i in sorted(i for kind in set(kinds) for i in index.get(kind, ()))]
+
+    def kinds(self) -> list[str]:
+        """The kinds of the render's objects, each once, in the order they first appear."""
+        return list(self._kind_index())
+
+    def _kind_index(self) -> dict[str, list[int]]:
+        manifests = self.manifests
+        if self._kinds is None or self._kinds[0] is not manifests or self._kinds[1] != len(manifests):
+            index: dict[str, list[int]] = {}
+            for i, m in enumerate(manifests):
+                index.setdefault(m.kind, []).append(i)
+            self._kinds = (manifests, len(manifests), index)
+        return self._kinds[2]
+
     def layers(self) -> frozenset[str]:
         """The layers the render holds objects of (the whole render's, for a part)."""
         return self.whole_layers if self.whole_layers is not None else frozenset(m.layer for m in self.manifests)
@@ -187,7 +211,7 @@ class Rendered:
     def oci_sources(self) -> dict[tuple[str | None, str], Manifest]:
         """The OCIRepositories by (namespace, name), the last of a name winning: `release_chart`'s
         index, built once by a caller asking for many releases' charts."""
-        return {(m.namespace, m.name): m for m in self.manifests if m.kind == "OCIRepository"}
+        return {(m.namespace, m.name): m for m in self.of_kind("OCIRepository")}
 
     def release_chart(self, release: Manifest, sources: Mapping[tuple[str | None, str], Manifest] | None = None) -> str | None:
         """The chart name of a HelmRelease: its chart spec's, or its OCIRepository's URL's last part

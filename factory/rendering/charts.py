@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+import msgspec
 import yaml
 
 from ai_factory.factory.checking.oracles import is_core_api
@@ -201,15 +202,14 @@ def _chart_of(release: Manifest, sources: dict[str, dict]) -> ChartSource | None
 
 def releases_of(rendered: Rendered) -> tuple[list[Release], list[Manifest]]:
     """(releases of catalog charts, HelmReleases of charts the catalog does not pin)."""
-    sources = {m.name: m.obj for m in rendered.manifests if m.kind in ("HelmRepository", "OCIRepository")}
+    sources = {m.name: m.obj for m in rendered.of_kind("HelmRepository", "OCIRepository")}
     known, unknown = [], []
-    for m in rendered.manifests:
-        if m.kind == "HelmRelease":
-            pin = _chart_of(m, sources)
-            if pin is None:
-                unknown.append(m)
-            else:
-                known.append(Release(m, pin))
+    for m in rendered.of_kind("HelmRelease"):
+        pin = _chart_of(m, sources)
+        if pin is None:
+            unknown.append(m)
+        else:
+            known.append(Release(m, pin))
     return known, unknown
 
 
@@ -313,7 +313,7 @@ def template_all(
         partial.replace(path)
         if on_chart is not None:
             on_chart()
-        return text.encode(), json.loads(text)
+        return text.encode(), msgspec.json.decode(text)
 
     paths = [stored_at(r) for r in present]
     stored: list[tuple[bytes, dict[str, Any]] | None] = []
@@ -323,7 +323,7 @@ def template_all(
         for path in paths:
             try:
                 text = path.read_bytes()
-                stored.append((text, json.loads(text)))
+                stored.append((text, msgspec.json.decode(text)))
             except (OSError, ValueError):
                 stored.append(None)
                 continue
