@@ -9,11 +9,11 @@ import json
 
 import pytest
 
-from ai_factory.factory.checking.charts import Report, check_environment, oracle_digest
+from ai_factory.factory.checking.charts import Report, check_environment, last_outputs, oracle_digest
 from ai_factory.factory.cli import main
 from ai_factory.factory.model.catalog import CHARTS
 from ai_factory.factory.rendering import charts
-from ai_factory.factory.rendering.bundle import Rendered
+from ai_factory.factory.rendering.bundle import Rendered, cached_stack
 from ai_factory.factory.checking.isolation import DRA_QUOTA_SUFFIX
 from tests.conftest import REPO, ChartEnv, DevCheck
 from tests.test_isolation import find, variant
@@ -286,6 +286,22 @@ def test_a_stored_chart_output_that_is_not_json_is_rendered_again(dev, chart_env
     again = charts.template_all(kueue, chart_env.charts_dir, chart_env.helm, dev.kubernetes_version, tmp_path)
     assert again == first and first[0].documents
     assert json.loads(stored.read_text())["documents"] == list(first[0].documents)
+
+
+def test_a_stored_chart_output_read_ahead_is_taken_as_read(dev, chart_env, tmp_path):
+    kueue = [r for r in charts.releases_of(dev)[0] if r.pin.name == "kueue"]
+    (first,) = charts.template_all(kueue, chart_env.charts_dir, chart_env.helm, dev.kubernetes_version, tmp_path)
+    read = {first.stored: (b'{"documents": [], "error": "read ahead"}', {"documents": [], "error": "read ahead"})}
+    (again,) = charts.template_all(kueue, chart_env.charts_dir, chart_env.helm, dev.kubernetes_version, tmp_path, read_ahead=read)
+    assert (again.error, first.error) == ("read ahead", None)
+
+
+def test_a_check_lists_the_chart_outputs_it_read_for_the_next_check_of_its_stack(dev, oracles, chart_env, tmp_path):
+    assert dev.graph is not None
+    check_environment(dev, oracles.root, chart_env.charts_dir, chart_env.helm, chart_env.store, cache=tmp_path)
+    outputs = charts.template_in_cluster(charts.releases_of(dev)[0], chart_env.charts_dir, chart_env.helm, dev.kubernetes_version, chart_env.store)
+    listed = last_outputs(tmp_path, ["elsewhere.dev", cached_stack(dev.graph)])
+    assert listed == [out.stored for out in outputs] and all(path.is_file() for path in listed)
 
 
 @pytest.mark.parametrize(

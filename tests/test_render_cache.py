@@ -166,6 +166,38 @@ def test_an_error_of_a_cached_renders_program_is_raised_as_a_serial_render_raise
         cached_render(raw, secret_sections, seeded_copy(seeded, tmp_path))
 
 
+RENDER_PATHS = [
+    pytest.param(True, True, id="a cached stack, its program forked"),
+    pytest.param(True, False, id="a cached stack where forking is not safe"),
+    pytest.param(False, True, id="no cache"),
+]
+
+
+@pytest.mark.parametrize("cached, forking", RENDER_PATHS)
+def test_what_a_render_does_meanwhile_runs_once_in_this_process(three_tenants, seeded, tmp_path, monkeypatch, cached, forking):
+    raw, secret_sections, cold = three_tenants
+    monkeypatch.setattr(parallel, "_forking", lambda: forking)
+    calls: list[int] = []
+    cache = seeded_copy(seeded, tmp_path) if cached else None
+    rendered = render_raw(raw, secret_sections, validate(raw), stack="dev", cache=cache, meanwhile=lambda: calls.append(os.getpid()))
+    assert calls == [os.getpid()] and rendered.files() == cold.files()
+
+
+@pytest.mark.parametrize("cached, forking", RENDER_PATHS)
+def test_a_render_whose_meanwhile_fails_registers_nothing_here(three_tenants, seeded, tmp_path, monkeypatch, cached, forking):
+    raw, secret_sections, _ = three_tenants
+    monkeypatch.setattr(parallel, "_forking", lambda: forking)
+
+    def refuse() -> None:
+        raise RuntimeError("refused meanwhile")
+
+    counted: list[None] = []
+    cache = seeded_copy(seeded, tmp_path) if cached else None
+    with pytest.raises(RuntimeError, match="^refused meanwhile$"):
+        render_raw(raw, secret_sections, validate(raw), stack="dev", cache=cache, on_resource=lambda: counted.append(None), meanwhile=refuse)
+    assert counted == []
+
+
 def test_a_render_reads_the_units_of_its_stacks_last_render_at_once(seeded, tmp_path):
     directory = seeded_copy(seeded, tmp_path)
     units = render_cache.UnitCache(directory, "ai-factory.dev")

@@ -17,15 +17,17 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable, Mapping
 
 from ai_factory.factory.checking.check import checks, run_checks, unchecked_kinds, unchecked_values
 from ai_factory.factory.checking.findings import Finding
 from ai_factory.factory.checking.oracles import Oracles
 from ai_factory.factory.heap import settled_heap
-from ai_factory.factory.rendering.bundle import Rendered
+from ai_factory.factory.rendering.bundle import Rendered, cached_stack
+from ai_factory.factory.rendering.cache import read_entry, write_entry
 from ai_factory.factory.rendering.charts import (
     ChartOutput,
+    StoredOutput,
     chart_file,
     chart_manifests,
     extract_chart,
@@ -55,18 +57,28 @@ def check_environment(
     store: Path | None = None,
     step: Step | None = None,
     cache: Path | None = None,
+    read_ahead: Mapping[Path, StoredOutput] | None = None,
 ) -> Report:
     """`step` (progress): called to start each long step, with its description and size; it returns
     the callback to call once per unit done (`ai_factory.factory.progress.Steps.step`). `cache`:
-    the check cache directory (`check.run_checks`)."""
+    the check cache directory (`check.run_checks`), where a check of a render with its resource
+    graph also lists the chart outputs it read (`last_outputs`). `read_ahead`: stored chart
+    outputs already read (`read_stored`), by file."""
     # The render left out of the collector's passes from the start: decoding the charts' stored
     # outputs set off full passes over it (a second of a one-tenant re-check at 1,000 tenants).
     with settled_heap():
-        return _check_environment(rendered, upstream, charts_dir, helm, store, step, cache)
+        return _check_environment(rendered, upstream, charts_dir, helm, store, step, cache, read_ahead)
 
 
 def _check_environment(
-    rendered: Rendered, upstream: Path | None, charts_dir: Path | None, helm: str | None, store: Path | None, step: Step | None, cache: Path | None
+    rendered: Rendered,
+    upstream: Path | None,
+    charts_dir: Path | None,
+    helm: str | None,
+    store: Path | None,
+    step: Step | None,
+    cache: Path | None,
+    read_ahead: Mapping[Path, StoredOutput] | None,
 ) -> Report:
     oracles = Oracles(upstream)
     releases, _ = releases_of(rendered)
@@ -79,7 +91,9 @@ def _check_environment(
     else:
         present = sum(chart_file(charts_dir, r.pin).is_file() for r in releases)
         on_chart = step("rendering charts", present) if step is not None else None
-        outputs = template_in_cluster(releases, charts_dir, helm, rendered.kubernetes_version, store, on_chart=on_chart)
+        outputs = template_in_cluster(releases, charts_dir, helm, rendered.kubernetes_version, store, on_chart=on_chart, read_ahead=read_ahead)
+        if cache is not None and rendered.graph is not None:
+            write_entry(_outputs_index(cache, cached_stack(rendered.graph)), {"outputs": [str(out.stored) for out in outputs]})
         for r in releases:
             if not chart_file(charts_dir, r.pin).is_file():
                 not_run.append(
@@ -117,6 +131,21 @@ def _check_environment(
     if values:
         not_run.append(f"Helm values of {', '.join(values)}: neither the chart cache nor an oracle directory has the chart's values")
     return Report(sorted(set(findings)), len(union.manifests), sum(1 for out in outputs if out.error is None), not_run)
+
+
+def last_outputs(cache: Path, stacks: Iterable[str]) -> list[Path]:
+    """The stored chart outputs the latest check of each of these stacks (`cached_stacks`) read:
+    most of what the next one reads, read ahead while its render runs (`read_stored`)."""
+    found: list[Path] = []
+    for stack in stacks:
+        listed = read_entry(_outputs_index(cache, stack))
+        outputs = listed.get("outputs") if isinstance(listed, dict) else None
+        found += [Path(path) for path in outputs if isinstance(path, str)] if isinstance(outputs, list) else []
+    return found
+
+
+def _outputs_index(cache: Path, stack: str) -> Path:
+    return cache / "chart-runs" / f"{stack}.json"
 
 
 def oracle_digest(upstream: Path | None, outputs: list[ChartOutput]) -> str:

@@ -26,7 +26,7 @@ from ai_factory.factory.checking import policies as policy_check
 from ai_factory.factory.checking.findings import Finding, is_tenant_local
 from ai_factory.factory.checking.oracles import Oracles, is_core_api
 from ai_factory.factory.heap import settled_heap
-from ai_factory.factory.rendering.bundle import Manifest, Rendered
+from ai_factory.factory.rendering.bundle import Manifest, Rendered, cached_stack
 from ai_factory.factory.rendering.cache import digest, library_digest, write_entry
 from ai_factory.factory.rendering.charts import releases_of
 from ai_factory.factory.rendering.eviction import evict
@@ -180,7 +180,7 @@ def _run_by_part(
     tenant_keys = views.tenant_keys(rendered, platform, serving, own)
     findings.update(views.local_findings(rendered, lambda checked: _run_all(local, checked, oracles), cache, platform, tenant_keys, over_whole if whole else None))
     keys += [platform, *tenant_keys.values()]
-    write_entry(cache / "check-runs" / f"{_stack_name(rendered.graph)}.json", {"parts": keys})
+    write_entry(cache / "check-runs" / f"{cached_stack(rendered.graph)}.json", {"parts": keys})  # the parts its latest check used (`eviction`)
     evict(cache)
     for _ in [*PER_PART, *([] if whole else local)] if on_check is not None else ():
         on_check()
@@ -205,13 +205,6 @@ def _work(unit: tuple[Check, ...] | Rendered, rendered: Rendered, oracles: Oracl
 
 def _run_all(checks: Iterable[Check], rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
     return (f for check in checks for f in _guarded(check)(rendered, oracles))
-
-
-def _stack_name(graph: Graph) -> str:
-    """`<project>.<stack>` of a render (its URNs say `urn:pulumi:<stack>::<project>::...`), as the
-    render cache names its stacks: the index of the parts its latest check used (`eviction`)."""
-    stack, _, rest = (graph.resources[0].urn.removeprefix("urn:pulumi:") if graph.resources else "").partition("::")
-    return f"{rest.partition('::')[0]}.{stack}"
 
 
 def _guarded(check: Check) -> Check:

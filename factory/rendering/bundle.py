@@ -528,10 +528,17 @@ def render_env(env: str, on_resource: Callable[[], None] | None = None, cache: P
     return _render_stack(read_environment(env), on_resource, cache)
 
 
-def _render_stack(environment: StackEnvironment, on_resource: Callable[[], None] | None, cache: Path | None) -> Rendered:
-    """`render_env` of a stack file already read and validated."""
+def _render_stack(
+    environment: StackEnvironment, on_resource: Callable[[], None] | None, cache: Path | None, meanwhile: Callable[[], None] | None = None
+) -> Rendered:
+    """`render_env` of a stack file already read and validated; `meanwhile`: as `render_raw`'s."""
     refuse_whole_fleet(environment.cfg, str(environment.path))
-    plan_for(environment.cfg)  # demands that do not fit are reported here, before anything is registered
+
+    def planned() -> None:
+        plan_for(environment.cfg)  # demands that do not fit are reported here, before anything is registered
+        if meanwhile is not None:
+            meanwhile()
+
     return render_raw(
         environment.raw,
         environment.secret_sections,
@@ -540,6 +547,7 @@ def _render_stack(environment: StackEnvironment, on_resource: Callable[[], None]
         project=stack_project(environment.path),
         on_resource=on_resource,
         cache=cache,
+        meanwhile=planned,
     )
 
 
@@ -561,17 +569,22 @@ def cluster_stack(env: str, cluster: str) -> str:
     return f"{env}-{cluster}"
 
 
-def render_clusters(env: str | StackEnvironment, on_resource: Callable[[], None] | None = None, cache: Path | None = None) -> dict[str, Rendered]:
+def render_clusters(
+    env: str | StackEnvironment, on_resource: Callable[[], None] | None = None, cache: Path | None = None, meanwhile: Callable[[], None] | None = None
+) -> dict[str, Rendered]:
     """Every cluster of the environment rendered as its own stack renders it (`kubernetes.cluster`
     set, the stack `<env>-<cluster>`), by cluster name in the sites' order. An environment that
     declares no cluster is one render, keyed by its name. `env`: its name or stack file's path, or
-    the environment already read (`read_environment`)."""
+    the environment already read (`read_environment`). `meanwhile`: called once, as `render_raw`
+    calls it (several clusters: before the first is rendered)."""
     from ai_factory.factory.model.clusters import clusters
 
     environment = env if isinstance(env, StackEnvironment) else read_environment(env)
     path, raw, cfg = environment.path, environment.raw, environment.cfg
     if not clusters(cfg):
-        return {stack_name(path): _render_stack(environment, on_resource, cache)}
+        return {stack_name(path): _render_stack(environment, on_resource, cache, meanwhile)}
+    if meanwhile is not None:
+        meanwhile()
     renders = {}
     for placed in clusters(cfg):
         cluster_raw = {**raw, "kubernetes": {**(raw.get("kubernetes") or {}), "cluster": placed.name}}
@@ -587,6 +600,14 @@ def render_clusters(env: str | StackEnvironment, on_resource: Callable[[], None]
             cache=cache,
         )
     return renders
+
+
+def cached_stacks(environment: StackEnvironment) -> list[str]:
+    """The name the render cache gives each stack `render_clusters` renders (`<project>.<stack>`)."""
+    from ai_factory.factory.model.clusters import clusters
+
+    project, stack = stack_project(environment.path), stack_name(environment.path)
+    return [f"{project}.{cluster_stack(stack, c.name)}" for c in clusters(environment.cfg)] or [f"{project}.{stack}"]
 
 
 PARALLEL_MIN_TENANTS = 40
@@ -605,6 +626,7 @@ def render_raw(
     workers: int | None = None,
     offboarded: frozenset[str] = frozenset(),
     cache: Path | None = None,
+    meanwhile: Callable[[], None] | None = None,
 ) -> Rendered:
     """`plan`: deploy this plan instead of planning from the stack's recorded one (see `program.main`).
     `project`: the Pulumi project the program runs in, whose name is the config namespace.
@@ -616,7 +638,10 @@ def render_raw(
     `offboarded`: registered tenants the program leaves out (see `program.main`).
     `cache`: the render cache directory (`cache.UnitCache`): layers and tenant stacks found there
     are read back, not registered again. The first render of a stack into a cache uses the
-    workers; later ones run in this process (a change builds few units)."""
+    workers; later ones run in this process (a change builds few units). `meanwhile`: called once
+    in this process before any resource is registered here and the render is done: while the
+    program runs forked beside it (a cached stack's later render), else before the program runs;
+    what it raises ends the render."""
     config, secret_keys = program_config(raw, secret_sections, project)
     names = sorted(t.name for t in cfg.tenants)
     units = UnitCache(cache, f"{project}.{stack}") if cache is not None else None
@@ -627,9 +652,11 @@ def render_raw(
         # collector's passes while the program and the merge allocate around them.
         with settled_heap():
             if units is None:
+                _call(meanwhile)
                 return from_graph(_run_share(project, stack, config, secret_keys, plan, offboarded, None, on_resource), cfg)
             run = functools.partial(_run_share, project, stack, config, secret_keys, plan, offboarded, None)
-            return _cached(units, units.complete(_run_reading(units, run, on_resource)), cfg)
+            return _cached(units, units.complete(_run_reading(units, run, on_resource, meanwhile)), cfg)
+    _call(meanwhile)
     # With a cache the workers leave the platform to this process (`_ShareUnits`): it costs as
     # much as `PLATFORM_PER_TENANT` of a tenant stack per tenant, here only.
     shares = _shares(names, workers, PLATFORM_PER_TENANT * len(names) if units is not None else 0.0)
@@ -725,15 +752,22 @@ def _cached(units: UnitCache, resources: list[Resource], cfg: FactoryConfig, fin
     return rendered
 
 
-def _run_reading(units: UnitCache, run: Callable[[Callable[[], None] | None, UnitCache], Graph], on_resource: Callable[[], None] | None) -> list[Resource]:
+def _run_reading(
+    units: UnitCache,
+    run: Callable[[Callable[[], None] | None, UnitCache], Graph],
+    on_resource: Callable[[], None] | None,
+    meanwhile: Callable[[], None] | None = None,
+) -> list[Resource]:
     """The resources the program registers with the render cache `units` (`run`: `_run_share`
     but for its progress and cache): run in a process forked for it (`parallel.beside`, with a
-    `probing` cache) while this one reads the entries of the stack's last render, which at 1,000
-    tenants took about as long as the program after a one-tenant change. Here, after reading,
-    where the stack has no last render, forking is not safe, the forked run failed (its error is
-    raised here as a serial render raises it) or an entry it counted as cached cannot be read."""
+    `probing` cache) while this one calls `meanwhile` and reads the entries of the stack's last
+    render, which at 1,000 tenants took about as long as the program after a one-tenant change.
+    Here, after reading, where the stack has no last render, forking is not safe, the forked run
+    failed (its error is raised here as a serial render raises it) or an entry it counted as
+    cached cannot be read."""
     keys = units.last_keys()
     with parallel.beside(functools.partial(_probed_run, units, run)) if keys else nullcontext(lambda: None) as forked:
+        _call(meanwhile)
         units.prefetch(keys)
         probed = forked()
     if probed is not None and units.take(probed[1]):
@@ -741,6 +775,11 @@ def _run_reading(units: UnitCache, run: Callable[[Callable[[], None] | None, Uni
             on_resource()
         return probed[0]
     return run(on_resource, units).resources
+
+
+def _call(meanwhile: Callable[[], None] | None) -> None:
+    if meanwhile is not None:
+        meanwhile()
 
 
 def _probed_run(units: UnitCache, run: Callable[[Callable[[], None] | None, UnitCache], Graph]) -> tuple[list[Resource], Probe]:
@@ -907,6 +946,13 @@ def finished_objects(resources: list[Resource], stack: str) -> dict[str, list[tu
         if made := resource_manifests(resource, stack):
             finished[resource.key] = [(m.obj, m.yaml()) for m in made]
     return finished
+
+
+def cached_stack(graph: Graph) -> str:
+    """`<project>.<stack>` of a render (its URNs say `urn:pulumi:<stack>::<project>::...`), as the
+    render cache names its stacks (`cached_stacks`)."""
+    stack, _, rest = (graph.resources[0].urn.removeprefix("urn:pulumi:") if graph.resources else "").partition("::")
+    return f"{rest.partition('::')[0]}.{stack}"
 
 
 def stack_of(graph: Graph) -> str:
