@@ -291,6 +291,32 @@ def test_tenant_pods_flag_host_access_and_gpu_escapes(spec, expected):
     ]
 
 
+PRIVILEGED = {"containers": [container(securityContext={"privileged": True})]}
+
+
+@pytest.mark.parametrize(
+    "workload, expected",
+    [
+        pytest.param(pod(PRIVILEGED, "monitoring", kind="DaemonSet"), ["DaemonSet/monitoring/p: container main is privileged"], id="flags a privileged pod outside the allow-list"),
+        pytest.param(pod({"hostPID": True, "containers": [container()]}, None, kind="Job"), ["Job/p: sets hostPID"], id="flags host access of an object without namespace"),
+        pytest.param(pod(PRIVILEGED, "kube-system", kind="DaemonSet"), [], id="accepts a node agent in kube-system"),
+        pytest.param(pod(PRIVILEGED, "gpu-operator", kind="DaemonSet"), [], id="accepts a namespace the platform made privileged"),
+        pytest.param(pod(PRIVILEGED, "tenant-a", kind="Deployment"), [], id="accepts a tenant's pod (tenant_pods judges it)"),
+        pytest.param(
+            obj("CustomResourceDefinition", "p", api="apiextensions.k8s.io/v1", spec={"versions": [{"schema": {"openAPIV3Schema": PRIVILEGED}}]}),
+            [],
+            id="accepts a CRD whose schema describes privileged containers",
+        ),
+    ],
+)
+def test_privileged_workloads_run_only_in_the_platforms_privileged_namespaces(workload, expected):
+    privileged = obj("Namespace", "gpu-operator", metadata={"name": "gpu-operator", "labels": {"pod-security.kubernetes.io/enforce": "privileged"}})
+    allowed = "gpu-operator, kube-system"
+    assert findings(isolation.privileged_workloads, tenant_ns("a"), privileged, workload) == [
+        f"privileged-workloads: {e} outside the platform's privileged namespaces ({allowed})" for e in expected
+    ]
+
+
 def cluster_policy(name: str, *specs: dict, single: bool = True) -> dict:
     body = {"spec": specs[0]} if single else {"specs": list(specs)}
     return {"apiVersion": "cilium.io/v2", "kind": "CiliumClusterwideNetworkPolicy", "metadata": {"name": name}, **body}
