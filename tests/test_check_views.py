@@ -5,6 +5,7 @@ cold one gives."""
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from ai_factory.components import registry
 from ai_factory.factory.checking import check, parallel, views
 from ai_factory.factory.checking import policies as policy_check
 from ai_factory.factory.checking.check import run_checks
-from ai_factory.factory.checking.findings import is_tenant_local
+from ai_factory.factory.checking.findings import Finding, is_tenant_local
 from ai_factory.factory.checking.oracles import Oracles, locate_upstream_dir
 from ai_factory.factory.model.loading import validate
 from ai_factory.factory.rendering.bundle import Manifest, Rendered, render_raw
@@ -166,7 +167,7 @@ def broken(r: Rendered) -> Rendered:
     return r
 
 
-def local_units(r: Rendered, oracles) -> dict[str, views.Run]:
+def local_units(r: Rendered, oracles) -> dict[str, Callable[[Rendered], Iterable[Finding]]]:
     """Every tenant-local check, and each tenant-local stack policy of the pack on its own."""
     units = {c.__name__: (lambda c: lambda x: check._guarded(c)(x, oracles))(c) for c in check.checks(r) if is_tenant_local(c)}
     for p in policy_check.POLICIES:
@@ -261,20 +262,44 @@ def test_a_warm_check_after_a_change_finds_what_a_cold_one_finds(six, before, or
 def test_an_unchanged_render_is_read_back_without_checking(before, oracles, tmp_path, monkeypatch):
     r = before[0]
     cold = run_checks(r, oracles, cache=tmp_path)
-    monkeypatch.setattr(check, "_run_all", lambda *args: pytest.fail("a tenant-local check ran again"))
+    real = check._run_group
+
+    def fleet_wide_only(unit, oracles):
+        assert not any(is_tenant_local(c) for c in unit[0]), "a tenant-local check ran again"
+        return real(unit, oracles)
+
+    monkeypatch.setattr(check, "_run_group", fleet_wide_only)
     assert run_checks(r, oracles, cache=tmp_path) == cold
 
 
-def test_a_cold_check_runs_the_tenant_local_checks_over_the_whole_once_as_work_shared_with_the_parts(before, oracles, tmp_path, monkeypatch):
-    """Units of the work the part workers share (`parallel.Shared`), not after them alone."""
-    r, shared, ran = before[0], [], []
-    real_init, real_run = parallel.Shared.__init__, check._run_all
+def shared_units(monkeypatch) -> list[list]:
+    """The units of each `parallel.Shared` made from now on."""
+    shared: list[list] = []
+    real_init = parallel.Shared.__init__
     monkeypatch.setattr(parallel.Shared, "__init__", lambda self, parts, work, workers=None: shared.append(list(parts)) or real_init(self, parts, work, workers))
-    monkeypatch.setattr(check, "_run_all", lambda checks, checked, oracles: ran.append(checked) or real_run(checks, checked, oracles))
+    return shared
+
+
+def test_a_cold_check_runs_the_tenant_local_checks_over_the_whole_once_as_work_shared_with_the_fleet_wide_checks(before, oracles, tmp_path, monkeypatch):
+    """Units of the work the workers share (`parallel.Shared`), not after them alone."""
+    r = before[0]
+    shared = shared_units(monkeypatch)
     assert run_checks(r, oracles, cache=tmp_path) == run_checks(r, oracles)
-    shared_checks = [c for unit in shared[0] if isinstance(unit, tuple) for c in unit]
+    over_whole = [c for group, checked in shared[1] if checked is r for c in group]
     local = [c for c in check.checks(r) if is_tenant_local(c)]
-    assert ran == [] and [shared_checks.count(c) for c in local] == [1] * len(local)
+    assert [over_whole.count(c) for c in local] == [1] * len(local) and all(checked is r for _, checked in shared[1])
+
+
+def test_after_a_one_tenant_change_its_view_is_checked_as_work_shared_with_the_fleet_wide_checks(six, before, oracles, tmp_path, monkeypatch):
+    r, render_cache = before
+    run_checks(r, oracles, cache=tmp_path)
+    after = changed_render(six, render_cache, False)
+    shared = shared_units(monkeypatch)
+    run_checks(after, oracles, cache=tmp_path)
+    over_view = [c for group, checked in shared[1] if checked is not after for c in group]
+    local = [c for c in check.checks(after) if is_tenant_local(c)]
+    assert [over_view.count(c) for c in local] == [1] * len(local)
+    assert not any(is_tenant_local(c) for group, checked in shared[1] if checked is after for c in group)
 
 
 @pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
@@ -298,7 +323,8 @@ def test_most_tenants_changed_checks_the_whole_render_again_with_the_platforms_f
     r, run = before[0], units["tenant_pods"]
     views.write_findings(tmp_path, "platform", [])
     keys = {t: f"view-{t}" for t in views.tenants_of(r)}
-    assert views.local_findings(r, run, tmp_path, "platform", keys) == set(run(r))
+    local = views.TenantLocal(r, tmp_path, "platform", keys)
+    assert local.checked is r and local.findings(run(r)) == set(run(r))
 
 
 def test_a_change_of_the_platform_or_oracles_checks_every_view_again(before, oracles, tmp_path):

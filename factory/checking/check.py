@@ -145,40 +145,46 @@ def run_checks(
 def _run_by_part(
     rendered: Rendered, oracles: Oracles, every: list[Check], cache: Path, oracle_state: str, on_check: Callable[[], None] | None
 ) -> set[Finding]:
+    """Two rounds of work shared with forked workers (`parallel.Shared`): the parts (`_part_findings`)
+    and the platform's keys, which say which tenants' views must be checked again; then the
+    fleet-wide checks and those views. In one round, the views waited for the rest and ran alone."""
     local = [c for c in every if is_tenant_local(c)]
     # What every part's key holds besides its content, digested once for all of them.
     context = digest(library_digest(), oracle_state, rendered.kubernetes_version, sorted(rendered.layers()), policy_check.pack_config(rendered))
     cut = parts(rendered)
-    layers = (part for (kind, _), part in cut.items() if kind == "layer")
-    platform, serving = views.platform_keys(rendered, layers, digest(context, [c.__name__ for c in local]))
-    # The platform's findings not cached (a cold check, a platform change): every view is checked,
-    # as the whole render, beside the other checks.
-    whole = views.read_findings(cache, platform) is None
-    fleet = [c for c in every if c not in PER_PART and c not in local]
-    groups = check_groups([*fleet, *(local if whole else [])])
     order = by_size(cut)
-    work: list[tuple[Check, ...] | Rendered] = [*groups, *(cut[name] for name in order)]
-
-    def done(i: int) -> None:  # progress: a group's checks have run; the parts are counted at the end
-        for _ in groups[i] if on_check is not None and i < len(groups) else ():
-            on_check()
-
-    results = parallel.Shared(
-        work, functools.partial(_work, rendered=rendered, oracles=oracles, cache=cache, context=digest(context, [c.__name__ for c in PER_PART]))
-    ).finish(on_done=done)
+    workers = parallel.workers_for(len(cut))
+    layers = [part for (kind, _), part in cut.items() if kind == "layer"]
+    first: list[Callable[[], object]] = [
+        functools.partial(views.platform_keys, rendered, layers, digest(context, [c.__name__ for c in local])),
+        *(functools.partial(_part_findings, cut[name], oracles, cache, digest(context, [c.__name__ for c in PER_PART])) for name in order),
+    ]
+    (platform, serving), *found_by_part = parallel.Shared(first, _call, workers).finish()
     findings: set[Finding] = set()
-    over_whole: set[Finding] = set()
-    for group, found in zip(groups, results):
-        for check, of_check in zip(group, found):
-            (over_whole if check in local else findings).update(of_check)
     keys, own = [], {}
-    for (kind, name), (key, found, content) in zip(order, results[len(groups) :]):
+    for (kind, name), (key, found, content) in zip(order, found_by_part):
         keys.append(key)
         findings.update(found)
         if kind == "tenant":
             own[name] = content
     tenant_keys = views.tenant_keys(rendered, platform, serving, own)
-    findings.update(views.local_findings(rendered, lambda checked: _run_all(local, checked, oracles), cache, platform, tenant_keys, over_whole if whole else None))
+    tenant_local = views.TenantLocal(rendered, cache, platform, tenant_keys)
+    # The whole render checked again (a cold check, a platform change): the tenant-local checks run
+    # with the fleet-wide ones, the pack's sharing the resources built for it.
+    whole = tenant_local.checked is rendered
+    groups = check_groups([*(c for c in every if c not in PER_PART and c not in local), *(local if whole else [])])
+    view = tenant_local.checked if not whole else None
+    second = [*((group, rendered) for group in groups), *((group, view) for group in (check_groups(local) if view is not None else []))]
+
+    def done(i: int) -> None:  # progress: a group's checks have run; the parts' and views' are counted at the end
+        for _ in groups[i] if on_check is not None and i < len(groups) else ():
+            on_check()
+
+    over_checked: set[Finding] = set()
+    for (group, checked), found in zip(second, parallel.Shared(second, functools.partial(_run_group, oracles=oracles), workers).finish(on_done=done)):
+        for check, of_check in zip(group, found):
+            (over_checked if check in local else findings).update(of_check)
+    findings.update(tenant_local.findings(over_checked))
     keys += [platform, *tenant_keys.values()]
     write_entry(cache / "check-runs" / f"{cached_stack(rendered.graph)}.json", {"parts": keys})  # the parts its latest check used (`eviction`)
     evict(cache)
@@ -188,23 +194,21 @@ def _run_by_part(
 
 
 def check_groups(fleet: list[Check]) -> list[tuple[Check, ...]]:
-    """The fleet-wide checks as units of shared work, the pack's first and together (they share
-    the resources built for it, most of their time; they are the longest unit, taken first so no
-    process is left running it alone), then each other check on its own."""
+    """Checks as units of shared work, the pack's first and together (they share the resources
+    built for it, most of their time; they are the longest unit, taken first so no process is
+    left running it alone), then each other check on its own."""
     pack = tuple(c for c in fleet if c in PACK)
     return [*([pack] if pack else []), *((c,) for c in fleet if c not in PACK)]
 
 
-def _work(unit: tuple[Check, ...] | Rendered, rendered: Rendered, oracles: Oracles, cache: Path, context: str) -> list[list[Finding]] | tuple[str, list[Finding], str]:
-    """A unit of `_run_by_part`'s work: a group of fleet-wide checks over the render (each one's
-    findings), or a part's (`_part_findings`)."""
-    if isinstance(unit, Rendered):
-        return _part_findings(unit, oracles, cache, context)
-    return [list(_guarded(check)(rendered, oracles)) for check in unit]
+def _call(unit: Callable[[], object]) -> object:
+    return unit()
 
 
-def _run_all(checks: Iterable[Check], rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
-    return (f for check in checks for f in _guarded(check)(rendered, oracles))
+def _run_group(unit: tuple[tuple[Check, ...], Rendered], oracles: Oracles) -> list[list[Finding]]:
+    """Each check's findings of a group run over a render (the whole, or changed tenants' views)."""
+    group, rendered = unit
+    return [list(_guarded(check)(rendered, oracles)) for check in group]
 
 
 def _guarded(check: Check) -> Check:

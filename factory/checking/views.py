@@ -11,7 +11,7 @@ each finding attributed to a tenant in that tenant's view, each of the platform'
 alike (tests/test_check_views.py holds every marked check to it). So its findings are kept per
 tenant, under a digest of the tenant's view and the check context, plus the platform's under a
 digest of the unscoped platform; after a change only the views of the tenants whose key moved
-are checked again, as one render, and the others' findings are read back. A change to the
+are checked again, as one render, and the others' findings are read back (`TenantLocal`). A change to the
 unscoped platform or to a namespace moves every key: the whole render is checked again, as when
 most tenants changed. Either way the findings are the whole render's. Views are of a render with
 its resource graph (a rendered directory is checked whole).
@@ -20,7 +20,7 @@ its resource graph (a rendered directory is checked whole).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import msgspec
@@ -32,8 +32,6 @@ from ai_factory.factory.rendering.harness import Graph, Resource
 
 NAMESPACE = "kubernetes:core/v1:Namespace"
 """Every view holds every namespace: where an object is, whose namespace that is, is part of what it is."""
-Run = Callable[[Rendered], Iterable[Finding]]
-"""The tenant-local checks over a render (the whole or a view)."""
 
 
 def owners(rendered: Rendered) -> dict[str, frozenset[str]]:
@@ -140,38 +138,46 @@ def _sha(*parts: str) -> str:
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
-def local_findings(
-    rendered: Rendered, run: Run, cache: Path, platform_key: str, keys: Mapping[str, str], whole: set[Finding] | None = None
-) -> set[Finding]:
-    """The tenant-local checks' findings over the render: read back per tenant, the changed
-    tenants' views checked again; the whole render checked when the platform changed or most
-    tenants did. `whole`: their findings over the whole render, run already (when the platform's
-    findings were not cached, `run_checks` runs them beside the per-part checks)."""
-    platform = read_findings(cache, platform_key)
-    cached = {t: found for t, key in keys.items() if (found := read_findings(cache, key)) is not None}
-    changed = frozenset(keys) - frozenset(cached)
-    if platform is None or 2 * len(changed) > len(keys):
-        checked, changed = rendered, frozenset(keys)
-    elif changed:
-        checked = view(rendered, changed)
-    else:
-        return {f for found in (platform, *cached.values()) for f in found}
-    found = whole if whole is not None and checked is rendered else set(run(checked))
-    owned = owners(checked)
-    by_tenant: dict[str, list[Finding]] = {t: [] for t in changed}
-    ours: list[Finding] = []
-    for f in found:
-        to = attributed(f, owned, keys.keys())
-        if not to:
-            ours.append(f)
-        for t in to & changed:
-            by_tenant[t].append(f)
-    if platform is None:
-        write_findings(cache, platform_key, ours)
-    for t in changed:
-        write_findings(cache, keys[t], by_tenant[t])
-    # The platform's findings are those of every view: a view's are the whole's.
-    return {*ours, *(f for t in changed for f in by_tenant[t]), *(f for t, found in cached.items() if t not in changed for f in found)}
+class TenantLocal:
+    """The tenant-local checks' findings over a render through the check cache: each tenant's read
+    back under its key (`tenant_keys`), the platform's under the platform's. What must be checked
+    again is `checked`: the changed tenants' views as one render, the whole render when the
+    platform changed or most tenants did, None when nothing did; `findings` takes what the checks
+    found over it."""
+
+    def __init__(self, rendered: Rendered, cache: Path, platform_key: str, keys: Mapping[str, str]):
+        self.cache, self.platform_key, self.keys = cache, platform_key, keys
+        self.platform = read_findings(cache, platform_key)
+        self.cached = {t: found for t, key in keys.items() if (found := read_findings(cache, key)) is not None}
+        changed = frozenset(keys) - frozenset(self.cached)
+        self.checked: Rendered | None
+        if self.platform is None or 2 * len(changed) > len(keys):
+            self.checked, self.changed = rendered, frozenset(keys)
+        elif changed:
+            self.checked, self.changed = view(rendered, changed), changed
+        else:
+            self.checked, self.changed = None, frozenset()
+
+    def findings(self, found: Iterable[Finding] = ()) -> set[Finding]:
+        """Every tenant-local finding over the render, `found` being the checks' over `checked`:
+        those of the changed tenants, and the platform's when it was not cached, are stored."""
+        if self.checked is None:
+            return {f for found in (self.platform or [], *self.cached.values()) for f in found}
+        owned = owners(self.checked)
+        by_tenant: dict[str, list[Finding]] = {t: [] for t in self.changed}
+        ours: list[Finding] = []
+        for f in found:
+            to = attributed(f, owned, self.keys.keys())
+            if not to:
+                ours.append(f)
+            for t in to & self.changed:
+                by_tenant[t].append(f)
+        if self.platform is None:
+            write_findings(self.cache, self.platform_key, ours)
+        for t in self.changed:
+            write_findings(self.cache, self.keys[t], by_tenant[t])
+        # The platform's findings are those of every view: a view's are the whole's.
+        return {*ours, *(f for t in self.changed for f in by_tenant[t]), *(f for t, found in self.cached.items() if t not in self.changed for f in found)}
 
 
 def _path(cache: Path, key: str) -> Path:
