@@ -540,12 +540,12 @@ def refuse_outside_matrix(environment: StackEnvironment) -> None:
 def _check(target: str, upstream: Path | None, charts_dir: Path | None, quiet: bool, fmt: str = "text", cache: Path | None = None) -> int:
     from dataclasses import replace
 
-    from ai_factory.factory.checking.charts import Report, check_environment, last_outputs
+    from ai_factory.factory.checking.charts import ReadAhead, Report, check_environment
     from ai_factory.factory.checking.oracles import OracleError, locate_upstream_dir
     from ai_factory.factory.checking.report import config_problems, locate, render_report
     from ai_factory.factory.progress import Steps
     from ai_factory.factory.rendering.bundle import Rendered, cached_stacks, load_rendered, render_clusters
-    from ai_factory.factory.rendering.charts import ChartCacheError, StoredOutput, locate_chart_dir, locate_helm, read_stored
+    from ai_factory.factory.rendering.charts import ChartCacheError, locate_chart_dir, locate_helm
 
     try:
         root = upstream or locate_upstream_dir()
@@ -557,11 +557,11 @@ def _check(target: str, upstream: Path | None, charts_dir: Path | None, quiet: b
         return EXIT_CONFIG
     path = Path(target)
     stack = None if path.is_dir() else stack_file(target)
-    read_ahead: dict[Path, StoredOutput] = {}
+    read_ahead = ReadAhead()
 
-    def read_charts_ahead() -> None:  # while the render's program runs: what the stack's latest check read
-        if cache is not None and charts_cache is not None:
-            read_ahead.update(read_stored(last_outputs(cache, cached_stacks(environment))))
+    def read_ahead_of_the_check() -> None:  # while the render's program runs
+        if cache is not None:
+            read_ahead.read(cache, cached_stacks(environment))
 
     with Steps(quiet) as steps:
         try:
@@ -571,7 +571,7 @@ def _check(target: str, upstream: Path | None, charts_dir: Path | None, quiet: b
             else:
                 environment = read_environment(target)
                 refuse_outside_matrix(environment)
-                renders = _keep(render_clusters(environment, on_resource=steps.step("rendering: resources"), cache=cache, meanwhile=read_charts_ahead))
+                renders = _keep(render_clusters(environment, on_resource=steps.step("rendering: resources"), cache=cache, meanwhile=read_ahead_of_the_check))
         except ConfigError as err:
             if fmt == "text":
                 raise

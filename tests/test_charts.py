@@ -9,7 +9,8 @@ import json
 
 import pytest
 
-from ai_factory.factory.checking.charts import Report, check_environment, last_outputs, oracle_digest
+from ai_factory.factory.checking import views
+from ai_factory.factory.checking.charts import ReadAhead, Report, check_environment, oracle_digest
 from ai_factory.factory.cli import main
 from ai_factory.factory.model.catalog import CHARTS
 from ai_factory.factory.rendering import charts
@@ -296,12 +297,25 @@ def test_a_stored_chart_output_read_ahead_is_taken_as_read(dev, chart_env, tmp_p
     assert (again.error, first.error) == ("read ahead", None)
 
 
-def test_a_check_lists_the_chart_outputs_it_read_for_the_next_check_of_its_stack(dev, oracles, chart_env, tmp_path):
+def test_a_check_reads_ahead_what_the_latest_check_of_its_stack_read_and_reads_it_no_more(dev, oracles, chart_env, tmp_path, monkeypatch):
     assert dev.graph is not None
-    check_environment(dev, oracles.root, chart_env.charts_dir, chart_env.helm, chart_env.store, cache=tmp_path)
+    first = check_environment(dev, oracles.root, chart_env.charts_dir, chart_env.helm, chart_env.store, cache=tmp_path)
+    ahead = ReadAhead()
+    ahead.read(tmp_path, ["elsewhere.dev", cached_stack(dev.graph)])
     outputs = charts.template_in_cluster(charts.releases_of(dev)[0], chart_env.charts_dir, chart_env.helm, dev.kubernetes_version, chart_env.store)
-    listed = last_outputs(tmp_path, ["elsewhere.dev", cached_stack(dev.graph)])
-    assert listed == [out.stored for out in outputs] and all(path.is_file() for path in listed)
+    parts = json.loads((tmp_path / "check-runs" / f"{cached_stack(dev.graph)}.json").read_text())["parts"]
+    assert list(ahead.outputs) == [out.stored for out in outputs] and sorted(ahead.findings) == sorted(parts)
+
+    read_stored = charts.read_stored
+
+    def unread(paths):
+        paths = list(paths)
+        assert not set(paths) & set(ahead.outputs), "a stored chart output read ahead was read again"
+        return read_stored(paths)  # a chart reading the served APIs: its first pass's outputs
+
+    monkeypatch.setattr(charts, "read_stored", unread)
+    monkeypatch.setattr(views, "read_entry", lambda path: pytest.fail(f"{path} was read again"))
+    assert check_environment(dev, oracles.root, chart_env.charts_dir, chart_env.helm, chart_env.store, cache=tmp_path, read_ahead=ahead) == first
 
 
 @pytest.mark.parametrize(

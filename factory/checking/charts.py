@@ -17,10 +17,11 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Mapping
+from typing import Callable, Iterable
 
 from ai_factory.factory.checking.check import checks, run_checks, unchecked_kinds, unchecked_values
 from ai_factory.factory.checking.findings import Finding
+from ai_factory.factory.checking.views import read_findings
 from ai_factory.factory.checking.oracles import Oracles
 from ai_factory.factory.heap import settled_heap
 from ai_factory.factory.rendering.bundle import Rendered, cached_stack
@@ -31,6 +32,7 @@ from ai_factory.factory.rendering.charts import (
     chart_file,
     chart_manifests,
     extract_chart,
+    read_stored,
     releases_of,
     template_in_cluster,
 )
@@ -57,13 +59,13 @@ def check_environment(
     store: Path | None = None,
     step: Step | None = None,
     cache: Path | None = None,
-    read_ahead: Mapping[Path, StoredOutput] | None = None,
+    read_ahead: ReadAhead | None = None,
 ) -> Report:
     """`step` (progress): called to start each long step, with its description and size; it returns
     the callback to call once per unit done (`ai_factory.factory.progress.Steps.step`). `cache`:
     the check cache directory (`check.run_checks`), where a check of a render with its resource
-    graph also lists the chart outputs it read (`last_outputs`). `read_ahead`: stored chart
-    outputs already read (`read_stored`), by file."""
+    graph also lists the chart outputs it read (`ReadAhead`). `read_ahead`: what the check would
+    read, read already."""
     # The render left out of the collector's passes from the start: decoding the charts' stored
     # outputs set off full passes over it (a second of a one-tenant re-check at 1,000 tenants).
     with settled_heap():
@@ -78,7 +80,7 @@ def _check_environment(
     store: Path | None,
     step: Step | None,
     cache: Path | None,
-    read_ahead: Mapping[Path, StoredOutput] | None,
+    read_ahead: ReadAhead | None,
 ) -> Report:
     oracles = Oracles(upstream)
     releases, _ = releases_of(rendered)
@@ -91,7 +93,7 @@ def _check_environment(
     else:
         present = sum(chart_file(charts_dir, r.pin).is_file() for r in releases)
         on_chart = step("rendering charts", present) if step is not None else None
-        outputs = template_in_cluster(releases, charts_dir, helm, rendered.kubernetes_version, store, on_chart=on_chart, read_ahead=read_ahead)
+        outputs = template_in_cluster(releases, charts_dir, helm, rendered.kubernetes_version, store, on_chart=on_chart, read_ahead=read_ahead.outputs if read_ahead else None)
         if cache is not None and rendered.graph is not None:
             write_entry(_outputs_index(cache, cached_stack(rendered.graph)), {"outputs": [str(out.stored) for out in outputs]})
         for r in releases:
@@ -120,7 +122,7 @@ def _check_environment(
     )
     on_check = step("checking", len(checks(union))) if step is not None else None
     state = oracle_digest(upstream, outputs) if cache is not None else ""
-    findings += run_checks(union, oracles, on_check=on_check, cache=cache, oracle_state=state)
+    findings += run_checks(union, oracles, on_check=on_check, cache=cache, oracle_state=state, known=read_ahead.findings if read_ahead else None)
     kinds = unchecked_kinds(union, oracles)
     if kinds:
         not_run.append(
@@ -133,15 +135,31 @@ def _check_environment(
     return Report(sorted(set(findings)), len(union.manifests), sum(1 for out in outputs if out.error is None), not_run)
 
 
-def last_outputs(cache: Path, stacks: Iterable[str]) -> list[Path]:
-    """The stored chart outputs the latest check of each of these stacks (`cached_stacks`) read:
-    most of what the next one reads, read ahead while its render runs (`read_stored`)."""
-    found: list[Path] = []
-    for stack in stacks:
-        listed = read_entry(_outputs_index(cache, stack))
-        outputs = listed.get("outputs") if isinstance(listed, dict) else None
-        found += [Path(path) for path in outputs if isinstance(path, str)] if isinstance(outputs, list) else []
-    return found
+@dataclass
+class ReadAhead:
+    """What the latest check of some stacks read (their stored chart outputs, by file, and their
+    check cache entries, by key): most of what the next check of them reads, read while its render's
+    program runs (`render_clusters`' meanwhile) and taken from here instead of read again."""
+
+    outputs: dict[Path, StoredOutput] = field(default_factory=dict)
+    findings: dict[str, list[Finding]] = field(default_factory=dict)
+
+    def read(self, cache: Path, stacks: Iterable[str]) -> None:
+        """Read what the latest check of each of these stacks (`cached_stacks`) read."""
+        outputs: list[Path] = []
+        for stack in stacks:
+            outputs += [Path(path) for path in _listed(_outputs_index(cache, stack), "outputs")]
+            for key in _listed(cache / "check-runs" / f"{stack}.json", "parts"):
+                if (found := read_findings(cache, key)) is not None:
+                    self.findings[key] = found
+        self.outputs.update(read_stored(outputs))
+
+
+def _listed(index: Path, field_name: str) -> list[str]:
+    """The names an index entry lists under `field_name` (none when it is absent or unreadable)."""
+    entry = read_entry(index)
+    listed = entry.get(field_name) if isinstance(entry, dict) else None
+    return [name for name in listed if isinstance(name, str)] if isinstance(listed, list) else []
 
 
 def _outputs_index(cache: Path, stack: str) -> Path:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Mapping
 
 from ai_factory.components.registry import checks_for, external_crds
 from ai_factory.factory.checking import hardening, isolation, ordering, parallel, views
@@ -117,23 +117,29 @@ def checks(rendered: Rendered) -> list[Check]:
 
 
 def run_checks(
-    rendered: Rendered, oracles: Oracles, on_check: Callable[[], None] | None = None, cache: Path | None = None, oracle_state: str = ""
+    rendered: Rendered,
+    oracles: Oracles,
+    on_check: Callable[[], None] | None = None,
+    cache: Path | None = None,
+    oracle_state: str = "",
+    known: Mapping[str, list[Finding]] | None = None,
 ) -> list[Finding]:
     """`on_check`: called once each check has run (progress). `cache`: the check cache directory,
     for the `PER_PART` checks and the tenant-local ones (`views`) of a render with its resource
     graph (a rendered directory's resources are matched to their inventory across the whole, so
-    it is checked whole); `oracle_state`: a digest of what the oracles know (`oracle_digest`).
+    it is checked whole); `oracle_state`: a digest of what the oracles know (`oracle_digest`);
+    `known`: entries of the check cache already read, by key (`charts.ReadAhead`).
 
-    With a cache the fleet-wide checks and the parts are one list of work shared with forked
-    workers (`parallel.Shared`): after a one-tenant change the parts are mostly read back, and
-    the fleet-wide checks are most of the time, which one process alone spent while the other
-    core waited."""
+    With a cache the parts, then the fleet-wide checks and the changed tenants' views, are work
+    shared with forked workers (`_run_by_part`): after a one-tenant change the parts are mostly
+    read back, and the fleet-wide checks are most of the time, which one process alone spent
+    while the other core waited."""
     every = checks(rendered)
     # One block for the tenant-local checks too: run over the whole render, they reuse its view and
     # the stack policies' resources.
     with settled_heap(), isolation.View.shared(), policy_check.shared(rendered):  # the per-part checks too: digesting and checking parts allocate as much
         if cache is not None and rendered.graph is not None:
-            return sorted(_run_by_part(rendered, oracles, every, cache, oracle_state, on_check))
+            return sorted(_run_by_part(rendered, oracles, every, cache, oracle_state, on_check, known or {}))
         findings: set[Finding] = set()
         for check in every:
             findings.update(_guarded(check)(rendered, oracles))
@@ -143,7 +149,13 @@ def run_checks(
 
 
 def _run_by_part(
-    rendered: Rendered, oracles: Oracles, every: list[Check], cache: Path, oracle_state: str, on_check: Callable[[], None] | None
+    rendered: Rendered,
+    oracles: Oracles,
+    every: list[Check],
+    cache: Path,
+    oracle_state: str,
+    on_check: Callable[[], None] | None,
+    known: Mapping[str, list[Finding]],
 ) -> set[Finding]:
     """Two rounds of work shared with forked workers (`parallel.Shared`): the parts (`_part_findings`)
     and the platform's keys, which say which tenants' views must be checked again; then the
@@ -157,7 +169,7 @@ def _run_by_part(
     layers = [part for (kind, _), part in cut.items() if kind == "layer"]
     first: list[Callable[[], object]] = [
         functools.partial(views.platform_keys, rendered, layers, digest(context, [c.__name__ for c in local])),
-        *(functools.partial(_part_findings, cut[name], oracles, cache, digest(context, [c.__name__ for c in PER_PART])) for name in order),
+        *(functools.partial(_part_findings, cut[name], oracles, cache, digest(context, [c.__name__ for c in PER_PART]), known) for name in order),
     ]
     (platform, serving), *found_by_part = parallel.Shared(first, _call, workers).finish()
     findings: set[Finding] = set()
@@ -168,7 +180,7 @@ def _run_by_part(
         if kind == "tenant":
             own[name] = content
     tenant_keys = views.tenant_keys(rendered, platform, serving, own)
-    tenant_local = views.TenantLocal(rendered, cache, platform, tenant_keys)
+    tenant_local = views.TenantLocal(rendered, cache, platform, tenant_keys, known)
     # The whole render checked again (a cold check, a platform change): the tenant-local checks run
     # with the fleet-wide ones, the pack's sharing the resources built for it.
     whole = tenant_local.checked is rendered
@@ -250,11 +262,11 @@ def _part_of(tenant: str | None, layer: str) -> tuple[str, str]:
     return ("tenant", tenant) if tenant else ("layer", layer)
 
 
-def _part_findings(part: Rendered, oracles: Oracles, cache: Path, context: str) -> tuple[str, list[Finding], str]:
+def _part_findings(part: Rendered, oracles: Oracles, cache: Path, context: str, known: Mapping[str, list[Finding]]) -> tuple[str, list[Finding], str]:
     """The part's key in the check cache, its findings and the digest of its content."""
     content = views.content_digest(part.manifests, part.graph.resources)
     key = digest(context, content)
-    found = views.read_findings(cache, key)
+    found = views.read_findings(cache, key, known)
     if found is None:
         found = sorted({f for check in PER_PART for f in _guarded(check)(part, oracles)})
         views.write_findings(cache, key, found)

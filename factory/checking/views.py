@@ -145,10 +145,11 @@ class TenantLocal:
     platform changed or most tenants did, None when nothing did; `findings` takes what the checks
     found over it."""
 
-    def __init__(self, rendered: Rendered, cache: Path, platform_key: str, keys: Mapping[str, str]):
+    def __init__(self, rendered: Rendered, cache: Path, platform_key: str, keys: Mapping[str, str], known: Mapping[str, list[Finding]] | None = None):
+        """`known`: entries of the check cache already read, by key."""
         self.cache, self.platform_key, self.keys = cache, platform_key, keys
-        self.platform = read_findings(cache, platform_key)
-        self.cached = {t: found for t, key in keys.items() if (found := read_findings(cache, key)) is not None}
+        self.platform = read_findings(cache, platform_key, known)
+        self.cached = {t: found for t, key in keys.items() if (found := read_findings(cache, key, known)) is not None}
         changed = frozenset(keys) - frozenset(self.cached)
         self.checked: Rendered | None
         if self.platform is None or 2 * len(changed) > len(keys):
@@ -184,8 +185,11 @@ def _path(cache: Path, key: str) -> Path:
     return cache / "checks" / key[:2] / f"{key}.json"
 
 
-def read_findings(cache: Path, key: str) -> list[Finding] | None:
-    """The findings the check cache holds under `key`, None when it holds none (or unreadable ones)."""
+def read_findings(cache: Path, key: str, known: Mapping[str, list[Finding]] | None = None) -> list[Finding] | None:
+    """The findings the check cache holds under `key`, None when it holds none (or unreadable ones);
+    `known`: entries already read, by key."""
+    if known is not None and key in known:
+        return known[key]
     entry = read_entry(_path(cache, key))
     try:
         if entry["key"] == key:
