@@ -65,7 +65,7 @@ class _YAML_LOADER(LOADER):  # noqa: N801
 
 
 _YAML_LOADER.add_constructor("tag:yaml.org,2002:value", lambda loader, node: loader.construct_scalar(node))
-_CACHE_FORMAT = 2
+_CACHE_FORMAT = 3
 CLUSTER_SCOPED_CORE_KINDS = frozenset(
     {
         "APIService", "CertificateSigningRequest", "ClusterRole", "ClusterRoleBinding", "ClusterTrustBundle", "CSIDriver",
@@ -270,8 +270,8 @@ def reads_api_versions(chart_bytes: bytes) -> bool:
     return False
 
 
-StoredOutput = tuple[bytes, dict[str, Any]]
-"""A stored output's text and what it decodes to."""
+StoredOutput = tuple[str, dict[str, Any]]
+"""A stored output's digest (`ChartOutput.digest`) and what it decodes to."""
 
 
 def template_all(
@@ -302,11 +302,10 @@ def template_all(
     def stored_at(release: Release) -> Path:
         chart = chart_file(charts_dir, release.pin)
         key = _sha256(
-            json.dumps(
+            msgspec.json.encode(
                 [_CACHE_FORMAT, digests[chart], release.name, release.namespace, version, release.values, helm_identity, capabilities[chart]],
-                sort_keys=True,
-                separators=(",", ":"),
-            ).encode()
+                order="sorted",
+            )
         )
         return store / f"{key}.json"
 
@@ -321,7 +320,7 @@ def template_all(
         partial.replace(path)
         if on_chart is not None:
             on_chart()
-        return text.encode(), msgspec.json.decode(text)
+        return _sha256(text.encode()), msgspec.json.decode(text)
 
     paths = [stored_at(r) for r in present]
     ahead = read_ahead or {}
@@ -335,12 +334,12 @@ def template_all(
             for i, output in zip(missing, pool.map(lambda i: rendered(present[i], paths[i]), missing)):
                 stored[i] = output
     outputs = []
-    for release, path, (text, result) in zip(present, paths, stored):
+    for release, path, (digest, result) in zip(present, paths, stored):
         chart = chart_file(charts_dir, release.pin)
         if result["error"] is not None:
-            outputs.append(ChartOutput(release, chart, path, _sha256(text), error=result["error"]))
+            outputs.append(ChartOutput(release, chart, path, digest, error=result["error"]))
         else:
-            outputs.append(ChartOutput(release, chart, path, _sha256(text), tuple(result["documents"])))
+            outputs.append(ChartOutput(release, chart, path, digest, tuple(result["documents"])))
     return outputs
 
 
@@ -353,7 +352,7 @@ def read_stored(paths: Iterable[Path]) -> dict[Path, StoredOutput]:
         for path in paths:
             try:
                 text = path.read_bytes()
-                found[path] = (text, msgspec.json.decode(text))
+                found[path] = (_sha256(text), msgspec.json.decode(text))
             except (OSError, ValueError):
                 continue
     return found
