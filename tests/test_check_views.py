@@ -363,3 +363,10 @@ def test_a_view_holds_what_the_platform_made_for_its_tenants_and_not_for_others(
         return any(x.key == key for x in seen.graph.resources)
 
     assert holds(views.view(r, {served[0]})) and not holds(views.view(r, {other}))
+
+
+def test_what_the_platform_made_for_some_tenants_is_attributed_to_them(before):
+    r = before[0]
+    owned = views.owners(r)
+    made = [(m.ref, frozenset(r.scopes[m.origin])) for m in r.manifests if not m.tenant and m.origin in r.scopes]
+    assert made and all(owned[ref] >= served for ref, served in made)

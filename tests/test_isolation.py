@@ -311,8 +311,9 @@ PRIVILEGED = {"containers": [container(securityContext={"privileged": True})]}
 )
 def test_privileged_workloads_run_only_in_the_platforms_privileged_namespaces(workload, expected):
     privileged = obj("Namespace", "gpu-operator", metadata={"name": "gpu-operator", "labels": {"pod-security.kubernetes.io/enforce": "privileged"}})
+    agent = obj("DaemonSet", "cilium", "kube-system", "apps/v1", spec={"template": {"spec": PRIVILEGED}})  # allowed, and read before the row's
     allowed = "gpu-operator, kube-system"
-    assert findings(isolation.privileged_workloads, tenant_ns("a"), privileged, workload) == [
+    assert findings(isolation.privileged_workloads, tenant_ns("a"), privileged, agent, workload) == [
         f"privileged-workloads: {e} outside the platform's privileged namespaces ({allowed})" for e in expected
     ]
 
