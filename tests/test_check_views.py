@@ -302,13 +302,14 @@ def test_after_a_one_tenant_change_its_view_is_checked_as_work_shared_with_the_f
     assert not any(is_tenant_local(c) for group, checked in shared[1] if checked is after for c in group)
 
 
-@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
-def test_a_check_through_the_cache_reports_each_check_once(before, oracles, tmp_path, warm):
+@pytest.mark.parametrize("warm, changed", [(False, False), (True, False), (True, True)], ids=["cold", "warm", "warm-one-tenant-changed"])
+def test_a_check_through_the_cache_reports_each_check_once(six, before, oracles, tmp_path, warm, changed):
     r, done = before[0], []
     if warm:
         run_checks(r, oracles, cache=tmp_path)
-    run_checks(r, oracles, on_check=lambda: done.append(1), cache=tmp_path)
-    assert len(done) == len(check.checks(r))
+    checked = changed_render(six, before[1], False) if changed else r
+    run_checks(checked, oracles, on_check=lambda: done.append(1), cache=tmp_path)
+    assert len(done) == len(check.checks(checked))
 
 
 def test_the_packs_fleet_wide_checks_are_one_unit_of_work_taken_first(before):
