@@ -561,7 +561,7 @@ def _check(target: str, upstream: Path | None, charts_dir: Path | None, quiet: b
 
     def read_ahead_of_the_check() -> None:  # while the render's program runs
         if cache is not None:
-            read_ahead.read(cache, cached_stacks(environment))
+            read_ahead.read(cache, cached_stacks(environment), root)
 
     with Steps(quiet) as steps:
         try:

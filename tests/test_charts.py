@@ -6,11 +6,12 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import os
 
 import pytest
 
 from ai_factory.factory.checking import views
-from ai_factory.factory.checking.charts import ReadAhead, Report, check_environment, oracle_digest
+from ai_factory.factory.checking.charts import ReadAhead, Report, check_environment, oracle_digest, upstream_digest
 from ai_factory.factory.cli import main
 from ai_factory.factory.model.catalog import CHARTS
 from ai_factory.factory.rendering import charts
@@ -301,7 +302,7 @@ def test_a_check_reads_ahead_what_the_latest_check_of_its_stack_read_and_reads_i
     assert dev.graph is not None
     first = check_environment(dev, oracles.root, chart_env.charts_dir, chart_env.helm, chart_env.store, cache=tmp_path)
     ahead = ReadAhead()
-    ahead.read(tmp_path, ["elsewhere.dev", cached_stack(dev.graph)])
+    ahead.read(tmp_path, ["elsewhere.dev", cached_stack(dev.graph)], oracles.root)
     outputs = charts.template_in_cluster(charts.releases_of(dev)[0], chart_env.charts_dir, chart_env.helm, dev.kubernetes_version, chart_env.store)
     parts = json.loads((tmp_path / "check-runs" / f"{cached_stack(dev.graph)}.json").read_text())["parts"]
     assert list(ahead.outputs) == [out.stored for out in outputs] and sorted(ahead.findings) == sorted(parts)
@@ -316,6 +317,25 @@ def test_a_check_reads_ahead_what_the_latest_check_of_its_stack_read_and_reads_i
     monkeypatch.setattr(charts, "read_stored", unread)
     monkeypatch.setattr(views, "read_entry", lambda path: pytest.fail(f"{path} was read again"))
     assert check_environment(dev, oracles.root, chart_env.charts_dir, chart_env.helm, chart_env.store, cache=tmp_path, read_ahead=ahead) == first
+
+
+def test_a_charts_facts_and_the_oracles_digest_follow_their_files(chart_env, tmp_path):
+    kueue, kyverno = (next(chart_env.charts_dir.glob(f"{name}-*.tgz")) for name in ("kueue", "kyverno"))
+    package = tmp_path / "chart.tgz"
+    package.write_bytes(kueue.read_bytes())
+    first = charts.chart_facts(package)
+    package.write_bytes(kyverno.read_bytes())
+    os.utime(package, ns=(1, 1))  # another modification time, whatever the clock's resolution
+    assert (first.digest, charts.chart_facts(package).digest) == (charts._sha256(kueue.read_bytes()), charts._sha256(kyverno.read_bytes()))
+    oracles = tmp_path / "upstream"
+    oracles.mkdir()
+    (oracles / "crd.yaml").write_text("a")
+    before = upstream_digest(oracles)
+    (oracles / "crd.yaml").write_text("b")
+    os.utime(oracles / "crd.yaml", ns=(1, 1))
+    changed = upstream_digest(oracles)
+    (oracles / "more.yaml").write_text("")
+    assert len({before, changed, upstream_digest(oracles)}) == 3
 
 
 @pytest.mark.parametrize(

@@ -13,8 +13,8 @@ incomplete", never "clean".
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
@@ -29,6 +29,7 @@ from ai_factory.factory.rendering.cache import read_entry, write_entry
 from ai_factory.factory.rendering.charts import (
     ChartOutput,
     StoredOutput,
+    chart_facts,
     chart_file,
     chart_manifests,
     extract_chart,
@@ -95,7 +96,10 @@ def _check_environment(
         on_chart = step("rendering charts", present) if step is not None else None
         outputs = template_in_cluster(releases, charts_dir, helm, rendered.kubernetes_version, store, on_chart=on_chart, read_ahead=read_ahead.outputs if read_ahead else None)
         if cache is not None and rendered.graph is not None:
-            write_entry(_outputs_index(cache, cached_stack(rendered.graph)), {"outputs": [str(out.stored) for out in outputs]})
+            write_entry(
+                _outputs_index(cache, cached_stack(rendered.graph)),
+                {"outputs": [str(out.stored) for out in outputs], "charts": sorted({str(out.chart) for out in outputs})},
+            )
         for r in releases:
             if not chart_file(charts_dir, r.pin).is_file():
                 not_run.append(
@@ -144,15 +148,21 @@ class ReadAhead:
     outputs: dict[Path, StoredOutput] = field(default_factory=dict)
     findings: dict[str, list[Finding]] = field(default_factory=dict)
 
-    def read(self, cache: Path, stacks: Iterable[str]) -> None:
-        """Read what the latest check of each of these stacks (`cached_stacks`) read."""
+    def read(self, cache: Path, stacks: Iterable[str], upstream: Path | None) -> None:
+        """Read what the latest check of each of these stacks (`cached_stacks`) read, and find
+        the facts of its chart packages and oracle directory (`chart_facts`, `upstream_digest`)."""
         outputs: list[Path] = []
         for stack in stacks:
             outputs += [Path(path) for path in _listed(_outputs_index(cache, stack), "outputs")]
+            for chart in _listed(_outputs_index(cache, stack), "charts"):
+                with contextlib.suppress(OSError):  # gone since: the check reports it
+                    chart_facts(Path(chart))
             for key in _listed(cache / "check-runs" / f"{stack}.json", "parts"):
                 if (found := read_findings(cache, key)) is not None:
                     self.findings[key] = found
         self.outputs.update(read_stored(outputs))
+        if upstream is not None:
+            upstream_digest(upstream)
 
 
 def _listed(index: Path, field_name: str) -> list[str]:
@@ -166,15 +176,29 @@ def _outputs_index(cache: Path, stack: str) -> Path:
     return cache / "chart-runs" / f"{stack}.json"
 
 
+_upstream: dict[tuple[Path, tuple[tuple[str, int, int], ...]], str] = {}
+
+
+def upstream_digest(upstream: Path) -> str:
+    """Of every file of the oracle directory (names and contents): found once per process while
+    its files stay as they were (names, sizes, modification times)."""
+    files = sorted(p for p in upstream.rglob("*") if p.is_file())
+    identity = (upstream, tuple((str(p.relative_to(upstream)), (s := p.stat()).st_size, s.st_mtime_ns) for p in files))
+    if identity not in _upstream:
+        sha = hashlib.sha256()
+        for path in files:
+            sha.update(f"{path.relative_to(upstream)}\0".encode() + path.read_bytes() + b"\0")
+        _upstream[identity] = sha.hexdigest()
+    return _upstream[identity]
+
+
 def oracle_digest(upstream: Path | None, outputs: list[ChartOutput]) -> str:
     """What the oracles of a check know, as a digest: every file of the oracle directory (names
     and contents), each chart's package, and the rendered output of each release whose output
     ships CRDs or is an error (the others add no schema)."""
-    sha = hashlib.sha256()
-    for path in sorted(p for p in upstream.rglob("*") if p.is_file()) if upstream is not None else ():
-        sha.update(f"{path.relative_to(upstream)}\0".encode() + path.read_bytes() + b"\0")
+    sha = hashlib.sha256(upstream_digest(upstream).encode() if upstream is not None else b"")
     for chart in sorted({out.chart for out in outputs}):
-        sha.update(f"{chart.name}\0".encode() + hashlib.sha256(chart.read_bytes()).digest())
+        sha.update(f"{chart.name}\0{chart_facts(chart).digest}\0".encode())
     for out in sorted(outputs, key=lambda o: o.origin):
         sha.update(f"{out.origin}\0{out.digest if out.crds or out.error is not None else ''}\0".encode())
     return sha.hexdigest()
