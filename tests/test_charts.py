@@ -7,9 +7,11 @@ import copy
 import dataclasses
 import json
 import os
+from pathlib import Path
 
 import pytest
 
+from ai_factory.factory.checking import charts as checking_charts
 from ai_factory.factory.checking import views
 from ai_factory.factory.checking.charts import ReadAhead, Report, check_environment, oracle_digest, upstream_digest
 from ai_factory.factory.cli import main
@@ -301,9 +303,17 @@ def test_a_stored_chart_output_read_ahead_is_taken_as_read(dev, chart_env, tmp_p
 def test_a_check_reads_ahead_what_the_latest_check_of_its_stack_read_and_reads_it_no_more(dev, oracles, chart_env, tmp_path, monkeypatch):
     assert dev.graph is not None
     first = check_environment(dev, oracles.root, chart_env.charts_dir, chart_env.helm, chart_env.store, cache=tmp_path)
+    outputs = charts.template_in_cluster(charts.releases_of(dev)[0], chart_env.charts_dir, chart_env.helm, dev.kubernetes_version, chart_env.store)
+    monkeypatch.setattr(charts, "_facts", {})  # as in a new process
+    monkeypatch.setattr(checking_charts, "_upstream", {})
     ahead = ReadAhead()
     ahead.read(tmp_path, ["elsewhere.dev", cached_stack(dev.graph)], oracles.root)
-    outputs = charts.template_in_cluster(charts.releases_of(dev)[0], chart_env.charts_dir, chart_env.helm, dev.kubernetes_version, chart_env.store)
+    ReadAhead().read(tmp_path, [cached_stack(dev.graph)], None)  # no oracle directory: nothing of it to find
+    with monkeypatch.context() as reading:
+        reading.setattr(Path, "read_bytes", lambda path: pytest.fail(f"{path} was read again"))
+        upstream_digest(oracles.root)  # found by the read-ahead, as the charts' facts
+        for out in outputs:
+            charts.chart_facts(out.chart)
     parts = json.loads((tmp_path / "check-runs" / f"{cached_stack(dev.graph)}.json").read_text())["parts"]
     assert list(ahead.outputs) == [out.stored for out in outputs] and sorted(ahead.findings) == sorted(parts)
 
@@ -330,12 +340,13 @@ def test_a_charts_facts_and_the_oracles_digest_follow_their_files(chart_env, tmp
     oracles = tmp_path / "upstream"
     oracles.mkdir()
     (oracles / "crd.yaml").write_text("a")
-    before = upstream_digest(oracles)
+    before = (upstream_digest(oracles), oracle_digest(oracles, []))
     (oracles / "crd.yaml").write_text("b")
     os.utime(oracles / "crd.yaml", ns=(1, 1))
-    changed = upstream_digest(oracles)
+    changed = (upstream_digest(oracles), oracle_digest(oracles, []))
     (oracles / "more.yaml").write_text("")
-    assert len({before, changed, upstream_digest(oracles)}) == 3
+    digests = [before, changed, (upstream_digest(oracles), oracle_digest(oracles, []))]
+    assert len({d for pair in digests for d in pair}) == 6 and oracle_digest(None, []) not in {d for _, d in digests}
 
 
 @pytest.mark.parametrize(
