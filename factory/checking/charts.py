@@ -17,9 +17,9 @@ import contextlib
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
-from ai_factory.factory.checking.check import checks, run_checks, unchecked_kinds, unchecked_values
+from ai_factory.factory.checking.check import checks, run_checks, run_index, unchecked_kinds, unchecked_values
 from ai_factory.factory.checking.findings import Finding
 from ai_factory.factory.checking.views import read_findings
 from ai_factory.factory.checking.oracles import Oracles
@@ -153,11 +153,12 @@ class ReadAhead:
         the facts of its chart packages and oracle directory (`chart_facts`, `upstream_digest`)."""
         outputs: list[Path] = []
         for stack in stacks:
-            outputs += [Path(path) for path in _listed(_outputs_index(cache, stack), "outputs")]
-            for chart in _listed(_outputs_index(cache, stack), "charts"):
+            index = read_entry(_outputs_index(cache, stack))
+            outputs += [Path(path) for path in _listed(index, "outputs")]
+            for chart in _listed(index, "charts"):
                 with contextlib.suppress(OSError):  # gone since: the check reports it
                     chart_facts(Path(chart))
-            for key in _listed(cache / "check-runs" / f"{stack}.json", "parts"):
+            for key in _listed(read_entry(run_index(cache, stack)), "parts"):
                 if (found := read_findings(cache, key)) is not None:
                     self.findings[key] = found
         self.outputs.update(read_stored(outputs))
@@ -165,9 +166,8 @@ class ReadAhead:
             upstream_digest(upstream)
 
 
-def _listed(index: Path, field_name: str) -> list[str]:
+def _listed(entry: Any, field_name: str) -> list[str]:
     """The names an index entry lists under `field_name` (none when it is absent or unreadable)."""
-    entry = read_entry(index)
     listed = entry.get(field_name) if isinstance(entry, dict) else None
     return [name for name in listed if isinstance(name, str)] if isinstance(listed, list) else []
 

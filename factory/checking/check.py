@@ -198,11 +198,17 @@ def _run_by_part(
             (over_checked if check in local else findings).update(of_check)
     findings.update(tenant_local.findings(over_checked))
     keys += [platform, *tenant_keys.values()]
-    write_entry(cache / "check-runs" / f"{cached_stack(rendered.graph)}.json", {"parts": keys})  # the parts its latest check used (`eviction`)
+    write_entry(run_index(cache, cached_stack(rendered.graph)), {"parts": keys})
     evict(cache)
     for _ in [*PER_PART, *([] if whole else local)] if on_check is not None else ():
         on_check()
     return findings
+
+
+def run_index(cache: Path, stack: str) -> Path:
+    """Where the check cache lists the parts the latest check of a stack (`cached_stack`) used:
+    what eviction keeps, and what the next check reads ahead (`charts.ReadAhead`)."""
+    return cache / "check-runs" / f"{stack}.json"
 
 
 def check_groups(fleet: list[Check]) -> list[tuple[Check, ...]]:

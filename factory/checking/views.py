@@ -159,7 +159,7 @@ class TenantLocal:
         else:
             self.checked, self.changed = None, frozenset()
 
-    def findings(self, found: Iterable[Finding] = ()) -> set[Finding]:
+    def findings(self, found: Iterable[Finding]) -> set[Finding]:
         """Every tenant-local finding over the render, `found` being the checks' over `checked`:
         those of the changed tenants, and the platform's when it was not cached, are stored."""
         if self.checked is None:
