@@ -7,6 +7,7 @@ import difflib
 import os
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -294,13 +295,14 @@ def _cache_dir(args: argparse.Namespace) -> Path | None:
 
 def _render(env: str, out: Path, quiet: bool, cache: Path | None = None) -> int:
     from ai_factory.factory.progress import Steps
-    from ai_factory.factory.rendering.bundle import render_clusters
+    from ai_factory.factory.rendering.bundle import program_ahead, render_clusters
     from ai_factory.factory.rendering.cache import write_record
     from ai_factory.factory.rendering.eviction import evict
 
     started = time.perf_counter()
     with Steps(quiet) as steps:
-        renders = _keep(render_clusters(env, on_resource=steps.step("rendering: resources"), cache=cache))
+        with program_ahead() if cache is not None else nullcontext():
+            renders = _keep(render_clusters(env, on_resource=steps.step("rendering: resources"), cache=cache))
         if cache is not None:
             evict(cache)
         single = len(renders) == 1 and next(iter(renders)) == stack_name(stack_file(env))
@@ -544,7 +546,7 @@ def _check(target: str, upstream: Path | None, charts_dir: Path | None, quiet: b
     from ai_factory.factory.checking.oracles import OracleError, locate_upstream_dir
     from ai_factory.factory.checking.report import config_problems, locate, render_report
     from ai_factory.factory.progress import Steps
-    from ai_factory.factory.rendering.bundle import Rendered, cached_stacks, load_rendered, render_clusters
+    from ai_factory.factory.rendering.bundle import Rendered, cached_stacks, load_rendered, program_ahead, render_clusters
     from ai_factory.factory.rendering.charts import ChartCacheError, locate_chart_dir, locate_helm
 
     try:
@@ -569,9 +571,10 @@ def _check(target: str, upstream: Path | None, charts_dir: Path | None, quiet: b
                 steps.step("reading the rendered directory")
                 renders = {"": load_rendered(path)}
             else:
-                environment = read_environment(target)
-                refuse_outside_matrix(environment)
-                renders = _keep(render_clusters(environment, on_resource=steps.step("rendering: resources"), cache=cache, meanwhile=read_ahead_of_the_check))
+                with program_ahead() if cache is not None else nullcontext():
+                    environment = read_environment(target)
+                    refuse_outside_matrix(environment)
+                    renders = _keep(render_clusters(environment, on_resource=steps.step("rendering: resources"), cache=cache, meanwhile=read_ahead_of_the_check))
         except ConfigError as err:
             if fmt == "text":
                 raise

@@ -7,6 +7,7 @@ import copy
 import io
 import os
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -197,6 +198,14 @@ def one(rendered: Rendered, kind: str, name: str) -> dict:
 
 
 Edit = Callable[[dict[str, Any]], None]
+
+
+def settled(condition: Callable[[], object], seconds: float = 120) -> None:
+    """Wait until `condition` holds (what another process does), failing after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "the other process never got there"
+        time.sleep(0.01)
 
 
 def run_main(*args: str, env: dict[str, str] | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess:

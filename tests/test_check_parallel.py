@@ -4,6 +4,7 @@ this process alone gives, in the parts' order."""
 from __future__ import annotations
 
 import copy
+import functools
 import gc
 import os
 import sys
@@ -14,6 +15,7 @@ import pytest
 from ai_factory.factory.checking import parallel
 from ai_factory.factory.checking.check import run_checks
 from ai_factory.factory.rendering.bundle import Rendered
+from tests.conftest import settled
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parts are checked in forked workers on Linux only")
 
@@ -26,13 +28,6 @@ def broken(rendered: Rendered) -> Rendered:
     release = next(m for m in clone.manifests if m.kind == "HelmRelease" and m.tenant is None)
     release.obj["spec"]["values"]["notAValue"] = True
     return clone
-
-
-def settled(condition, seconds: float = 120) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "the worker never got there"
-        time.sleep(0.01)
 
 
 def test_findings_checked_in_worker_processes_are_the_serial_ones(three_tenants, oracles, tmp_path, monkeypatch):
@@ -150,3 +145,96 @@ def test_a_call_beside_still_running_when_the_block_fails_is_killed(tmp_path):
         raise KeyError("the block failed")
     with pytest.raises(ProcessLookupError):  # killed and reaped
         os.kill(int((tmp_path / "pid").read_text()), 0)
+
+
+def write_pid(path, then=None) -> None:
+    """Write this process's id to `path` (whole when it appears), then call `then`."""
+    (path.parent / f"{path.name}.tmp").write_text(str(os.getpid()))
+    os.replace(path.parent / f"{path.name}.tmp", path)
+    if then is not None:
+        then()
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_a_call_beside_in_an_ahead_block_runs_in_the_process_forked_ahead_after_the_step_under_way(tmp_path):
+    def warm() -> None:
+        (tmp_path / "started").write_text("")
+        settled((tmp_path / "went-on").exists)  # the block went on meanwhile
+        write_pid(tmp_path / "warm")
+
+    with parallel.ahead([warm]):
+        settled((tmp_path / "started").exists)
+        (tmp_path / "went-on").write_text("")
+        with parallel.beside(functools.partial(os.path.exists, tmp_path / "warm")) as warmed_first, parallel.beside(os.getpid) as second:
+            assert warmed_first() is True
+            assert second() not in (None, os.getpid(), int((tmp_path / "warm").read_text()))  # forked when it came
+
+
+def test_the_steps_of_the_warm_up_left_when_the_call_comes_are_left_to_it(tmp_path):
+    def first() -> None:
+        settled((tmp_path / "sent").exists)
+
+    with parallel.ahead([first, functools.partial(write_pid, tmp_path / "second")]):
+        with parallel.beside(os.getpid) as result:
+            (tmp_path / "sent").write_text("")
+            assert result() not in (None, os.getpid())
+    assert not (tmp_path / "second").exists()
+
+
+def test_the_process_forked_ahead_runs_the_first_call_beside(tmp_path):
+    with parallel.ahead([functools.partial(write_pid, tmp_path / "warm")]):
+        settled((tmp_path / "warm").exists)
+        with parallel.beside(os.getpid) as result:
+            pid = result()
+    assert pid == int((tmp_path / "warm").read_text()) != os.getpid()
+    assert gone(pid)
+
+
+def test_a_process_forked_ahead_that_no_call_took_is_killed_at_the_block_end(tmp_path):
+    with parallel.ahead([functools.partial(write_pid, tmp_path / "warm", functools.partial(time.sleep, 600))]):
+        settled((tmp_path / "warm").exists)
+    assert gone(int((tmp_path / "warm").read_text()))
+
+
+def test_a_call_the_process_forked_ahead_cannot_take_is_forked_when_it_comes(tmp_path):
+    def unpicklable() -> int:  # a closure: not sent, forked
+        return os.getpid()
+
+    with parallel.ahead([functools.partial(write_pid, tmp_path / "warm")]):
+        settled((tmp_path / "warm").exists)
+        with parallel.beside(unpicklable) as result:
+            pid = result()
+    spare = int((tmp_path / "warm").read_text())
+    assert pid not in (None, os.getpid(), spare) and gone(spare)
+
+
+def fail(message: str) -> None:
+    raise ValueError(message)
+
+
+def test_a_step_of_the_warm_up_that_fails_leaves_its_process_to_go_on(tmp_path):
+    with parallel.ahead([functools.partial(fail, "no warm-up"), functools.partial(write_pid, tmp_path / "warm")]):
+        settled((tmp_path / "warm").exists)
+        with parallel.beside(os.getpid) as result:
+            assert result() == int((tmp_path / "warm").read_text()) != os.getpid()
+
+
+def test_a_call_that_fails_in_the_process_forked_ahead_gives_none_for_the_caller_to_run_it():
+    with parallel.ahead([]), parallel.beside(functools.partial(fail, "malformed")) as result:
+        assert result() is None
+
+
+@pytest.mark.parametrize("platform, cores", [("darwin", 2), ("linux", 1)], ids=["fork-unsafe", "one-core"])
+def test_nothing_is_forked_ahead_where_forking_is_unsafe_or_on_one_core(monkeypatch, tmp_path, platform, cores):
+    monkeypatch.setattr(sys, "platform", platform)
+    monkeypatch.setattr(os, "cpu_count", lambda: cores)
+    with parallel.ahead([functools.partial(write_pid, tmp_path / "warm")]), parallel.beside(os.getpid) as result:
+        assert result() is None
+    assert not (tmp_path / "warm").exists()

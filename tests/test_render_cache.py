@@ -9,6 +9,8 @@ import gc
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,12 +18,12 @@ import pytest
 from ai_factory.components import _common
 from ai_factory.factory import heap
 from ai_factory.factory.checking import parallel
-from ai_factory.factory.model.loading import validate
+from ai_factory.factory.model.loading import StackEnvironment, validate
 from ai_factory.factory.planning.from_config import plan_for, plan_inputs
 from ai_factory.factory.rendering import bundle, program
 from ai_factory.factory.rendering import cache as render_cache
-from ai_factory.factory.rendering.bundle import Rendered, render_raw
-from tests.conftest import REPO, run_main
+from ai_factory.factory.rendering.bundle import Rendered, render_clusters, render_raw
+from tests.conftest import REPO, run_main, settled
 
 
 def cached_render(raw, secret_sections, directory):
@@ -360,3 +362,106 @@ def test_a_hook_narrowed_to_a_tenant_holds_only_that_tenants_entries():
 class _Owned:
     def __init__(self, tenant: str):
         self.tenant = tenant
+
+
+PROGRAM_IMPORTS = """
+import json, sys
+from ai_factory.factory.model.loading import read_environment
+from ai_factory.factory.rendering import bundle
+
+for step in bundle.PROGRAM_WARM_UP:
+    step()
+before = set(sys.modules)
+bundle.render_clusters(read_environment("dev"))
+print(json.dumps(sorted(set(sys.modules) - before)))
+"""
+
+
+def test_reading_a_stack_file_and_running_its_program_after_the_warm_up_imports_nothing():
+    """Every module that reading dev's stack file and the program of its clusters import, every
+    layer enabled, is one the process forked ahead (`program_ahead`) imported first: run in an
+    interpreter that imported the bundle and nothing else."""
+    ran = subprocess.run([sys.executable, "-c", PROGRAM_IMPORTS], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0, ran.stderr[-4000:]
+    assert json.loads(ran.stdout.splitlines()[-1]) == []
+
+
+def test_a_cached_render_in_a_program_ahead_block_runs_its_program_in_the_process_forked_then(three_tenants, seeded, tmp_path, monkeypatch):
+    raw, secret_sections, cold = three_tenants
+    main, ran = program.main, tmp_path / "ran-in"
+
+    def recording(*args, **kwargs):
+        with ran.open("a") as record:
+            record.write(f"{os.getpid()}\n")
+        return main(*args, **kwargs)
+
+    def warmed() -> None:
+        (tmp_path / "warm").write_text(str(os.getpid()))
+
+    monkeypatch.setattr(program, "main", recording)
+    monkeypatch.setattr(bundle, "PROGRAM_WARM_UP", (warmed, *bundle.PROGRAM_WARM_UP))
+    cache = seeded_copy(seeded, tmp_path / "cache")
+    with bundle.program_ahead():
+        settled((tmp_path / "warm").exists)  # else the call may come first, and that step be left to it
+        rendered = cached_render(raw, secret_sections, cache)
+    assert [int(pid) for pid in ran.read_text().split()] == [int((tmp_path / "warm").read_text())] != [os.getpid()]
+    assert rendered.files() == cold.files()
+
+
+def test_a_stack_is_planned_from_its_plan_lock(three_tenants, tmp_path):
+    cfg = validate(three_tenants[0])
+    lock = plan_for(cfg)
+    (tmp_path / "plans").mkdir()
+    (tmp_path / "plans" / "dev.json").write_text(lock.to_json())
+    assert bundle.stack_plan(cfg, "dev", None, tmp_path) == plan_for(cfg, lock)
+    assert bundle.stack_plan(cfg, "dev", None, tmp_path / "plans") == plan_for(cfg)
+
+
+def test_a_cached_render_checks_its_plan_as_read_back_from_the_cache(three_tenants, seeded, tmp_path, monkeypatch):
+    """The plan the program deploys is checked in this process before anything is registered:
+    read back from the cache, as the program reads it, when the cache has it."""
+    raw, secret_sections, cold = three_tenants
+    monkeypatch.setattr(parallel, "_forking", lambda: False)  # the program runs here too
+    planned: list[int] = []
+    plan = bundle.plan_for
+    monkeypatch.setattr(bundle, "plan_for", lambda *args: planned.append(os.getpid()) or plan(*args))
+    environment = StackEnvironment(tmp_path / "Pulumi.dev.yaml", raw, secret_sections, validate(raw))
+    assert render_clusters(environment, cache=seeded_copy(seeded, tmp_path / "cache"))["dev"].files() == cold.files()
+    assert planned == []
+    render_clusters(environment)
+    assert planned == [os.getpid()] * 2  # without a cache: checked, then planned by the program
+
+
+@pytest.mark.parametrize("command", [["render", "--out"], ["check", "--charts"]], ids=["render", "check"])
+def test_a_command_runs_a_cached_stacks_program_in_a_process_forked_ahead(tmp_path, monkeypatch, command):
+    """Forked as the command starts (`program_ahead`), before it reads the stack file."""
+    main, ran = program.main, tmp_path / "ran-in"
+
+    def recording(*args, **kwargs):
+        with ran.open("a") as record:
+            record.write(f"{os.getpid()}\n")
+        return main(*args, **kwargs)
+
+    def warmed() -> None:
+        (tmp_path / f"warm-{os.getpid()}").write_text("")
+
+    @contextlib.contextmanager
+    def warmed_first():  # else the call may come first, and that step be left to it
+        with ahead():
+            settled(lambda: any(tmp_path.glob("warm-*")))
+            yield
+
+    ahead = bundle.program_ahead
+    monkeypatch.setattr(program, "main", recording)
+    monkeypatch.setattr(bundle, "PROGRAM_WARM_UP", (warmed, *bundle.PROGRAM_WARM_UP))
+    monkeypatch.setattr(bundle, "program_ahead", warmed_first)
+    (tmp_path / "empty").mkdir()
+    env = {render_cache.CACHE_ENV: str(tmp_path / "cache")}
+    for _ in range(2):  # the first fills the cache
+        ran.unlink(missing_ok=True)
+        for warm in tmp_path.glob("warm-*"):
+            warm.unlink()
+        proc = run_main(command[0], "dev", "--quiet", command[1], str(tmp_path / "empty"), env=env)
+        assert proc.returncode in (0, 3), proc.stderr
+    spares = {int(p.name.removeprefix("warm-")) for p in tmp_path.glob("warm-*")}
+    assert {int(pid) for pid in ran.read_text().split()} & spares

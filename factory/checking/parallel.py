@@ -7,20 +7,24 @@ memory (shared until written), where a new process would import the library and 
 part pickled. What the workers run must need nothing of this process but memory: pure Python
 over the parts (the per-part checks), no thread, lock or open connection of the parent's. Where
 `os.fork` is missing, or unsafe (macOS: system libraries may not survive it), everything runs
-here. `beside` forks one call (a cached render's program) beside other work of this process.
+here. `beside` forks one call (a cached render's program) beside other work of this process;
+`ahead` forks its process earlier, to import what the call needs while this one reads its input.
 """
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import pickle
+import select
 import signal
 import sys
 import traceback
 import warnings
 from contextlib import contextmanager
-from typing import Callable, Generic, Iterator, Sequence, TypeVar
+from dataclasses import dataclass
+from typing import Callable, Generic, Iterable, Iterator, Sequence, TypeVar
 
 from ai_factory.factory.heap import ending_process
 
@@ -47,33 +51,123 @@ def workers_for(parts: int) -> int:
     return max(1, min(os.cpu_count() or 1, parts // PARALLEL_MIN_PARTS))
 
 
+@dataclass
+class _Spare:
+    """A process forked ahead (`ahead`): it reads its call from `memory` once `go` gives the
+    call's length, and writes its result to `result`."""
+
+    pid: int
+    memory: int
+    go: int
+    result: int
+
+
+_spares: list[_Spare] = []
+
+
+@contextmanager
+def ahead(warm_up: Iterable[Callable[[], object]]) -> Iterator[None]:
+    """A process forked now that takes the steps of `warm_up` in order (imports what a later call
+    needs) while this one goes on: the block's first `beside` sends it its call, pickled, instead
+    of forking then. The call starts as soon as it comes, after the step under way: the steps left
+    are left to the call. Killed at the block's end if no `beside` took it; nothing is forked where
+    `beside` forks nothing."""
+    if not _forking() or (os.cpu_count() or 1) < 2:
+        yield
+        return
+    memory = os.memfd_create("call")
+    go_read, go_write = os.pipe()
+    result_read, result_write = os.pipe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # as in `Shared._fork`
+        pid = os.fork()
+    if pid == 0:  # the spare: never returns into the caller's code
+        try:
+            os.close(go_write)
+            os.close(result_read)
+            ending_process()
+            for step in warm_up:
+                if select.select([go_read], [], [], 0)[0]:  # the call came, or the block ended
+                    break
+                with contextlib.suppress(Exception):  # a step that failed leaves the call to do it
+                    step()
+            length = int.from_bytes(os.read(go_read, _INDEX) or bytes(_INDEX), "little")
+            if length:  # else the block ended without a call
+                _answer(lambda: pickle.loads(os.pread(memory, length, 0))(), result_write)
+        finally:
+            os._exit(0)
+    for fd in (go_read, result_write):
+        os.close(fd)
+    spare = _Spare(pid, memory, go_write, result_read)
+    _spares.append(spare)
+    try:
+        yield
+    finally:
+        if spare in _spares:  # no call took it
+            _spares.remove(spare)
+            for fd in (memory, go_write, result_read):
+                os.close(fd)
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+
+
+def _answer(call: Callable[[], object], out: int) -> None:
+    """A forked process's answer: its call's result pickled, nothing when the call failed (the
+    caller runs it again and raises what it raises)."""
+    try:
+        outcome = pickle.dumps(call(), protocol=pickle.HIGHEST_PROTOCOL)
+    except BaseException:
+        outcome = b""
+    with os.fdopen(out, "wb") as pipe:
+        pipe.write(outcome)
+
+
+def _send(spare: _Spare, call: Callable[[], Result]) -> bool:
+    """`call` given to a spare process; False (and the spare killed) when it cannot be pickled."""
+    try:
+        payload = pickle.dumps(call, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:
+        payload = b""
+    if payload:
+        with os.fdopen(os.dup(spare.memory), "wb") as memory:
+            memory.write(payload)
+        os.write(spare.go, len(payload).to_bytes(_INDEX, "little"))
+    os.close(spare.memory)
+    os.close(spare.go)
+    if not payload:
+        os.close(spare.result)
+        os.kill(spare.pid, signal.SIGKILL)
+        os.waitpid(spare.pid, 0)
+    return bool(payload)
+
+
 @contextmanager
 def beside(call: Callable[[], Result]) -> Iterator[Callable[[], Result | None]]:
     """`call` run in a process forked for it while this one does other work in the block; the
     function the block gets waits for its result. None when the forked call failed (the caller
     does it itself: its error is then raised as a serial run raises it), and on one core or
     where forking is not safe (then nothing is forked). A forked process still running when the
-    block ends (the block failed) is killed."""
+    block ends (the block failed) is killed. Within an `ahead` block the first call goes to the
+    process forked there (pickled: one that cannot be is forked here)."""
     if not _forking() or (os.cpu_count() or 1) < 2:
         yield lambda: None
         return
-    read, write = os.pipe()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # as in `Shared._fork`
-        pid = os.fork()
-    if pid == 0:  # the forked process: never returns into the caller's code
-        try:
-            os.close(read)
-            ending_process()
+    spare = _spares.pop() if _spares else None
+    if spare is not None and _send(spare, call):
+        pid, read = spare.pid, spare.result
+    else:
+        read, write = os.pipe()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # as in `Shared._fork`
+            pid = os.fork()
+        if pid == 0:  # the forked process: never returns into the caller's code
             try:
-                outcome = pickle.dumps(call(), protocol=pickle.HIGHEST_PROTOCOL)
-            except BaseException:
-                outcome = b""  # the caller runs it again and raises what it raises
-            with os.fdopen(write, "wb") as out:
-                out.write(outcome)
-        finally:
-            os._exit(0)
-    os.close(write)
+                os.close(read)
+                ending_process()
+                _answer(call, write)
+            finally:
+                os._exit(0)
+        os.close(write)
     joined = False
 
     def result() -> Result | None:

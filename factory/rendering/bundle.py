@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib
 import json
 import os
 import pickle
@@ -37,23 +38,24 @@ import subprocess
 import sys
 import threading
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import msgspec
 import yaml
 
+from ai_factory.components.registry import layers
 from ai_factory.factory.checking import parallel
 from ai_factory.factory.heap import ending_process, no_cycle_collection, settled_heap
 from ai_factory.factory.model.bounded_yaml import LOADER
 from ai_factory.factory.model.catalog import MANIFESTS, ManifestSource, crd_groups
 from ai_factory.factory.model.config import FactoryConfig
-from ai_factory.factory.rendering.cache import Probe, Unit, UnitCache, write_entry
+from ai_factory.factory.rendering.cache import Probe, ProbingUnits, Unit, UnitCache, library_digest, write_entry
 from ai_factory.factory.rendering.harness import DuplicateResourceError, Graph, RecordingMocks, RecordingMonitor, Resource, run_program
 from ai_factory.factory.model.tenancy import TENANT_LABEL
-from ai_factory.factory.planning.from_config import plan_for
+from ai_factory.factory.planning.from_config import plan_for, plan_inputs, previous_plan
 from ai_factory.factory.planning.model import Plan
 from ai_factory.factory.model.loading import StackEnvironment, environment_raw, read_environment, stack_name, stack_project, validate
 
@@ -533,9 +535,11 @@ def _render_stack(
 ) -> Rendered:
     """`render_env` of a stack file already read and validated; `meanwhile`: as `render_raw`'s."""
     refuse_whole_fleet(environment.cfg, str(environment.path))
+    stack, project = stack_name(environment.path), stack_project(environment.path)
 
     def planned() -> None:
-        plan_for(environment.cfg)  # demands that do not fit are reported here, before anything is registered
+        # Demands that do not fit are reported here, before anything is registered, as the program plans.
+        stack_plan(environment.cfg, stack, UnitCache(cache, f"{project}.{stack}") if cache is not None else None, environment.path.resolve().parent)
         if meanwhile is not None:
             meanwhile()
 
@@ -543,12 +547,21 @@ def _render_stack(
         environment.raw,
         environment.secret_sections,
         environment.cfg,
-        stack=stack_name(environment.path),
-        project=stack_project(environment.path),
+        stack=stack,
+        project=project,
         on_resource=on_resource,
         cache=cache,
         meanwhile=planned,
     )
+
+
+def stack_plan(cfg: FactoryConfig, stack: str, units: UnitCache | None, directory: Path | None = None) -> Plan:
+    """The plan a stack's program deploys: planned from its plan lock (`previous_plan`, in the
+    project `directory`), read back from the render cache `units` when this library planned from
+    the same inputs (`UnitCache.plan`)."""
+    previous = previous_plan(stack, directory)
+    planner = functools.partial(plan_for, cfg, previous)
+    return units.plan((plan_inputs(cfg), previous), planner) if units is not None else planner()
 
 
 def refuse_whole_fleet(cfg: FactoryConfig, source: str) -> None:
@@ -766,7 +779,7 @@ def _run_reading(
     failed (its error is raised here as a serial render raises it) or an entry it counted as
     cached cannot be read."""
     keys = units.last_keys()
-    with parallel.beside(functools.partial(_probed_run, units, run)) if keys else nullcontext(lambda: None) as forked:
+    with parallel.beside(functools.partial(_probed_run, units.probing(), run)) if keys else nullcontext(lambda: None) as forked:
         _call(meanwhile)
         units.prefetch(keys)
         probed = forked()
@@ -777,13 +790,58 @@ def _run_reading(
     return run(on_resource, units).resources
 
 
+def _load(module: str) -> None:
+    """Import a module and its packages, loaded: a module imported lazily loads on its first attribute."""
+    parts = module.split(".")
+    for end in range(1, len(parts) + 1):
+        getattr(importlib.import_module(".".join(parts[:end])), "__all__", None)
+
+
+PROGRAM_WARM_UP: tuple[Callable[[], object], ...] = (
+    functools.partial(_load, "ai_factory.factory.rendering.program"),
+    functools.partial(_load, "pulumi_kubernetes.core.v1"),
+    layers,  # imports every layer's module
+    library_digest,
+    *(
+        functools.partial(_load, module)
+        for module in (
+            "ai_factory.factory.model.upgrades",  # what the program reads its stack's configuration with
+            "pulumi_keycloak.openid",
+            "pulumi_kubernetes.helm.v3",
+            "pulumi_kubernetes.resource.v1",
+            "pulumi_kubernetes.meta.v1",
+            "pulumi_kubernetes.apiextensions",
+            "pulumi_kubernetes.yaml.v2",
+            "pulumi_vault.kubernetes",
+            "pulumi_vault.kv",
+            "pulumi_kubernetes.rbac.v1",
+            "pulumi_kubernetes.storage.v1",
+            "pulumi_kubernetes.apps.v1",
+            "pulumi_kubernetes.batch.v1",
+            "pulumi_kubernetes.helm.v4",
+        )
+    ),
+)
+"""What a run of the program does first that reading a stack file does not, what a tenant's stack
+needs first: import the program, the layers' modules and the provider SDKs' modules the components
+reach (they load on first use), and find the library's digest. At 1,000 tenants that was half of
+the program forked beside a one-tenant re-render."""
+
+
+@contextmanager
+def program_ahead() -> Iterator[None]:
+    """A process forked at the block's start takes the steps of `PROGRAM_WARM_UP` while this one
+    reads the stack file: the block's first cached render (`_run_reading`) runs its program there."""
+    with parallel.ahead(PROGRAM_WARM_UP):
+        yield
+
+
 def _call(meanwhile: Callable[[], None] | None) -> None:
     if meanwhile is not None:
         meanwhile()
 
 
-def _probed_run(units: UnitCache, run: Callable[[Callable[[], None] | None, UnitCache], Graph]) -> tuple[list[Resource], Probe]:
-    probing = units.probing()
+def _probed_run(probing: ProbingUnits, run: Callable[[Callable[[], None] | None, UnitCache], Graph]) -> tuple[list[Resource], Probe]:
     resources = run(None, probing).resources
     for r in resources:  # the merge links them again (`UnitCache.complete`, `Graph`)
         r.parent, r.dependencies = None, []

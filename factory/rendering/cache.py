@@ -336,10 +336,10 @@ class UnitCache:
                 if (entry := self._read_entry(key)) is not None:
                     self._prefetched[key] = entry
 
-    def probing(self) -> _ProbingUnits:
+    def probing(self) -> ProbingUnits:
         """A cache for the program run in a process forked beside this one's `prefetch`: it counts
         a unit as cached when its entry exists, and this process reads it (`take`)."""
-        return _ProbingUnits(self.directory, self.stack)
+        return ProbingUnits(self.directory, self.stack)
 
     def take(self, probe: Probe) -> bool:
         """What a run with a `probing` cache found, as if this cache had run it: False, and nothing
@@ -422,7 +422,7 @@ class Probe(NamedTuple):
     planned: Plan | None
 
 
-class _ProbingUnits(UnitCache):
+class ProbingUnits(UnitCache):
     """`UnitCache.probing`: an entry that exists counts as cached, unread."""
 
     def _found(self, unit: str, key: str) -> bool:

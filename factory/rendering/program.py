@@ -3,14 +3,11 @@ runs in-process under mocks."""
 
 from __future__ import annotations
 
-import functools
-
 import pulumi
 
 from ai_factory.factory.model.loading import ConfigError, load_pulumi_config
-from ai_factory.factory.planning.from_config import plan_for, plan_inputs, previous_plan
 from ai_factory.factory.planning.model import Plan
-from ai_factory.factory.rendering.bundle import refuse_whole_fleet
+from ai_factory.factory.rendering.bundle import refuse_whole_fleet, stack_plan
 from ai_factory.factory.rendering.cache import UnitCache
 from ai_factory.factory.rendering.platform import ROOT, Platform, own_tenant_stack
 from ai_factory.stacks.contract import CONTRACT_OUTPUT, CONTRACT_SECRETS_OUTPUT, platform_contract, platform_secrets
@@ -37,9 +34,7 @@ def main(
         cfg = load_pulumi_config(offboarded)
         refuse_whole_fleet(cfg, f"stack {pulumi.get_stack()}")
         if plan is None:
-            previous = previous_plan(pulumi.get_stack())
-            planner = functools.partial(plan_for, cfg, previous)
-            plan = units.plan((plan_inputs(cfg), previous), planner) if units is not None else planner()
+            plan = stack_plan(cfg, pulumi.get_stack(), units)
     except ConfigError as err:
         # A user mistake: a message, not a traceback, and nothing registered.
         raise pulumi.RunError(err.render()) from None
