@@ -6,8 +6,9 @@ import copy
 
 import yaml
 
-from ai_factory.factory.checking.check import run_checks
-from ai_factory.factory.rendering.bundle import Rendered
+from ai_factory.factory.checking.check import run_checks, unchecked_kinds
+from ai_factory.factory.checking.oracles import Oracles
+from ai_factory.factory.rendering.bundle import Manifest, Rendered
 from tests.conftest import run_main
 
 
@@ -64,3 +65,12 @@ def test_check_on_a_rendered_directory_catches_an_edited_value(dev, tmp_path, or
     broken = run_main("check", str(out), "--upstream", str(oracles.root))
     assert broken.returncode == 1
     assert "devicePlugin.enabledd" in broken.stdout
+
+
+def test_each_custom_kind_not_checked_is_named_once_by_api_version():
+    def obj(api_version, kind):
+        return Manifest({"apiVersion": api_version, "kind": kind, "metadata": {"name": "x"}}, "layer", None, "origin")
+
+    objects = [("example.com/v1", "Widget"), ("example.com/v1", "Widget"), ("example.com/v2", "Widget"), ("v1", "ConfigMap"), (["not a version"], "Gadget"), ("example.com/v1", "Gadget")]
+    rendered = Rendered(None, "1.34", [obj(*o) for o in objects], [])
+    assert unchecked_kinds(rendered, Oracles(None)) == ["example.com/v1 Gadget", "example.com/v1 Widget", "example.com/v2 Widget"]

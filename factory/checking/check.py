@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from ai_factory.components.registry import checks_for, external_crds
 from ai_factory.factory.checking import hardening, isolation, ordering, parallel, views
@@ -44,7 +44,7 @@ def schema(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
     certificates KServe's chart renders) when the oracle directory has no CRD for them."""
     external = external_crds(rendered.layers())
     for m in rendered.manifests:
-        if m.is_remote or _unchecked_kind(m, oracles, external):  # a remote manifest is a URL, checked as a pin (bundle-order)
+        if m.is_remote or _unchecked_kind(m.obj.get("apiVersion"), m.kind, oracles, external):  # a remote manifest is a URL, checked as a pin (bundle-order)
             continue
         for error in oracles.validate_object(m.obj, rendered.kubernetes_version):
             # The oracle's message names the object too; the finding names it once.
@@ -65,16 +65,17 @@ def helm_values(rendered: Rendered, oracles: Oracles) -> Iterable[Finding]:
             yield Finding("helm-values", m.ref, error, _tenants(m))
 
 
-def _unchecked_kind(m: Manifest, oracles: Oracles, external: set[str]) -> bool:
-    api_version = m.obj.get("apiVersion")
-    if not isinstance(api_version, str) or is_core_api(api_version) or oracles.knows_kind(api_version, m.kind):
+def _unchecked_kind(api_version: Any, kind: str, oracles: Oracles, external: set[str]) -> bool:
+    if not isinstance(api_version, str) or is_core_api(api_version) or oracles.knows_kind(api_version, kind):
         return False
     return oracles.root is None or api_version.rpartition("/")[0] in external
 
 
 def unchecked_kinds(rendered: Rendered, oracles: Oracles) -> list[str]:
-    """Custom kinds `schema` could not check: no oracle directory and no chart ships their CRD."""
-    return sorted({f"{m.obj.get('apiVersion')} {m.kind}" for m in rendered.manifests if _unchecked_kind(m, oracles, set())})
+    """Custom kinds `schema` could not check: no oracle directory and no chart ships their CRD
+    (each kind of each API version asked about once)."""
+    kinds = {(api_version, m.kind) for m in rendered.manifests if isinstance(api_version := m.obj.get("apiVersion"), str)}
+    return sorted(f"{api_version} {kind}" for api_version, kind in kinds if _unchecked_kind(api_version, kind, oracles, set()))
 
 
 def unchecked_values(rendered: Rendered, oracles: Oracles) -> list[str]:
