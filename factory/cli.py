@@ -542,7 +542,7 @@ def refuse_outside_matrix(environment: StackEnvironment) -> None:
 def _check(target: str, upstream: Path | None, charts_dir: Path | None, quiet: bool, fmt: str = "text", cache: Path | None = None) -> int:
     from dataclasses import replace
 
-    from ai_factory.factory.checking.charts import ReadAhead, Report, check_environment
+    from ai_factory.factory.checking.charts import GraphChecks, ReadAhead, Report, check_environment
     from ai_factory.factory.checking.oracles import OracleError, locate_upstream_dir
     from ai_factory.factory.checking.report import config_problems, locate, render_report
     from ai_factory.factory.progress import Steps
@@ -565,7 +565,7 @@ def _check(target: str, upstream: Path | None, charts_dir: Path | None, quiet: b
         if cache is not None:
             read_ahead.read(cache, cached_stacks(environment), root)
 
-    with Steps(quiet) as steps:
+    with Steps(quiet) as steps, GraphChecks() as graph_checks:
         try:
             if path.is_dir():
                 steps.step("reading the rendered directory")
@@ -574,7 +574,11 @@ def _check(target: str, upstream: Path | None, charts_dir: Path | None, quiet: b
                 with program_ahead() if cache is not None else nullcontext():
                     environment = read_environment(target)
                     refuse_outside_matrix(environment)
-                    renders = _keep(render_clusters(environment, on_resource=steps.step("rendering: resources"), cache=cache, meanwhile=read_ahead_of_the_check))
+                    renders = _keep(
+                        render_clusters(
+                            environment, on_resource=steps.step("rendering: resources"), cache=cache, meanwhile=read_ahead_of_the_check, on_graph=graph_checks.start
+                        )
+                    )
         except ConfigError as err:
             if fmt == "text":
                 raise
@@ -583,7 +587,9 @@ def _check(target: str, upstream: Path | None, charts_dir: Path | None, quiet: b
             return EXIT_CONFIG
         multi = stack is not None and list(renders) != [stack_name(stack)]
         reports = {
-            cluster: check_environment(rendered, root, charts_cache, locate_helm(), step=steps.step, cache=cache, read_ahead=read_ahead)
+            cluster: check_environment(
+                rendered, root, charts_cache, locate_helm(), step=steps.step, cache=cache, read_ahead=read_ahead, found=graph_checks.found(rendered)
+            )
             for cluster, rendered in renders.items()
         }
     per_cluster = {c: [replace(f, ref=f"{c}: {f.ref}") if multi else f for f in r.findings] for c, r in reports.items()}

@@ -4,17 +4,24 @@ platform layer), and give what an uncached check gives."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import gc
+import os
+import time
 
 import pytest
 
 from ai_factory.factory import heap
-from ai_factory.factory.checking import check, views
+from ai_factory.factory.checking import charts, check, views
 from ai_factory.factory.checking import policies as policy_check
-from ai_factory.factory.checking.check import PER_PART, parts, run_checks
+from ai_factory.factory.checking.check import PER_PART, graph_findings, parts, run_checks
+from ai_factory.factory.checking.findings import Finding
 from ai_factory.factory.checking.oracles import Oracles, locate_upstream_dir
 from ai_factory.factory.model.loading import validate
-from ai_factory.factory.rendering.bundle import render_raw
+from ai_factory.factory.rendering.bundle import Rendered, cached_stack, render_raw
+from ai_factory.factory.rendering.cache import CACHE_ENV
+from ai_factory.factory.rendering.harness import Graph
+from tests.conftest import run_main, settled
 
 
 @pytest.fixture(scope="module")
@@ -92,3 +99,78 @@ def test_the_pack_runs_without_the_collector_and_its_resources_join_the_settled_
         assert collecting == [False] and gc.isenabled()
         scanned = {id(o) for o in gc.get_objects()}  # the settled heap is in no generation the collector scans
         assert not any(id(r) in scanned or id(r.opts) in scanned for r in policy_check._resources(rendered)[0])
+
+
+def without_admission(rendered: Rendered, tenant: str) -> Rendered:
+    """A copy whose graph lacks a tenant's admission policy (a stack policy's finding)."""
+    resources = [dataclasses.replace(r) for r in rendered.graph.resources if not (r.tenant == tenant and r.inputs.get("kind") == "ClusterPolicy")]
+    return Rendered(rendered.config, rendered.kubernetes_version, rendered.manifests, rendered.inventory, Graph(resources), kustomizations=rendered.kustomizations)
+
+
+@pytest.mark.parametrize("check", check.GRAPH_ONLY, ids=lambda c: c.__name__)
+def test_a_graph_only_check_finds_over_the_graph_alone_what_it_finds_over_the_render(three_tenants, oracles, check):
+    rendered = without_admission(three_tenants[2], "team-01")
+    found = list(check(rendered, oracles))
+    assert found and graph_findings(rendered.graph)[check.__name__] == found
+
+
+@pytest.mark.parametrize("cached", [True, False], ids=["cached", "not-cached"])
+def test_checks_found_elsewhere_are_taken_not_run_again(three_tenants, oracles, tmp_path, cached):
+    rendered = without_admission(three_tenants[2], "team-01")
+    elsewhere = Finding("stack-policy", "stack", "found elsewhere")
+    found = run_checks(rendered, oracles, cache=tmp_path if cached else None, found=lambda: {"stack_policies": [elsewhere]})
+    assert found == sorted({*run_checks(three_tenants[2], oracles), elsewhere})
+
+
+def test_checks_whose_process_failed_run_here(three_tenants, oracles, tmp_path):
+    rendered = without_admission(three_tenants[2], "team-01")
+    assert run_checks(rendered, oracles, cache=tmp_path, found=lambda: None) == run_checks(rendered, oracles)
+
+
+def test_graph_checks_run_in_another_process_and_give_the_graphs_findings(three_tenants, tmp_path, monkeypatch):
+    rendered = without_admission(three_tenants[2], "team-01")
+    ran = tmp_path / "ran-in"
+
+    def recording(graph):
+        ran.write_text(str(os.getpid()))
+        return graph_findings(graph)
+
+    monkeypatch.setattr(charts, "graph_findings", recording)
+    with charts.GraphChecks() as graph_checks:
+        graph_checks.start(rendered.graph)
+        found = graph_checks.found(rendered)
+        assert found is not None and found() == graph_findings(rendered.graph)
+    assert int(ran.read_text()) != os.getpid()
+    assert charts.GraphChecks().found(rendered) is None  # not started
+
+
+def test_graph_checks_still_running_at_the_end_are_killed(three_tenants, tmp_path, monkeypatch):
+    def stuck(graph):
+        (tmp_path / "pid.tmp").write_text(str(os.getpid()))
+        os.replace(tmp_path / "pid.tmp", tmp_path / "pid")
+        time.sleep(600)
+
+    monkeypatch.setattr(charts, "graph_findings", stuck)
+    with charts.GraphChecks() as graph_checks:
+        graph_checks.start(three_tenants[2].graph)
+        settled((tmp_path / "pid").exists)
+    with pytest.raises(ProcessLookupError):
+        os.kill(int((tmp_path / "pid").read_text()), 0)
+
+
+def test_the_check_command_finds_each_clusters_graph_checks_in_another_process(tmp_path, monkeypatch):
+    ran = tmp_path / "ran-in"
+
+    def recording(graph):
+        with ran.open("a") as record:
+            record.write(f"{os.getpid()} {cached_stack(graph)}\n")
+        return graph_findings(graph)
+
+    monkeypatch.setattr(charts, "graph_findings", recording)
+    monkeypatch.delenv("FACTORY_REQUIRE_UPSTREAM", raising=False)  # CI's: the check without charts is incomplete
+    (tmp_path / "empty").mkdir()
+    proc = run_main("check", "dev", "--quiet", "--charts", str(tmp_path / "empty"), env={CACHE_ENV: str(tmp_path / "cache")})
+    assert proc.returncode == 3, proc.stderr
+    runs = [line.split() for line in ran.read_text().splitlines()]
+    assert sorted(stack for _, stack in runs) == ["ai-factory.dev-par1-a", "ai-factory.dev-par1-b"]
+    assert os.getpid() not in {int(pid) for pid, _ in runs}

@@ -172,7 +172,7 @@ def test_a_call_beside_in_an_ahead_block_runs_in_the_process_forked_ahead_after_
     with parallel.ahead([warm]):
         settled((tmp_path / "started").exists)
         (tmp_path / "went-on").write_text("")
-        with parallel.beside(functools.partial(os.path.exists, tmp_path / "warm")) as warmed_first, parallel.beside(os.getpid) as second:
+        with parallel.beside(functools.partial(os.path.exists, tmp_path / "warm"), ahead=True) as warmed_first, parallel.beside(os.getpid, ahead=True) as second:
             assert warmed_first() is True
             assert second() not in (None, os.getpid(), int((tmp_path / "warm").read_text()))  # forked when it came
 
@@ -182,7 +182,7 @@ def test_the_steps_of_the_warm_up_left_when_the_call_comes_are_left_to_it(tmp_pa
         settled((tmp_path / "sent").exists)
 
     with parallel.ahead([first, functools.partial(write_pid, tmp_path / "second")]):
-        with parallel.beside(os.getpid) as result:
+        with parallel.beside(os.getpid, ahead=True) as result:
             (tmp_path / "sent").write_text("")
             assert result() not in (None, os.getpid())
     assert not (tmp_path / "second").exists()
@@ -191,10 +191,19 @@ def test_the_steps_of_the_warm_up_left_when_the_call_comes_are_left_to_it(tmp_pa
 def test_the_process_forked_ahead_runs_the_first_call_beside(tmp_path):
     with parallel.ahead([functools.partial(write_pid, tmp_path / "warm")]):
         settled((tmp_path / "warm").exists)
-        with parallel.beside(os.getpid) as result:
+        with parallel.beside(os.getpid, ahead=True) as result:
             pid = result()
     assert pid == int((tmp_path / "warm").read_text()) != os.getpid()
     assert gone(pid)
+
+
+def test_only_a_call_beside_asking_for_the_process_forked_ahead_gets_it(tmp_path):
+    with parallel.ahead([functools.partial(write_pid, tmp_path / "warm")]):
+        settled((tmp_path / "warm").exists)
+        with parallel.beside(os.getpid) as other, parallel.beside(os.getpid, ahead=True) as asking:
+            pids = (other(), asking())
+    spare = int((tmp_path / "warm").read_text())
+    assert pids[1] == spare and pids[0] not in (None, spare, os.getpid())
 
 
 def test_a_process_forked_ahead_that_no_call_took_is_killed_at_the_block_end(tmp_path):
@@ -209,7 +218,7 @@ def test_a_call_the_process_forked_ahead_cannot_take_is_forked_when_it_comes(tmp
 
     with parallel.ahead([functools.partial(write_pid, tmp_path / "warm")]):
         settled((tmp_path / "warm").exists)
-        with parallel.beside(unpicklable) as result:
+        with parallel.beside(unpicklable, ahead=True) as result:
             pid = result()
     spare = int((tmp_path / "warm").read_text())
     assert pid not in (None, os.getpid(), spare) and gone(spare)
@@ -222,12 +231,12 @@ def fail(message: str) -> None:
 def test_a_step_of_the_warm_up_that_fails_leaves_its_process_to_go_on(tmp_path):
     with parallel.ahead([functools.partial(fail, "no warm-up"), functools.partial(write_pid, tmp_path / "warm")]):
         settled((tmp_path / "warm").exists)
-        with parallel.beside(os.getpid) as result:
+        with parallel.beside(os.getpid, ahead=True) as result:
             assert result() == int((tmp_path / "warm").read_text()) != os.getpid()
 
 
 def test_a_call_that_fails_in_the_process_forked_ahead_gives_none_for_the_caller_to_run_it():
-    with parallel.ahead([]), parallel.beside(functools.partial(fail, "malformed")) as result:
+    with parallel.ahead([]), parallel.beside(functools.partial(fail, "malformed"), ahead=True) as result:
         assert result() is None
 
 
@@ -235,6 +244,6 @@ def test_a_call_that_fails_in_the_process_forked_ahead_gives_none_for_the_caller
 def test_nothing_is_forked_ahead_where_forking_is_unsafe_or_on_one_core(monkeypatch, tmp_path, platform, cores):
     monkeypatch.setattr(sys, "platform", platform)
     monkeypatch.setattr(os, "cpu_count", lambda: cores)
-    with parallel.ahead([functools.partial(write_pid, tmp_path / "warm")]), parallel.beside(os.getpid) as result:
+    with parallel.ahead([functools.partial(write_pid, tmp_path / "warm")]), parallel.beside(os.getpid, ahead=True) as result:
         assert result() is None
     assert not (tmp_path / "warm").exists()

@@ -14,18 +14,21 @@ incomplete", never "clean".
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
-from ai_factory.factory.checking.check import checks, run_checks, run_index, unchecked_kinds, unchecked_values
+from ai_factory.factory.checking import parallel
+from ai_factory.factory.checking.check import checks, graph_findings, run_checks, run_index, unchecked_kinds, unchecked_values
 from ai_factory.factory.checking.findings import Finding
 from ai_factory.factory.checking.views import read_findings
 from ai_factory.factory.checking.oracles import Oracles
 from ai_factory.factory.heap import settled_heap
 from ai_factory.factory.rendering.bundle import Rendered, cached_stack
 from ai_factory.factory.rendering.cache import read_entry, write_entry
+from ai_factory.factory.rendering.harness import Graph
 from ai_factory.factory.rendering.charts import (
     ChartOutput,
     StoredOutput,
@@ -61,16 +64,17 @@ def check_environment(
     step: Step | None = None,
     cache: Path | None = None,
     read_ahead: ReadAhead | None = None,
+    found: Callable[[], Mapping[str, list[Finding]] | None] | None = None,
 ) -> Report:
     """`step` (progress): called to start each long step, with its description and size; it returns
     the callback to call once per unit done (`ai_factory.factory.progress.Steps.step`). `cache`:
     the check cache directory (`check.run_checks`), where a check of a render with its resource
     graph also lists the chart outputs it read (`ReadAhead`). `read_ahead`: what the check would
-    read, read already."""
+    read, read already. `found`: as `run_checks` takes it (`GraphChecks.found`)."""
     # The render left out of the collector's passes from the start: decoding the charts' stored
     # outputs set off full passes over it (a second of a one-tenant re-check at 1,000 tenants).
     with settled_heap():
-        return _check_environment(rendered, upstream, charts_dir, helm, store, step, cache, read_ahead)
+        return _check_environment(rendered, upstream, charts_dir, helm, store, step, cache, read_ahead, found)
 
 
 def _check_environment(
@@ -82,6 +86,7 @@ def _check_environment(
     step: Step | None,
     cache: Path | None,
     read_ahead: ReadAhead | None,
+    found: Callable[[], Mapping[str, list[Finding]] | None] | None,
 ) -> Report:
     oracles = Oracles(upstream)
     releases, _ = releases_of(rendered)
@@ -126,7 +131,7 @@ def _check_environment(
     )
     on_check = step("checking", len(checks(union))) if step is not None else None
     state = oracle_digest(upstream, outputs) if cache is not None else ""
-    findings += run_checks(union, oracles, on_check=on_check, cache=cache, oracle_state=state, known=read_ahead.findings if read_ahead else None)
+    findings += run_checks(union, oracles, on_check=on_check, cache=cache, oracle_state=state, known=read_ahead.findings if read_ahead else None, found=found)
     kinds = unchecked_kinds(union, oracles)
     if kinds:
         not_run.append(
@@ -164,6 +169,31 @@ class ReadAhead:
         self.outputs.update(read_stored(outputs))
         if upstream is not None:
             upstream_digest(upstream)
+
+
+class GraphChecks:
+    """The `GRAPH_ONLY` checks of each render, run in a process forked as soon as its resource graph
+    is complete (`start`, render_clusters' `on_graph`): beside the rest of the render and of the
+    check, where they were the longest unit of the fleet-wide checks (a second at 1,000 tenants).
+    Used as a context manager: what is still running at its end is killed."""
+
+    def __init__(self) -> None:
+        self._running: dict[str, Callable[[], dict[str, list[Finding]] | None]] = {}
+        self._forked = contextlib.ExitStack()
+
+    def __enter__(self) -> GraphChecks:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._forked.close()
+
+    def start(self, graph: Graph) -> None:
+        self._running[cached_stack(graph)] = self._forked.enter_context(parallel.beside(functools.partial(graph_findings, graph)))
+
+    def found(self, rendered: Rendered) -> Callable[[], dict[str, list[Finding]] | None] | None:
+        """What gives the findings of the render's `GRAPH_ONLY` checks, by check name, once they
+        are found (None from it: their process failed); None when they were not started."""
+        return self._running.pop(cached_stack(rendered.graph), None) if rendered.graph is not None else None
 
 
 def _listed(entry: Any, field_name: str) -> list[str]:

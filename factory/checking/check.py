@@ -107,6 +107,10 @@ CHECKS: list[Check] = [
 PER_PART: tuple[Check, ...] = (schema, helm_values, policy_check.resource_policies)
 """Checks whose findings over a render are the union of their findings over its `parts`
 (tests/test_check_cache.py holds them to it)."""
+GRAPH_ONLY: tuple[Check, ...] = (policy_check.stack_policies,)
+"""Fleet-wide checks that read nothing of a render with its resource graph but the graph (and the
+pack's configuration): their findings can be had as soon as the graph is complete, beside the
+rest of the render (`graph_findings`; tests/test_check_cache.py holds them to it)."""
 PACK: tuple[Check, ...] = (policy_check.resource_policies, policy_check.stack_policies, policy_check.tenant_stack_policies)
 """The pack's checks: each builds the render's resources as CrossGuard sees them, unless another
 did in the same process (`policies.shared`)."""
@@ -117,6 +121,12 @@ def checks(rendered: Rendered) -> list[Check]:
     return [*CHECKS, *checks_for({m.layer for m in rendered.manifests})]
 
 
+def graph_findings(graph: Graph) -> dict[str, list[Finding]]:
+    """Each `GRAPH_ONLY` check's findings over a render of this resource graph, by check name."""
+    alone = Rendered(None, "", [], [], graph)
+    return {check.__name__: list(_guarded(check)(alone, Oracles(None))) for check in GRAPH_ONLY}
+
+
 def run_checks(
     rendered: Rendered,
     oracles: Oracles,
@@ -124,28 +134,41 @@ def run_checks(
     cache: Path | None = None,
     oracle_state: str = "",
     known: Mapping[str, list[Finding]] | None = None,
+    found: Callable[[], Mapping[str, list[Finding]] | None] | None = None,
 ) -> list[Finding]:
     """`on_check`: called once each check has run (progress). `cache`: the check cache directory,
     for the `PER_PART` checks and the tenant-local ones (`views`) of a render with its resource
     graph (a rendered directory's resources are matched to their inventory across the whole, so
     it is checked whole); `oracle_state`: a digest of what the oracles know (`oracle_digest`);
-    `known`: entries of the check cache already read, by key (`charts.ReadAhead`).
+    `known`: entries of the check cache already read, by key (`charts.ReadAhead`); `found`: gives
+    the `GRAPH_ONLY` checks' findings, found elsewhere (`charts.GraphChecks`), by check name: asked
+    once the other checks have run; those it has none of (it gives None: their process failed)
+    run here then.
 
     With a cache the parts, then the fleet-wide checks and the changed tenants' views, are work
     shared with forked workers (`_run_by_part`): after a one-tenant change the parts are mostly
     read back, and the fleet-wide checks are most of the time, which one process alone spent
     while the other core waited."""
     every = checks(rendered)
+    elsewhere = [c for c in every if c in GRAPH_ONLY] if found is not None else []
+    every = [c for c in every if c not in elsewhere]
     # One block for the tenant-local checks too: run over the whole render, they reuse its view and
     # the stack policies' resources.
     with settled_heap(), isolation.View.shared(), policy_check.shared(rendered):  # the per-part checks too: digesting and checking parts allocate as much
         if cache is not None and rendered.graph is not None:
-            return sorted(_run_by_part(rendered, oracles, every, cache, oracle_state, on_check, known or {}))
-        findings: set[Finding] = set()
-        for check in every:
-            findings.update(_guarded(check)(rendered, oracles))
-            if on_check is not None:
-                on_check()
+            findings = _run_by_part(rendered, oracles, every, cache, oracle_state, on_check, known or {})
+        else:
+            findings = set()
+            for check in every:
+                findings.update(_guarded(check)(rendered, oracles))
+                if on_check is not None:
+                    on_check()
+        if elsewhere:
+            given = (found() if found is not None else None) or {}
+            for check in elsewhere:
+                findings.update(given[check.__name__] if check.__name__ in given else _guarded(check)(rendered, oracles))
+                if on_check is not None:
+                    on_check()
     return sorted(findings)
 
 

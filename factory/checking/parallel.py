@@ -68,10 +68,10 @@ _spares: list[_Spare] = []
 @contextmanager
 def ahead(warm_up: Iterable[Callable[[], object]]) -> Iterator[None]:
     """A process forked now that takes the steps of `warm_up` in order (imports what a later call
-    needs) while this one goes on: the block's first `beside` sends it its call, pickled, instead
-    of forking then. The call starts as soon as it comes, after the step under way: the steps left
-    are left to the call. Killed at the block's end if no `beside` took it; nothing is forked where
-    `beside` forks nothing."""
+    needs) while this one goes on: the block's first `beside(..., ahead=True)` sends it its call,
+    pickled, instead of forking then. The call starts as soon as it comes, after the step under
+    way: the steps left are left to the call. Killed at the block's end if no call took it;
+    nothing is forked where `beside` forks nothing."""
     if not _forking() or (os.cpu_count() or 1) < 2:
         yield
         return
@@ -142,17 +142,17 @@ def _send(spare: _Spare, call: Callable[[], Result]) -> bool:
 
 
 @contextmanager
-def beside(call: Callable[[], Result]) -> Iterator[Callable[[], Result | None]]:
+def beside(call: Callable[[], Result], ahead: bool = False) -> Iterator[Callable[[], Result | None]]:
     """`call` run in a process forked for it while this one does other work in the block; the
     function the block gets waits for its result. None when the forked call failed (the caller
     does it itself: its error is then raised as a serial run raises it), and on one core or
     where forking is not safe (then nothing is forked). A forked process still running when the
-    block ends (the block failed) is killed. Within an `ahead` block the first call goes to the
+    block ends (the block failed) is killed. `ahead`: in an `ahead` block, the call goes to the
     process forked there (pickled: one that cannot be is forked here)."""
     if not _forking() or (os.cpu_count() or 1) < 2:
         yield lambda: None
         return
-    spare = _spares.pop() if _spares else None
+    spare = _spares.pop() if ahead and _spares else None
     if spare is not None and _send(spare, call):
         pid, read = spare.pid, spare.result
     else:

@@ -531,9 +531,13 @@ def render_env(env: str, on_resource: Callable[[], None] | None = None, cache: P
 
 
 def _render_stack(
-    environment: StackEnvironment, on_resource: Callable[[], None] | None, cache: Path | None, meanwhile: Callable[[], None] | None = None
+    environment: StackEnvironment,
+    on_resource: Callable[[], None] | None,
+    cache: Path | None,
+    meanwhile: Callable[[], None] | None = None,
+    on_graph: Callable[[Graph], None] | None = None,
 ) -> Rendered:
-    """`render_env` of a stack file already read and validated; `meanwhile`: as `render_raw`'s."""
+    """`render_env` of a stack file already read and validated; `meanwhile`, `on_graph`: as `render_raw`'s."""
     refuse_whole_fleet(environment.cfg, str(environment.path))
     stack, project = stack_name(environment.path), stack_project(environment.path)
 
@@ -552,6 +556,7 @@ def _render_stack(
         on_resource=on_resource,
         cache=cache,
         meanwhile=planned,
+        on_graph=on_graph,
     )
 
 
@@ -583,19 +588,24 @@ def cluster_stack(env: str, cluster: str) -> str:
 
 
 def render_clusters(
-    env: str | StackEnvironment, on_resource: Callable[[], None] | None = None, cache: Path | None = None, meanwhile: Callable[[], None] | None = None
+    env: str | StackEnvironment,
+    on_resource: Callable[[], None] | None = None,
+    cache: Path | None = None,
+    meanwhile: Callable[[], None] | None = None,
+    on_graph: Callable[[Graph], None] | None = None,
 ) -> dict[str, Rendered]:
     """Every cluster of the environment rendered as its own stack renders it (`kubernetes.cluster`
     set, the stack `<env>-<cluster>`), by cluster name in the sites' order. An environment that
     declares no cluster is one render, keyed by its name. `env`: its name or stack file's path, or
     the environment already read (`read_environment`). `meanwhile`: called once, as `render_raw`
-    calls it (several clusters: before the first is rendered)."""
+    calls it (several clusters: before the first is rendered); `on_graph`: as `render_raw` calls it,
+    for each cluster."""
     from ai_factory.factory.model.clusters import clusters
 
     environment = env if isinstance(env, StackEnvironment) else read_environment(env)
     path, raw, cfg = environment.path, environment.raw, environment.cfg
     if not clusters(cfg):
-        return {stack_name(path): _render_stack(environment, on_resource, cache, meanwhile)}
+        return {stack_name(path): _render_stack(environment, on_resource, cache, meanwhile, on_graph)}
     if meanwhile is not None:
         meanwhile()
     renders = {}
@@ -611,6 +621,7 @@ def render_clusters(
             project=stack_project(path),
             on_resource=on_resource,
             cache=cache,
+            on_graph=on_graph,
         )
     return renders
 
@@ -640,6 +651,7 @@ def render_raw(
     offboarded: frozenset[str] = frozenset(),
     cache: Path | None = None,
     meanwhile: Callable[[], None] | None = None,
+    on_graph: Callable[[Graph], None] | None = None,
 ) -> Rendered:
     """`plan`: deploy this plan instead of planning from the stack's recorded one (see `program.main`).
     `project`: the Pulumi project the program runs in, whose name is the config namespace.
@@ -654,7 +666,8 @@ def render_raw(
     workers; later ones run in this process (a change builds few units). `meanwhile`: called once
     in this process before any resource is registered here and the render is done: while the
     program runs forked beside it (a cached stack's later render), else before the program runs;
-    what it raises ends the render."""
+    what it raises ends the render. `on_graph`: called with the render's resource graph once it is
+    complete, before its objects are finished and staged."""
     config, secret_keys = program_config(raw, secret_sections, project)
     names = sorted(t.name for t in cfg.tenants)
     units = UnitCache(cache, f"{project}.{stack}") if cache is not None else None
@@ -666,9 +679,9 @@ def render_raw(
         with settled_heap():
             if units is None:
                 _call(meanwhile)
-                return from_graph(_run_share(project, stack, config, secret_keys, plan, offboarded, None, on_resource), cfg)
+                return _bundled(_run_share(project, stack, config, secret_keys, plan, offboarded, None, on_resource), cfg, on_graph)
             run = functools.partial(_run_share, project, stack, config, secret_keys, plan, offboarded, None)
-            return _cached(units, units.complete(_run_reading(units, run, on_resource, meanwhile)), cfg)
+            return _cached(units, units.complete(_run_reading(units, run, on_resource, meanwhile)), cfg, on_graph)
     _call(meanwhile)
     # With a cache the workers leave the platform to this process (`_ShareUnits`): it costs as
     # much as `PLATFORM_PER_TENANT` of a tenant stack per tenant, here only.
@@ -716,8 +729,8 @@ def render_raw(
                 raise DuplicateResourceError(f"two resources are named {r.name!r} with type {r.type}")
             seen.add(r.key)
         if units is not None:
-            return _cached(units, units.complete(resources), cfg, finished)
-        return from_graph(Graph(sorted(resources, key=lambda r: r.urn)), cfg)
+            return _cached(units, units.complete(resources), cfg, on_graph, finished)
+        return _bundled(Graph(sorted(resources, key=lambda r: r.urn)), cfg, on_graph)
 
 
 WORKER_START = 30
@@ -751,10 +764,16 @@ def program_config(raw: dict[str, Any], secret_sections: set[str], project: str)
     return {f"{project}:{section}": json.dumps(value, default=_placeholder) for section, value in raw.items()}, [f"{project}:{s}" for s in secret_sections]
 
 
-def _cached(units: UnitCache, resources: list[Resource], cfg: FactoryConfig, finished: Mapping[str, list[tuple[dict[str, Any], str]]] | None = None) -> Rendered:
+def _cached(
+    units: UnitCache,
+    resources: list[Resource],
+    cfg: FactoryConfig,
+    on_graph: Callable[[Graph], None] | None,
+    finished: Mapping[str, list[tuple[dict[str, Any], str]]] | None = None,
+) -> Rendered:
     """The render of a cache's units: the cached ones' files as they were written, the built ones
     stored. `finished`: built resources' objects the render workers already finished (`finished_objects`)."""
-    rendered = from_graph(Graph(sorted(resources, key=lambda r: r.urn)), cfg, {**units.objects(), **(finished or {})})
+    rendered = _bundled(Graph(sorted(resources, key=lambda r: r.urn)), cfg, on_graph, {**units.objects(), **(finished or {})})
     rendered.scopes = units.scopes()
     built = units.built_keys()
     made: dict[str, list[tuple[dict[str, Any], str]]] = {}
@@ -763,6 +782,15 @@ def _cached(units: UnitCache, resources: list[Resource], cfg: FactoryConfig, fin
             made.setdefault(m.origin, []).append((m.obj, m.yaml()))
     units.store(made)
     return rendered
+
+
+def _bundled(
+    graph: Graph, cfg: FactoryConfig, on_graph: Callable[[Graph], None] | None, finished: Mapping[str, list[tuple[dict[str, Any], str]]] | None = None
+) -> Rendered:
+    """`from_graph`, once `on_graph` has the complete graph."""
+    if on_graph is not None:
+        on_graph(graph)
+    return from_graph(graph, cfg, finished)
 
 
 def _run_reading(
@@ -779,7 +807,7 @@ def _run_reading(
     failed (its error is raised here as a serial render raises it) or an entry it counted as
     cached cannot be read."""
     keys = units.last_keys()
-    with parallel.beside(functools.partial(_probed_run, units.probing(), run)) if keys else nullcontext(lambda: None) as forked:
+    with parallel.beside(functools.partial(_probed_run, units.probing(), run), ahead=True) if keys else nullcontext(lambda: None) as forked:
         _call(meanwhile)
         units.prefetch(keys)
         probed = forked()
