@@ -7,6 +7,7 @@ import copy
 import functools
 import gc
 import os
+import signal
 import sys
 import time
 
@@ -247,3 +248,14 @@ def test_nothing_is_forked_ahead_where_forking_is_unsafe_or_on_one_core(monkeypa
     with parallel.ahead([functools.partial(write_pid, tmp_path / "warm")]), parallel.beside(os.getpid, ahead=True) as result:
         assert result() is None
     assert not (tmp_path / "warm").exists()
+
+
+def test_a_call_whose_process_forked_ahead_is_gone_is_forked_when_it_comes(tmp_path):
+    with parallel.ahead([functools.partial(write_pid, tmp_path / "warm")]):
+        settled((tmp_path / "warm").exists)
+        spare = int((tmp_path / "warm").read_text())
+        os.kill(spare, signal.SIGKILL)
+        settled(lambda: os.waitid(os.P_PID, spare, os.WEXITED | os.WNOWAIT | os.WNOHANG) is not None)  # dead, not yet reaped
+        with parallel.beside(os.getpid, ahead=True) as result:
+            pid = result()
+    assert pid not in (None, os.getpid(), spare) and gone(spare)

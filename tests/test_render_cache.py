@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -477,3 +478,8 @@ def test_a_render_gives_its_graph_once_complete_and_before_finishing_its_objects
     cache = seeded_copy(seeded, tmp_path) if cached and workers is None else tmp_path if cached else None
     rendered = render_raw(raw, secret_sections, validate(raw), stack="dev", cache=cache, workers=workers, on_graph=lambda graph: seen.append(("given", graph)))
     assert seen == [("given", rendered.graph), ("finished", rendered.graph)] and rendered.files() == cold.files()
+
+
+def test_a_module_of_the_warm_up_is_loaded_with_its_packages_not_left_to_load_lazily():
+    bundle._load("pulumi_kubernetes.flowcontrol.v1beta1")  # a group no component uses
+    assert [type(sys.modules[name]) for name in ("pulumi_kubernetes.flowcontrol", "pulumi_kubernetes.flowcontrol.v1beta1")] == [types.ModuleType] * 2

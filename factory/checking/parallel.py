@@ -123,22 +123,23 @@ def _answer(call: Callable[[], object], out: int) -> None:
 
 
 def _send(spare: _Spare, call: Callable[[], Result]) -> bool:
-    """`call` given to a spare process; False (and the spare killed) when it cannot be pickled."""
+    """`call` given to a spare process; False (and the spare killed) when it cannot be pickled or
+    the spare is gone."""
     try:
         payload = pickle.dumps(call, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception:
-        payload = b""
-    if payload:
         with os.fdopen(os.dup(spare.memory), "wb") as memory:
             memory.write(payload)
         os.write(spare.go, len(payload).to_bytes(_INDEX, "little"))
+        sent = True
+    except Exception:  # what pickling raises (a closure, a lock...), or the spare's pipe closed
+        sent = False
     os.close(spare.memory)
     os.close(spare.go)
-    if not payload:
+    if not sent:
         os.close(spare.result)
         os.kill(spare.pid, signal.SIGKILL)
         os.waitpid(spare.pid, 0)
-    return bool(payload)
+    return sent
 
 
 @contextmanager
