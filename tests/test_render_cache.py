@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import types
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -387,25 +388,53 @@ def test_reading_a_stack_file_and_running_its_program_after_the_warm_up_imports_
     assert json.loads(ran.stdout.splitlines()[-1]) == []
 
 
-def test_a_cached_render_in_a_program_ahead_block_runs_its_program_in_the_process_forked_then(three_tenants, seeded, tmp_path, monkeypatch):
+@dataclass
+class ProgramRuns:
+    """Where the program ran (`ran`) and which processes took the warm-up's first step
+    (`warmed`), by process id, once `watch` recorded them."""
+
+    directory: Path
+
+    def watch(self, monkeypatch) -> None:
+        main = program.main
+
+        def recording(*args, **kwargs):
+            with (self.directory / "ran-in").open("a") as record:
+                record.write(f"{os.getpid()}\n")
+            return main(*args, **kwargs)
+
+        def warmed() -> None:
+            (self.directory / f"warm-{os.getpid()}").write_text("")
+
+        monkeypatch.setattr(program, "main", recording)
+        monkeypatch.setattr(bundle, "PROGRAM_WARM_UP", (warmed, *bundle.PROGRAM_WARM_UP))
+
+    def ran(self) -> list[int]:
+        return [int(pid) for pid in (self.directory / "ran-in").read_text().split()]
+
+    def warmed(self) -> set[int]:
+        return {int(p.name.removeprefix("warm-")) for p in self.directory.glob("warm-*")}
+
+    def forget(self) -> None:
+        for record in [self.directory / "ran-in", *self.directory.glob("warm-*")]:
+            record.unlink(missing_ok=True)
+
+
+@pytest.fixture
+def program_runs(tmp_path, monkeypatch) -> ProgramRuns:
+    (tmp_path / "runs").mkdir()
+    runs = ProgramRuns(tmp_path / "runs")
+    runs.watch(monkeypatch)
+    return runs
+
+
+def test_a_cached_render_in_a_program_ahead_block_runs_its_program_in_the_process_forked_then(three_tenants, seeded, tmp_path, program_runs):
     raw, secret_sections, cold = three_tenants
-    main, ran = program.main, tmp_path / "ran-in"
-
-    def recording(*args, **kwargs):
-        with ran.open("a") as record:
-            record.write(f"{os.getpid()}\n")
-        return main(*args, **kwargs)
-
-    def warmed() -> None:
-        (tmp_path / "warm").write_text(str(os.getpid()))
-
-    monkeypatch.setattr(program, "main", recording)
-    monkeypatch.setattr(bundle, "PROGRAM_WARM_UP", (warmed, *bundle.PROGRAM_WARM_UP))
     cache = seeded_copy(seeded, tmp_path / "cache")
     with bundle.program_ahead():
-        settled((tmp_path / "warm").exists)  # else the call may come first, and that step be left to it
+        settled(program_runs.warmed)  # else the call may come first, and that step be left to it
         rendered = cached_render(raw, secret_sections, cache)
-    assert [int(pid) for pid in ran.read_text().split()] == [int((tmp_path / "warm").read_text())] != [os.getpid()]
+    assert program_runs.ran() == list(program_runs.warmed()) != [os.getpid()]
     assert rendered.files() == cold.files()
 
 
@@ -434,39 +463,25 @@ def test_a_cached_render_checks_its_plan_as_read_back_from_the_cache(three_tenan
 
 
 @pytest.mark.parametrize("command", [["render", "--out"], ["check", "--charts"]], ids=["render", "check"])
-def test_a_command_runs_a_cached_stacks_program_in_a_process_forked_ahead(tmp_path, monkeypatch, command):
+def test_a_command_runs_a_cached_stacks_program_in_a_process_forked_ahead(tmp_path, monkeypatch, program_runs, command):
     """Forked as the command starts (`program_ahead`), before it reads the stack file."""
-    main, ran = program.main, tmp_path / "ran-in"
-
-    def recording(*args, **kwargs):
-        with ran.open("a") as record:
-            record.write(f"{os.getpid()}\n")
-        return main(*args, **kwargs)
-
-    def warmed() -> None:
-        (tmp_path / f"warm-{os.getpid()}").write_text("")
 
     @contextlib.contextmanager
     def warmed_first():  # else the call may come first, and that step be left to it
         with ahead():
-            settled(lambda: any(tmp_path.glob("warm-*")))
+            settled(program_runs.warmed)
             yield
 
     ahead = bundle.program_ahead
-    monkeypatch.setattr(program, "main", recording)
-    monkeypatch.setattr(bundle, "PROGRAM_WARM_UP", (warmed, *bundle.PROGRAM_WARM_UP))
     monkeypatch.setattr(bundle, "program_ahead", warmed_first)
     monkeypatch.delenv("FACTORY_REQUIRE_UPSTREAM", raising=False)  # CI's: the check without charts is incomplete
     (tmp_path / "empty").mkdir()
     env = {render_cache.CACHE_ENV: str(tmp_path / "cache")}
     for _ in range(2):  # the first fills the cache
-        ran.unlink(missing_ok=True)
-        for warm in tmp_path.glob("warm-*"):
-            warm.unlink()
+        program_runs.forget()
         proc = run_main(command[0], "dev", "--quiet", command[1], str(tmp_path / "empty"), env=env)
         assert proc.returncode == (0 if command[0] == "render" else 3), proc.stderr
-    spares = {int(p.name.removeprefix("warm-")) for p in tmp_path.glob("warm-*")}
-    assert {int(pid) for pid in ran.read_text().split()} & spares
+    assert set(program_runs.ran()) & program_runs.warmed()
 
 
 @pytest.mark.parametrize("cached, workers", [(True, None), (False, 1), (False, 3), (True, 3)], ids=["cached", "serial", "workers", "workers-into-a-cache"])
