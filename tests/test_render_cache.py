@@ -462,6 +462,19 @@ def test_a_cached_render_checks_its_plan_as_read_back_from_the_cache(three_tenan
     assert planned == [os.getpid()] * 2  # without a cache: checked, then planned by the program
 
 
+def test_each_cluster_checks_its_plan_as_read_back_from_the_cache(tmp_path, monkeypatch):
+    """A stack per cluster (dev's): each cluster's plan checked as its program plans it, from its
+    plan lock (`plans/dev-par1-a.json`), read back when the cache has it."""
+    monkeypatch.chdir(REPO)
+    monkeypatch.setattr(parallel, "_forking", lambda: False)  # the programs run here too
+    render_clusters("dev", cache=tmp_path)
+    planned: list[object] = []
+    plan = bundle.plan_for
+    monkeypatch.setattr(bundle, "plan_for", lambda *args: planned.append(args) or plan(*args))
+    render_clusters("dev", cache=tmp_path)
+    assert planned == []
+
+
 @pytest.mark.parametrize("command", [["render", "--out"], ["check", "--charts"]], ids=["render", "check"])
 def test_a_command_runs_a_cached_stacks_program_in_a_process_forked_ahead(tmp_path, monkeypatch, program_runs, command):
     """Forked as the command starts (`program_ahead`), before it reads the stack file."""

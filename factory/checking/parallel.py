@@ -43,6 +43,20 @@ def _forking() -> bool:
     return hasattr(os, "fork") and sys.platform.startswith("linux")
 
 
+def _forking_beside() -> bool:
+    """Whether a call may run in a process of its own beside this one: forking is safe and there
+    is a second core."""
+    return _forking() and (os.cpu_count() or 1) >= 2
+
+
+def _fork() -> int:
+    """`os.fork`, without Python 3.12's warning of forking a process that has other threads (a
+    caller's): the child runs none of their code and needs none of their locks."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return os.fork()
+
+
 def workers_for(parts: int) -> int:
     """Processes to share `parts` parts between, this one included: one per core, each with at
     least `PARALLEL_MIN_PARTS`; one where forking is not safe."""
@@ -72,15 +86,13 @@ def ahead(warm_up: Iterable[Callable[[], object]]) -> Iterator[None]:
     pickled, instead of forking then. The call starts as soon as it comes, after the step under
     way: the steps left are left to the call. Killed at the block's end if no call took it;
     nothing is forked where `beside` forks nothing."""
-    if not _forking() or (os.cpu_count() or 1) < 2:
+    if not _forking_beside():
         yield
         return
     memory = os.memfd_create("call")
     go_read, go_write = os.pipe()
     result_read, result_write = os.pipe()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # as in `Shared._fork`
-        pid = os.fork()
+    pid = _fork()
     if pid == 0:  # the spare: never returns into the caller's code
         try:
             os.close(go_write)
@@ -150,7 +162,7 @@ def beside(call: Callable[[], Result], ahead: bool = False) -> Iterator[Callable
     where forking is not safe (then nothing is forked). A forked process still running when the
     block ends (the block failed) is killed. `ahead`: in an `ahead` block, the call goes to the
     process forked there (pickled: one that cannot be is forked here)."""
-    if not _forking() or (os.cpu_count() or 1) < 2:
+    if not _forking_beside():
         yield lambda: None
         return
     spare = _spares.pop() if ahead and _spares else None
@@ -158,9 +170,7 @@ def beside(call: Callable[[], Result], ahead: bool = False) -> Iterator[Callable
         pid, read = spare.pid, spare.result
     else:
         read, write = os.pipe()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)  # as in `Shared._fork`
-            pid = os.fork()
+        pid = _fork()
         if pid == 0:  # the forked process: never returns into the caller's code
             try:
                 os.close(read)
@@ -213,11 +223,7 @@ class Shared(Generic[Part, Result]):
 
     def _fork(self) -> tuple[int, int]:
         read, write = os.pipe()
-        with warnings.catch_warnings():
-            # Python 3.12 warns of forking a process that has other threads (a caller's): the
-            # worker runs none of their code and needs none of their locks.
-            warnings.simplefilter("ignore", DeprecationWarning)
-            pid = os.fork()
+        pid = _fork()
         if pid == 0:  # the worker: never returns into the caller's code
             status = 1
             try:

@@ -38,10 +38,10 @@ import subprocess
 import sys
 import threading
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any, Callable, ContextManager, Iterable, Mapping
 
 import msgspec
 import yaml
@@ -542,10 +542,8 @@ def _render_stack(
     stack, project = stack_name(environment.path), stack_project(environment.path)
 
     def planned() -> None:
-        # Demands that do not fit are reported here, before anything is registered, as the program plans.
-        stack_plan(environment.cfg, stack, UnitCache(cache, f"{project}.{stack}") if cache is not None else None, environment.path.resolve().parent)
-        if meanwhile is not None:
-            meanwhile()
+        _check_plan(environment.cfg, environment.path, project, stack, cache)
+        _call(meanwhile)
 
     return render_raw(
         environment.raw,
@@ -558,6 +556,12 @@ def _render_stack(
         meanwhile=planned,
         on_graph=on_graph,
     )
+
+
+def _check_plan(cfg: FactoryConfig, path: Path, project: str, stack: str, cache: Path | None) -> None:
+    """Demands that do not fit are reported before anything is registered, as the stack's program
+    plans them (`stack_plan`, the plan lock beside the stack file `path`)."""
+    stack_plan(cfg, stack, UnitCache(cache, f"{project}.{stack}") if cache is not None else None, path.resolve().parent)
 
 
 def stack_plan(cfg: FactoryConfig, stack: str, units: UnitCache | None, directory: Path | None = None) -> Plan:
@@ -606,18 +610,18 @@ def render_clusters(
     path, raw, cfg = environment.path, environment.raw, environment.cfg
     if not clusters(cfg):
         return {stack_name(path): _render_stack(environment, on_resource, cache, meanwhile, on_graph)}
-    if meanwhile is not None:
-        meanwhile()
+    _call(meanwhile)
     renders = {}
     for placed in clusters(cfg):
         cluster_raw = {**raw, "kubernetes": {**(raw.get("kubernetes") or {}), "cluster": placed.name}}
-        view = validate(environment_raw(cluster_raw, cluster_stack(stack_name(path), placed.name), path.resolve().parent), source=str(path))
-        plan_for(view)
+        stack = cluster_stack(stack_name(path), placed.name)
+        view = validate(environment_raw(cluster_raw, stack, path.resolve().parent), source=str(path))
+        _check_plan(view, path, stack_project(path), stack, cache)
         renders[placed.name] = render_raw(
             cluster_raw,
             environment.secret_sections,
             view,
-            stack=cluster_stack(stack_name(path), placed.name),
+            stack=stack,
             project=stack_project(path),
             on_resource=on_resource,
             cache=cache,
@@ -856,12 +860,10 @@ reach (they load on first use), and find the library's digest. At 1,000 tenants 
 the program forked beside a one-tenant re-render."""
 
 
-@contextmanager
-def program_ahead() -> Iterator[None]:
+def program_ahead() -> ContextManager[None]:
     """A process forked at the block's start takes the steps of `PROGRAM_WARM_UP` while this one
     reads the stack file: the block's first cached render (`_run_reading`) runs its program there."""
-    with parallel.ahead(PROGRAM_WARM_UP):
-        yield
+    return parallel.ahead(PROGRAM_WARM_UP)
 
 
 def _call(meanwhile: Callable[[], None] | None) -> None:
